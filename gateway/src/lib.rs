@@ -1,0 +1,3 @@
+//! The `autopush` gateway: settings, wiring, and the public endpoint HTTP API.
+
+pub mod vapid;

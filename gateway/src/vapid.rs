@@ -1,0 +1,1 @@
+//! VAPID (RFC 8292) verification.
