@@ -1,1 +1,14 @@
+//! Types every autopush crate shares: identifiers, the notification and user
+//! records, the API error table, the `Router` trait, and endpoint tokens.
 
+pub mod endpoint;
+pub mod errors;
+pub mod node;
+pub mod notification;
+pub mod router;
+pub mod time;
+pub mod user;
+
+pub use errors::{ApiError, ApiResult};
+pub use notification::Notification;
+pub use user::{RouterType, User};

@@ -1,1 +1,77 @@
+//! Where users, their channels and their undelivered messages live.
+//!
+//! [`Storage`] is what the routers and the connection node need; each backend
+//! implements it. The embedded backend ([`embedded::EmbeddedStore`], redb) is
+//! the zero-configuration default for a single process.
 
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use autopush_common::{ApiError, Notification, User};
+use uuid::Uuid;
+
+pub mod embedded;
+
+pub type Result<T> = std::result::Result<T, StorageError>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("the store at {0} is in use by another process (the embedded store belongs to one process; run several processes on --db dynamodb)")]
+    InUse(String),
+    #[error("storage backend error: {0}")]
+    Backend(String),
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+impl From<StorageError> for ApiError {
+    fn from(e: StorageError) -> Self {
+        ApiError::Storage(e.to_string())
+    }
+}
+
+/// The storage model of the seeds: one router record per UAID, the channel
+/// set of each UAID, and its stored messages keyed by sort key.
+#[async_trait]
+pub trait Storage: Send + Sync {
+    /// Write `user` unconditionally (a new user, or a bridge registration).
+    async fn add_user(&self, user: &User) -> Result<()>;
+
+    /// Record a (re)connection: write `user` unless the stored record has a
+    /// newer `connected_at`. Returns whether it was written.
+    async fn update_user(&self, user: &User) -> Result<bool>;
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>>;
+
+    /// Remove the user with its channels and stored messages.
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()>;
+
+    /// Clear `node_id` if the record still names `node_id` at `connected_at`
+    /// (an endpoint found the client gone). Returns whether it was cleared.
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool>;
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<()>;
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>>;
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
+
+    /// Returns whether the channel existed.
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
+
+    /// Store messages; one with a topic replaces a stored one with the same
+    /// channel and topic.
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()>;
+
+    /// Up to `limit` unexpired messages: topic messages first, then the rest
+    /// in arrival order. Expired messages found on the way are deleted.
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>>;
+
+    async fn count_messages(&self, uaid: &Uuid) -> Result<usize>;
+
+    /// Returns whether the message existed.
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str) -> Result<bool>;
+
+    /// A cheap round trip proving the store answers.
+    async fn health_check(&self) -> Result<()>;
+}

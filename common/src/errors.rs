@@ -1,0 +1,114 @@
+//! The error table of the public HTTP API: every failure a user can see, with
+//! its HTTP status and its stable `errno` (see the autopush "Error Codes").
+
+use http::StatusCode;
+use serde::Serialize;
+
+/// Where the errno table is documented for senders.
+pub const ERROR_URL: &str = "http://autopush.readthedocs.io/en/latest/http.html#error-codes";
+
+pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A failure of an API call, rendered as `{code, errno, error, message, more_info}`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApiError {
+    #[error("Invalid endpoint token")]
+    InvalidToken,
+    #[error("Invalid message id")]
+    InvalidMessageId,
+    #[error("No such user (the subscription has expired)")]
+    NoUser,
+    #[error("Data payload too large: at most {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("No such subscription")]
+    NoSubscription,
+    #[error("Invalid router type")]
+    InvalidRouterType,
+    #[error("Invalid authentication: {0}")]
+    InvalidAuthentication(String),
+    #[error("Invalid encryption headers: {0}")]
+    InvalidEncryption(String),
+    #[error("Missing TTL header")]
+    MissingTtl,
+    #[error("Invalid TTL header: {0}")]
+    InvalidTtl(String),
+    #[error("Invalid Topic header: {0}")]
+    InvalidTopic(String),
+    #[error("Invalid request: {0}")]
+    BadRequest(String),
+    #[error("Not found")]
+    NotFound,
+    #[error("Storage unavailable: {0}")]
+    Storage(String),
+    #[error("Internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        use ApiError::*;
+        match self {
+            InvalidToken | InvalidMessageId | NotFound => StatusCode::NOT_FOUND,
+            NoUser | NoSubscription => StatusCode::GONE,
+            PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            InvalidRouterType | InvalidEncryption(_) | MissingTtl | InvalidTtl(_)
+            | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
+            InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
+            Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn errno(&self) -> u16 {
+        use ApiError::*;
+        match self {
+            InvalidToken | InvalidMessageId | NotFound => 102,
+            NoUser => 103,
+            PayloadTooLarge(_) => 104,
+            NoSubscription => 106,
+            InvalidRouterType => 108,
+            InvalidAuthentication(_) => 109,
+            InvalidEncryption(_) | BadRequest(_) => 110,
+            MissingTtl => 111,
+            InvalidTtl(_) => 112,
+            InvalidTopic(_) => 113,
+            Storage(_) => 201,
+            Internal(_) => 999,
+        }
+    }
+
+    /// The JSON body senders receive.
+    pub fn body(&self) -> ErrorBody {
+        let status = self.status();
+        ErrorBody {
+            code: status.as_u16(),
+            errno: self.errno(),
+            error: status.canonical_reason().unwrap_or("Error"),
+            message: self.to_string(),
+            more_info: ERROR_URL,
+        }
+    }
+}
+
+/// The serialized form of an [`ApiError`].
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub code: u16,
+    pub errno: u16,
+    pub error: &'static str,
+    pub message: String,
+    pub more_info: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_carries_status_and_errno() {
+        let body = ApiError::MissingTtl.body();
+        assert_eq!((body.code, body.errno, body.error), (400, 111, "Bad Request"));
+        let body = ApiError::NoSubscription.body();
+        assert_eq!((body.code, body.errno), (410, 106));
+    }
+}

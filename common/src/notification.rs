@@ -1,0 +1,97 @@
+//! A push message on its way from an application server to a user agent.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// One notification, as stored, as passed between nodes, and (with
+/// `messageType` added) as sent to the websocket client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    #[serde(rename = "channelID")]
+    pub channel_id: Uuid,
+    /// The message id: opaque to the client, which echoes it in `ack`; the
+    /// same id the application server got in `Location` and may `DELETE`.
+    pub version: String,
+    /// Seconds the message may wait for delivery, counted from `timestamp`.
+    pub ttl: u64,
+    /// Unix seconds when the endpoint accepted the message.
+    pub timestamp: u64,
+    /// A newer message with the same topic replaces an undelivered older one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// Orders untopical stored messages; unique per message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sortkey_timestamp: Option<u64>,
+    /// The encrypted body, base64url without padding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// The encryption headers the client needs: `encoding`, `encryption`, `crypto_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+impl Notification {
+    /// The message-table sort key: topic messages `01:{chid}:{topic}` (so a
+    /// newer one overwrites the older), others `02:{timestamp}:{chid}` (so they
+    /// sort in arrival order, after every topic message).
+    pub fn sort_key(&self) -> String {
+        sort_key(&self.channel_id, self.topic.as_deref(), self.sortkey_timestamp)
+    }
+
+    /// Unix seconds after which the message must not be delivered.
+    pub fn expiry(&self) -> u64 {
+        self.timestamp.saturating_add(self.ttl)
+    }
+
+    pub fn is_expired(&self, now_secs: u64) -> bool {
+        self.expiry() <= now_secs
+    }
+}
+
+/// The sort key of a message; see [`Notification::sort_key`].
+pub fn sort_key(channel_id: &Uuid, topic: Option<&str>, sortkey_timestamp: Option<u64>) -> String {
+    match topic {
+        Some(topic) => format!("01:{channel_id}:{topic}"),
+        None => format!("02:{:020}:{channel_id}", sortkey_timestamp.unwrap_or(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(topic: Option<&str>, ts: u64) -> Notification {
+        Notification {
+            channel_id: Uuid::nil(),
+            version: "v".into(),
+            ttl: 60,
+            timestamp: 1000,
+            topic: topic.map(str::to_owned),
+            sortkey_timestamp: Some(ts),
+            data: None,
+            headers: None,
+        }
+    }
+
+    #[test]
+    fn topic_messages_sort_first_and_others_by_time() {
+        let mut keys = [
+            message(None, 20).sort_key(),
+            message(Some("b"), 0).sort_key(),
+            message(None, 3).sort_key(),
+        ];
+        keys.sort();
+        assert!(keys[0].starts_with("01:"));
+        assert!(keys[1].contains(":00000000000000000003:"));
+        assert!(keys[2].contains(":00000000000000000020:"));
+    }
+
+    #[test]
+    fn expiry_is_inclusive_of_ttl() {
+        let m = message(None, 1);
+        assert!(!m.is_expired(1059));
+        assert!(m.is_expired(1060));
+    }
+}

@@ -1,0 +1,58 @@
+//! The router (user) record: one per UAID, telling the endpoint how to reach it.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// How notifications for a user are delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouterType {
+    WebPush,
+    Apns,
+    Fcm,
+    Gcm,
+}
+
+impl RouterType {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RouterType::WebPush => "webpush",
+            RouterType::Apns => "apns",
+            RouterType::Fcm => "fcm",
+            RouterType::Gcm => "gcm",
+        }
+    }
+}
+
+/// The router record of one user agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct User {
+    pub uaid: Uuid,
+    pub router_type: RouterType,
+    /// Bridge-specific data (device token, app id); empty for webpush.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_data: Option<serde_json::Value>,
+    /// Internal router URL of the connection node the client is on, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// When the client connected to `node_id`, in milliseconds. Guards
+    /// conditional writes so an older connection never overwrites a newer one.
+    pub connected_at: u64,
+    /// Last time the client said hello, in milliseconds.
+    #[serde(default)]
+    pub last_connect: u64,
+}
+
+impl User {
+    /// A fresh webpush user connected to `node_id` now.
+    pub fn new_webpush(uaid: Uuid, node_id: &str, connected_at: u64) -> Self {
+        User {
+            uaid,
+            router_type: RouterType::WebPush,
+            router_data: None,
+            node_id: Some(node_id.to_owned()),
+            connected_at,
+            last_connect: connected_at,
+        }
+    }
+}

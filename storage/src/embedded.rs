@@ -1,0 +1,283 @@
+//! The embedded backend: one redb file in the data directory.
+//!
+//! Every write commits durably before returning, so a message the endpoint
+//! acknowledged survives `kill -9`. redb is synchronous; each call runs on
+//! tokio's blocking pool.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use autopush_common::{Notification, User, time::now_secs};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use uuid::Uuid;
+
+use crate::{Result, Storage, StorageError};
+
+/// uaid -> JSON router record.
+const USERS: TableDefinition<u128, &[u8]> = TableDefinition::new("users");
+/// (uaid, channel id) -> nothing: the channel set.
+const CHANNELS: TableDefinition<(u128, u128), ()> = TableDefinition::new("channels");
+/// (uaid, sort key) -> JSON notification.
+const MESSAGES: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("messages");
+
+/// Sort keys are ASCII, so this bounds every key of one user from above.
+const SORT_KEY_MAX: &str = "\u{7f}";
+
+fn backend<E: Into<redb::Error>>(e: E) -> StorageError {
+    StorageError::Backend(e.into().to_string())
+}
+
+fn corrupt(e: serde_json::Error) -> StorageError {
+    StorageError::Corrupt(e.to_string())
+}
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+}
+
+impl EmbeddedStore {
+    /// Open (creating if needed) the store in directory `dir`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StorageError::Backend(format!("cannot create {}: {e}", dir.display())))?;
+        let path: PathBuf = dir.join("autopush.redb");
+        let db = Database::create(&path).map_err(|e| match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse(path.display().to_string()),
+            e => backend(e),
+        })?;
+        let txn = db.begin_write().map_err(backend)?;
+        txn.open_table(USERS).map_err(backend)?;
+        txn.open_table(CHANNELS).map_err(backend)?;
+        txn.open_table(MESSAGES).map_err(backend)?;
+        txn.commit().map_err(backend)?;
+        Ok(EmbeddedStore { db: Arc::new(db) })
+    }
+
+    /// Run `f` on the blocking pool with the database.
+    async fn run<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> Result<T> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|e| StorageError::Backend(format!("storage task failed: {e}")))?
+    }
+
+    /// Run `f` in one write transaction and commit it.
+    async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&redb::WriteTransaction) -> Result<T> + Send + 'static,
+    {
+        self.run(move |db| {
+            let txn = db.begin_write().map_err(backend)?;
+            let out = f(&txn)?;
+            txn.commit().map_err(backend)?;
+            Ok(out)
+        })
+        .await
+    }
+}
+
+fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
+    let users = txn.open_table(USERS).map_err(backend)?;
+    let record = users.get(uaid).map_err(backend)?;
+    record.map(|v| serde_json::from_slice(v.value()).map_err(corrupt)).transpose()
+}
+
+fn write_user(txn: &redb::WriteTransaction, user: &User) -> Result<()> {
+    let json = serde_json::to_vec(user).map_err(corrupt)?;
+    let mut users = txn.open_table(USERS).map_err(backend)?;
+    users.insert(user.uaid.as_u128(), json.as_slice()).map_err(backend)?;
+    Ok(())
+}
+
+#[async_trait]
+impl Storage for EmbeddedStore {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        let user = user.clone();
+        self.write(move |txn| write_user(txn, &user)).await
+    }
+
+    async fn update_user(&self, user: &User) -> Result<bool> {
+        let user = user.clone();
+        self.write(move |txn| {
+            if let Some(stored) = read_user(txn, user.uaid.as_u128())?
+                && stored.connected_at > user.connected_at
+            {
+                return Ok(false);
+            }
+            write_user(txn, &user)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let uaid = uaid.as_u128();
+        self.run(move |db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let users = txn.open_table(USERS).map_err(backend)?;
+            let record = users.get(uaid).map_err(backend)?;
+            record.map(|v| serde_json::from_slice(v.value()).map_err(corrupt)).transpose()
+        })
+        .await
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        let uaid = uaid.as_u128();
+        self.write(move |txn| {
+            txn.open_table(USERS).map_err(backend)?.remove(uaid).map_err(backend)?;
+            txn.open_table(CHANNELS)
+                .map_err(backend)?
+                .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
+                .map_err(backend)?;
+            txn.open_table(MESSAGES)
+                .map_err(backend)?
+                .retain_in((uaid, "")..=(uaid, SORT_KEY_MAX), |_, _| false)
+                .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let (uaid, node_id) = (uaid.as_u128(), node_id.to_owned());
+        self.write(move |txn| match read_user(txn, uaid)? {
+            Some(mut user) if user.node_id.as_deref() == Some(&node_id) && user.connected_at == connected_at => {
+                user.node_id = None;
+                write_user(txn, &user)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        })
+        .await
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<()> {
+        let key = (uaid.as_u128(), channel_id.as_u128());
+        self.write(move |txn| {
+            txn.open_table(CHANNELS).map_err(backend)?.insert(key, ()).map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        let uaid = uaid.as_u128();
+        self.run(move |db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let channels = txn.open_table(CHANNELS).map_err(backend)?;
+            let mut out = HashSet::new();
+            for entry in channels.range((uaid, 0)..=(uaid, u128::MAX)).map_err(backend)? {
+                let (key, _) = entry.map_err(backend)?;
+                out.insert(Uuid::from_u128(key.value().1));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let key = (uaid.as_u128(), channel_id.as_u128());
+        self.run(move |db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let channels = txn.open_table(CHANNELS).map_err(backend)?;
+            Ok(channels.get(key).map_err(backend)?.is_some())
+        })
+        .await
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let key = (uaid.as_u128(), channel_id.as_u128());
+        self.write(move |txn| {
+            let mut channels = txn.open_table(CHANNELS).map_err(backend)?;
+            Ok(channels.remove(key).map_err(backend)?.is_some())
+        })
+        .await
+    }
+
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let uaid = uaid.as_u128();
+        self.write(move |txn| {
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            for message in &messages {
+                let json = serde_json::to_vec(message).map_err(corrupt)?;
+                table.insert((uaid, message.sort_key().as_str()), json.as_slice()).map_err(backend)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        let uaid = uaid.as_u128();
+        let (messages, expired) = self
+            .run(move |db| {
+                let now = now_secs();
+                let txn = db.begin_read().map_err(backend)?;
+                let table = txn.open_table(MESSAGES).map_err(backend)?;
+                let (mut messages, mut expired) = (Vec::new(), Vec::new());
+                for entry in table.range((uaid, "")..=(uaid, SORT_KEY_MAX)).map_err(backend)? {
+                    let (key, value) = entry.map_err(backend)?;
+                    let message: Notification = serde_json::from_slice(value.value()).map_err(corrupt)?;
+                    if message.is_expired(now) {
+                        expired.push(key.value().1.to_owned());
+                    } else if messages.len() < limit {
+                        messages.push(message);
+                    } else {
+                        break;
+                    }
+                }
+                Ok((messages, expired))
+            })
+            .await?;
+        if !expired.is_empty() {
+            self.write(move |txn| {
+                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                for key in &expired {
+                    table.remove((uaid, key.as_str())).map_err(backend)?;
+                }
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(messages)
+    }
+
+    async fn count_messages(&self, uaid: &Uuid) -> Result<usize> {
+        let uaid = uaid.as_u128();
+        self.run(move |db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let table = txn.open_table(MESSAGES).map_err(backend)?;
+            Ok(table.range((uaid, "")..=(uaid, SORT_KEY_MAX)).map_err(backend)?.count())
+        })
+        .await
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str) -> Result<bool> {
+        let (uaid, sort_key) = (uaid.as_u128(), sort_key.to_owned());
+        self.write(move |txn| {
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            Ok(table.remove((uaid, sort_key.as_str())).map_err(backend)?.is_some())
+        })
+        .await
+    }
+
+    async fn health_check(&self) -> Result<()> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(backend)?;
+            txn.open_table(USERS).map_err(backend)?.len().map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+}
