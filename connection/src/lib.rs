@@ -1,1 +1,70 @@
+//! The connection node: holds Firefox's websockets, speaks the push protocol,
+//! delivers direct and stored notifications, and serves the internal router
+//! API that endpoint nodes call.
+//!
+//! * [`protocol`] parses client messages and renders server messages.
+//! * [`session`] owns one websocket; its submodules handle one message each.
+//! * [`registry`] maps connected UAIDs to their sessions.
+//! * [`router_api`] is the internal HTTP API (`/push`, `/notif`, `/user`).
+//! * [`health`] is shared by every public HTTP port.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use autopush_common::endpoint::EndpointCrypto;
+use autopush_storage::Storage;
+
+pub mod health;
+pub mod protocol;
+pub mod registry;
+pub mod router_api;
+pub mod server;
+pub mod session;
+
+pub use registry::ClientRegistry;
+
+/// Tunables of the websocket protocol.
+#[derive(Clone, Debug)]
+pub struct ConnectionSettings {
+    /// Close a connection that has not said `hello` within this time.
+    pub hello_timeout: Duration,
+    /// Send a websocket ping after this much silence...
+    pub auto_ping_interval: Duration,
+    /// ...and close the connection if no pong arrives within this time.
+    pub auto_ping_timeout: Duration,
+    /// A client that sends `{}` pings more often than this is closed.
+    pub min_ping_interval: Duration,
+    /// A client with more stored messages than this gets a new UAID at hello.
+    pub msg_limit: usize,
+    /// Largest websocket message accepted from a client.
+    pub max_message_size: usize,
+}
+
+impl Default for ConnectionSettings {
+    fn default() -> Self {
+        ConnectionSettings {
+            hello_timeout: Duration::from_secs(30),
+            auto_ping_interval: Duration::from_secs(300),
+            auto_ping_timeout: Duration::from_secs(10),
+            min_ping_interval: Duration::from_secs(45),
+            msg_limit: 100,
+            max_message_size: 32 * 1024,
+        }
+    }
+}
+
+/// Everything a session needs, shared by all sessions of the node.
+pub struct NodeContext {
+    pub settings: ConnectionSettings,
+    pub storage: Arc<dyn Storage>,
+    pub crypto: Arc<EndpointCrypto>,
+    pub registry: Arc<ClientRegistry>,
+    /// For the internal API of other connection nodes.
+    pub http: reqwest::Client,
+}
+
+impl NodeContext {
+    pub fn node_id(&self) -> &str {
+        self.registry.node_id()
+    }
+}

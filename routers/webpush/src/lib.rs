@@ -1,1 +1,98 @@
+//! The webpush router: deliver to the connection node the user is on, or
+//! store the message and tell a node that may have just picked the user up.
+//!
+//! Follows the seeds' "Push Characteristics": a node that answers "not here"
+//! gets the user's `node_id` cleared (conditionally on `connected_at`), and
+//! after storing, the user record is read again because the client may have
+//! reconnected and already checked storage in between.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use autopush_common::node::{LocalNode, PushOutcome};
+use autopush_common::router::{Delivery, Router};
+use autopush_common::{ApiResult, Notification, User};
+use autopush_storage::Storage;
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+pub struct WebPushRouter {
+    storage: Arc<dyn Storage>,
+    http: reqwest::Client,
+    /// The connection node in this process, reached without HTTP.
+    local: Option<Arc<dyn LocalNode>>,
+}
+
+impl WebPushRouter {
+    pub fn new(storage: Arc<dyn Storage>, local: Option<Arc<dyn LocalNode>>) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap_or_default();
+        WebPushRouter { storage, http, local }
+    }
+
+    fn local_for(&self, node_id: &str) -> Option<&Arc<dyn LocalNode>> {
+        self.local.as_ref().filter(|local| local.node_id() == node_id)
+    }
+
+    /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent.
+    async fn push_to_node(&self, node_id: &str, uaid: &Uuid, notification: &Notification) -> PushOutcome {
+        if let Some(local) = self.local_for(node_id) {
+            return local.push(uaid, notification.clone());
+        }
+        let url = format!("{node_id}/push/{}", uaid.simple());
+        match self.http.put(&url).json(notification).send().await {
+            Ok(response) => match response.status().as_u16() {
+                200 => PushOutcome::Delivered,
+                503 => PushOutcome::Busy,
+                _ => PushOutcome::NotConnected,
+            },
+            Err(e) => {
+                // A node that does not answer has lost its clients: treat as gone.
+                warn!(node_id, error = %e, "connection node unreachable");
+                PushOutcome::NotConnected
+            }
+        }
+    }
+
+    /// `PUT {node_id}/notif/{uaid}`: ask the node to check storage.
+    async fn notify_node(&self, node_id: &str, uaid: &Uuid) {
+        if let Some(local) = self.local_for(node_id) {
+            local.notify(uaid);
+            return;
+        }
+        let url = format!("{node_id}/notif/{}", uaid.simple());
+        if let Err(e) = self.http.put(&url).send().await {
+            warn!(node_id, error = %e, "could not notify connection node");
+        }
+    }
+}
+
+#[async_trait]
+impl Router for WebPushRouter {
+    async fn route_notification(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
+        let uaid = user.uaid;
+        if let Some(node_id) = &user.node_id {
+            match self.push_to_node(node_id, &uaid, &notification).await {
+                PushOutcome::Delivered => return Ok(Delivery::Direct),
+                PushOutcome::Busy => debug!(%uaid, "client busy; storing"),
+                PushOutcome::NotConnected => {
+                    self.storage.remove_node_id(&uaid, node_id, user.connected_at).await?;
+                }
+            }
+        }
+        if notification.ttl == 0 {
+            return Ok(Delivery::Dropped);
+        }
+        self.storage.save_messages(&uaid, vec![notification]).await?;
+        // The client may have connected (and checked storage) since we read
+        // its record: look again and nudge whichever node has it now.
+        if let Some(node_id) = self.storage.get_user(&uaid).await?.and_then(|u| u.node_id) {
+            self.notify_node(&node_id, &uaid).await;
+        }
+        Ok(Delivery::Stored)
+    }
+}

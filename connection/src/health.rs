@@ -1,0 +1,46 @@
+//! Health and version routes, served on every public HTTP port.
+
+use std::sync::Arc;
+
+use autopush_storage::Storage;
+use serde_json::json;
+use warp::Filter;
+use warp::filters::BoxedFilter;
+use warp::http::StatusCode;
+use warp::reply::{Reply, Response};
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `/health` and `/__heartbeat__` (storage answers), `/__lbheartbeat__`
+/// (the process answers), `/__version__`.
+pub fn routes(storage: Arc<dyn Storage>) -> BoxedFilter<(Response,)> {
+    let deep = warp::get()
+        .and(warp::path("health").or(warp::path("__heartbeat__")).unify())
+        .and(warp::path::end())
+        .then(move || {
+            let storage = storage.clone();
+            async move {
+                let (status, database) = match storage.health_check().await {
+                    Ok(()) => (StatusCode::OK, "OK".to_owned()),
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+                };
+                let overall = if status == StatusCode::OK { "OK" } else { "ERROR" };
+                let body = json!({"status": overall, "version": VERSION, "database": database});
+                warp::reply::with_status(warp::reply::json(&body), status).into_response()
+            }
+        });
+    let lb = warp::get()
+        .and(warp::path("__lbheartbeat__"))
+        .and(warp::path::end())
+        .map(|| warp::reply::json(&json!({})).into_response());
+    let version = warp::get().and(warp::path("__version__")).and(warp::path::end()).map(|| {
+        let body = json!({
+            "name": "autopush",
+            "version": VERSION,
+            "source": "https://github.com/autopush-rs-gateway/autopush",
+            "commit": option_env!("AUTOPUSH_GIT_COMMIT").unwrap_or("unknown"),
+        });
+        warp::reply::json(&body).into_response()
+    });
+    deep.or(lb).unify().or(version).unify().boxed()
+}

@@ -1,0 +1,137 @@
+//! Which clients are connected to this node, and how to reach their sessions.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+
+use autopush_common::Notification;
+use autopush_common::node::{LocalNode, PushOutcome};
+use tokio::sync::{Notify, mpsc};
+use uuid::Uuid;
+
+/// Direct notifications a client may have queued or unacknowledged before
+/// the node reports it busy (and the endpoint stores instead).
+pub const MAX_PENDING_DIRECT: usize = 32;
+
+/// Signals from the rest of the node to one session.
+#[derive(Default)]
+pub struct Signals {
+    /// Look in storage for messages (`PUT /notif`).
+    pub check_storage: Notify,
+    /// Close: replaced by a newer connection or dropped by `DELETE /notif`.
+    pub kick: Notify,
+    /// Direct notifications queued or sent but not yet acknowledged.
+    pub pending_direct: AtomicUsize,
+}
+
+struct ClientHandle {
+    connected_at: u64,
+    inbox: mpsc::Sender<Box<Notification>>,
+    signals: Arc<Signals>,
+}
+
+/// What a session receives when it joins the registry.
+pub struct Membership {
+    pub inbox: mpsc::Receiver<Box<Notification>>,
+    pub signals: Arc<Signals>,
+}
+
+pub struct ClientRegistry {
+    node_id: String,
+    clients: RwLock<HashMap<Uuid, ClientHandle>>,
+}
+
+impl ClientRegistry {
+    /// `node_id` is this node's internal router URL, e.g. `http://10.0.0.5:8081`.
+    pub fn new(node_id: String) -> Self {
+        ClientRegistry { node_id, clients: RwLock::new(HashMap::new()) }
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    pub fn len(&self) -> usize {
+        self.clients.read().map(|c| c.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Add a session for `uaid`; an older session for the same UAID is told
+    /// to close (a second connection replaces the first).
+    pub fn connect(&self, uaid: Uuid, connected_at: u64) -> Membership {
+        let (tx, inbox) = mpsc::channel(MAX_PENDING_DIRECT);
+        let signals = Arc::new(Signals::default());
+        let handle = ClientHandle { connected_at, inbox: tx, signals: signals.clone() };
+        let previous = self.write().insert(uaid, handle);
+        if let Some(previous) = previous {
+            previous.signals.kick.notify_one();
+        }
+        Membership { inbox, signals }
+    }
+
+    /// Remove the session of `uaid` that connected at `connected_at` (a newer
+    /// one that replaced it stays).
+    pub fn disconnect(&self, uaid: &Uuid, connected_at: u64) {
+        let mut clients = self.write();
+        if clients.get(uaid).is_some_and(|c| c.connected_at == connected_at) {
+            clients.remove(uaid);
+        }
+    }
+
+    /// Close the session of `uaid` if it connected at `connected_at`.
+    pub fn kick(&self, uaid: &Uuid, connected_at: u64) -> bool {
+        match self.read().get(uaid) {
+            Some(client) if client.connected_at == connected_at => {
+                client.signals.kick.notify_one();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Uuid, ClientHandle>> {
+        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Uuid, ClientHandle>> {
+        self.clients.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl LocalNode for ClientRegistry {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    fn push(&self, uaid: &Uuid, notification: Notification) -> PushOutcome {
+        let clients = self.read();
+        let Some(client) = clients.get(uaid) else {
+            return PushOutcome::NotConnected;
+        };
+        if client.signals.pending_direct.load(Ordering::Acquire) >= MAX_PENDING_DIRECT {
+            return PushOutcome::Busy;
+        }
+        match client.inbox.try_send(Box::new(notification)) {
+            Ok(()) => {
+                client.signals.pending_direct.fetch_add(1, Ordering::AcqRel);
+                PushOutcome::Delivered
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => PushOutcome::Busy,
+            // The session is shutting down and no longer reads its inbox.
+            Err(mpsc::error::TrySendError::Closed(_)) => PushOutcome::NotConnected,
+        }
+    }
+
+    fn notify(&self, uaid: &Uuid) -> bool {
+        match self.read().get(uaid) {
+            Some(client) => {
+                client.signals.check_storage.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}

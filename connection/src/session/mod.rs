@@ -1,0 +1,214 @@
+//! One websocket client, from `hello` to close.
+//!
+//! The session owns the socket. It waits for `hello`, joins the registry,
+//! then serves, in one loop: client messages, direct notifications from the
+//! registry inbox, storage checks, being replaced, and keep-alive pings.
+//! Each client message has its own submodule. When the session ends, direct
+//! notifications the client never acknowledged are stored, so none is lost.
+
+mod ack;
+mod hello;
+mod ping;
+mod register;
+mod stored;
+mod unregister;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use autopush_common::Notification;
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::{debug, info, warn};
+use uuid::Uuid;
+use warp::ws::{Message, WebSocket};
+
+use crate::NodeContext;
+use crate::protocol::{ClientMessage, ServerMessage, error_json};
+use crate::registry::Signals;
+
+/// Why a session ends; becomes the websocket close frame.
+#[derive(Debug)]
+pub struct Close {
+    pub code: u16,
+    pub reason: String,
+}
+
+impl Close {
+    /// The client broke the protocol.
+    fn protocol(reason: impl Into<String>) -> Self {
+        Close { code: 1008, reason: reason.into() }
+    }
+
+    /// Something failed on our side; the client should come back later.
+    fn server(reason: impl Into<String>) -> Self {
+        Close { code: 1011, reason: reason.into() }
+    }
+
+    /// The socket is gone; nothing to send.
+    fn gone() -> Self {
+        Close { code: 1000, reason: String::new() }
+    }
+}
+
+type Flow = Result<(), Close>;
+
+/// Serve one websocket until it closes.
+pub async fn run(ctx: Arc<NodeContext>, socket: WebSocket) {
+    let (mut sink, mut stream) = socket.split();
+    let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
+        Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
+        Ok(Ok(_)) => return close(&mut sink, Close::protocol("the first message must be hello"), Some("hello")).await,
+        Ok(Err(close_with)) => return close(&mut sink, close_with, None).await,
+        Err(_) => return close(&mut sink, Close::protocol("no hello in time"), None).await,
+    };
+    let mut session = match hello::accept(&ctx, hello.as_deref(), sink).await {
+        Ok(session) => session,
+        Err((mut sink, close_with)) => return close(&mut sink, close_with, Some("hello")).await,
+    };
+    let outcome = session.serve(&mut stream).await;
+    session.finish(outcome).await;
+}
+
+/// Read until the first text message, which must parse.
+async fn first_message(stream: &mut SplitStream<WebSocket>) -> Result<ClientMessage, Close> {
+    loop {
+        let Some(Ok(frame)) = stream.next().await else {
+            return Err(Close::gone());
+        };
+        if frame.is_close() {
+            return Err(Close::gone());
+        }
+        if let Ok(text) = frame.to_str() {
+            return ClientMessage::parse(text).map_err(|e| Close::protocol(e.reason));
+        }
+        if frame.is_binary() {
+            return Err(Close::protocol("binary messages are not part of the protocol"));
+        }
+    }
+}
+
+/// Send an error message (when there is one to answer) and the close frame.
+async fn close(sink: &mut SplitSink<WebSocket, Message>, close_with: Close, answering: Option<&str>) {
+    if close_with.reason.is_empty() {
+        return;
+    }
+    debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
+    let status = if close_with.code == 1011 { 500 } else { 401 };
+    let _ = sink.send(Message::text(error_json(answering.unwrap_or("error"), status, &close_with.reason))).await;
+    let mut reason = close_with.reason;
+    reason.truncate(120); // a close frame's reason is at most 123 bytes
+    let _ = sink.send(Message::close_with(close_with.code, reason)).await;
+    let _ = sink.close().await;
+}
+
+pub(crate) struct Session {
+    ctx: Arc<NodeContext>,
+    sink: SplitSink<WebSocket, Message>,
+    uaid: Uuid,
+    connected_at: u64,
+    inbox: mpsc::Receiver<Box<Notification>>,
+    signals: Arc<Signals>,
+    /// Direct notifications sent and not yet acknowledged, by version.
+    unacked_direct: HashMap<String, Notification>,
+    /// Stored notifications sent and not yet acknowledged, by version.
+    unacked_stored: HashMap<String, Notification>,
+    /// Storage may hold more than was sent: look again once all are acked.
+    recheck_storage: bool,
+    last_client_ping: Option<Instant>,
+}
+
+impl Session {
+    async fn serve(&mut self, stream: &mut SplitStream<WebSocket>) -> Flow {
+        self.check_storage().await?;
+        let ping_every = self.ctx.settings.auto_ping_interval;
+        let mut next_ping = Instant::now() + ping_every;
+        let mut pong_due: Option<Instant> = None;
+        loop {
+            tokio::select! {
+                frame = stream.next() => {
+                    let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
+                    // Any traffic proves the client alive.
+                    pong_due = None;
+                    next_ping = Instant::now() + ping_every;
+                    if frame.is_close() {
+                        return Err(Close::gone());
+                    }
+                    if let Ok(text) = frame.to_str() {
+                        self.on_message(text).await?;
+                    } else if frame.is_binary() {
+                        return Err(Close::protocol("binary messages are not part of the protocol"));
+                    }
+                }
+                Some(notification) = self.inbox.recv() => self.send_direct(*notification).await?,
+                _ = self.signals.check_storage.notified() => self.check_storage().await?,
+                _ = self.signals.kick.notified() => {
+                    return Err(Close { code: 4000, reason: "another connection for this UAID replaced this one".into() });
+                }
+                _ = sleep_until(next_ping), if pong_due.is_none() => {
+                    self.sink.send(Message::ping(Vec::new())).await.map_err(|_| Close::gone())?;
+                    pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
+                }
+                _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
+                    return Err(Close { code: 1001, reason: "no pong in time".into() });
+                }
+            }
+        }
+    }
+
+    async fn on_message(&mut self, text: &str) -> Flow {
+        let message = match ClientMessage::parse(text) {
+            Ok(message) => message,
+            Err(e) => {
+                self.send_text(error_json(e.message_type.as_deref().unwrap_or("error"), 401, &e.reason)).await?;
+                return Err(Close::protocol(e.reason));
+            }
+        };
+        match message {
+            ClientMessage::Hello { .. } => Err(Close::protocol("hello was already said")),
+            ClientMessage::Register { channel_id, key } => self.register(&channel_id, key.as_deref()).await,
+            ClientMessage::Unregister { channel_id, code } => self.unregister(&channel_id, code).await,
+            ClientMessage::Ack { updates } => self.ack(updates).await,
+            ClientMessage::Nack { updates, version, code } => self.nack(updates, version, code).await,
+            // Broadcasts are not used by this service; accepting keeps Firefox happy.
+            ClientMessage::BroadcastSubscribe { .. } => Ok(()),
+            ClientMessage::Ping => self.ping().await,
+        }
+    }
+
+    async fn send_text(&mut self, text: String) -> Flow {
+        self.sink.send(Message::text(text)).await.map_err(|_| Close::gone())
+    }
+
+    async fn send(&mut self, message: &ServerMessage) -> Flow {
+        self.send_text(message.to_json()).await
+    }
+
+    async fn send_direct(&mut self, notification: Notification) -> Flow {
+        if notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0 {
+            self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+            return Ok(());
+        }
+        self.unacked_direct.insert(notification.version.clone(), notification.clone());
+        self.send(&ServerMessage::Notification(notification)).await
+    }
+
+    /// Leave the registry, store what the client never acknowledged, close.
+    async fn finish(mut self, outcome: Flow) {
+        self.ctx.registry.disconnect(&self.uaid, self.connected_at);
+        // Nothing can be queued after this; what is queued is drained below.
+        self.inbox.close();
+        while let Ok(notification) = self.inbox.try_recv() {
+            self.unacked_direct.insert(notification.version.clone(), *notification);
+        }
+        if let Err(e) = self.store_unacked_direct().await {
+            warn!(uaid = %self.uaid, error = %e, "could not store unacknowledged notifications");
+        }
+        let close_with = outcome.err().unwrap_or_else(Close::gone);
+        info!(uaid = %self.uaid.simple(), code = close_with.code, reason = %close_with.reason, "client disconnected");
+        close(&mut self.sink, close_with, None).await;
+    }
+}
