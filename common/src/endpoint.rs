@@ -32,7 +32,11 @@ pub struct MessageIdInfo {
 
 impl MessageIdInfo {
     pub fn sort_key(&self) -> String {
-        crate::notification::sort_key(&self.channel_id, self.topic.as_deref(), self.sortkey_timestamp)
+        crate::notification::sort_key(
+            &self.channel_id,
+            self.topic.as_deref(),
+            self.sortkey_timestamp,
+        )
     }
 }
 
@@ -92,7 +96,12 @@ impl EndpointCrypto {
 
     /// The push endpoint for a subscription; bound to `vapid_key` (raw public
     /// key bytes) when given, which makes it a v2 endpoint.
-    pub fn make_endpoint(&self, uaid: &Uuid, channel_id: &Uuid, vapid_key: Option<&[u8]>) -> String {
+    pub fn make_endpoint(
+        &self,
+        uaid: &Uuid,
+        channel_id: &Uuid,
+        vapid_key: Option<&[u8]>,
+    ) -> String {
         let mut plain = Vec::with_capacity(64);
         plain.extend_from_slice(uaid.as_bytes());
         plain.extend_from_slice(channel_id.as_bytes());
@@ -104,25 +113,40 @@ impl EndpointCrypto {
             None => "v1",
         };
         let token = self.fernet.encrypt(&plain);
-        format!("{}/wpush/{version}/{}", self.endpoint_url, token.trim_end_matches('='))
+        format!(
+            "{}/wpush/{version}/{}",
+            self.endpoint_url,
+            token.trim_end_matches('=')
+        )
     }
 
     /// Read a `/wpush/{version}/{token}` token. Anything malformed is 404/102.
     pub fn parse_token(&self, version: &str, token: &str) -> ApiResult<TokenInfo> {
         let plain = self.decrypt(token).ok_or(ApiError::InvalidToken)?;
         let ids = |b: &[u8]| -> Option<(Uuid, Uuid)> {
-            Some((Uuid::from_slice(b.get(..16)?).ok()?, Uuid::from_slice(b.get(16..32)?).ok()?))
+            Some((
+                Uuid::from_slice(b.get(..16)?).ok()?,
+                Uuid::from_slice(b.get(16..32)?).ok()?,
+            ))
         };
         match (version, plain.len()) {
             ("v1", 32) => {
                 let (uaid, channel_id) = ids(&plain).ok_or(ApiError::InvalidToken)?;
-                Ok(TokenInfo { uaid, channel_id, key_hash: None })
+                Ok(TokenInfo {
+                    uaid,
+                    channel_id,
+                    key_hash: None,
+                })
             }
             ("v2", 64) => {
                 let (uaid, channel_id) = ids(&plain).ok_or(ApiError::InvalidToken)?;
                 let mut hash = [0u8; 32];
                 hash.copy_from_slice(&plain[32..]);
-                Ok(TokenInfo { uaid, channel_id, key_hash: Some(hash) })
+                Ok(TokenInfo {
+                    uaid,
+                    channel_id,
+                    key_hash: Some(hash),
+                })
             }
             _ => Err(ApiError::InvalidToken),
         }
@@ -132,9 +156,17 @@ impl EndpointCrypto {
     pub fn make_message_id(&self, info: &MessageIdInfo) -> String {
         let plain = match (&info.topic, info.sortkey_timestamp) {
             (Some(topic), _) => format!("01:{}:{}:{}", info.uaid.simple(), info.channel_id, topic),
-            (None, ts) => format!("02:{}:{}:{}", info.uaid.simple(), info.channel_id, ts.unwrap_or(0)),
+            (None, ts) => format!(
+                "02:{}:{}:{}",
+                info.uaid.simple(),
+                info.channel_id,
+                ts.unwrap_or(0)
+            ),
         };
-        self.fernet.encrypt(plain.as_bytes()).trim_end_matches('=').to_owned()
+        self.fernet
+            .encrypt(plain.as_bytes())
+            .trim_end_matches('=')
+            .to_owned()
     }
 
     /// Read a message id from `DELETE /m/{id}`.
@@ -142,7 +174,8 @@ impl EndpointCrypto {
         let plain = self.decrypt(id).ok_or(ApiError::InvalidMessageId)?;
         let plain = String::from_utf8(plain).map_err(|_| ApiError::InvalidMessageId)?;
         let mut parts = plain.splitn(4, ':');
-        let (Some(kind), Some(uaid), Some(chid), Some(rest)) = (parts.next(), parts.next(), parts.next(), parts.next())
+        let (Some(kind), Some(uaid), Some(chid), Some(rest)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
         else {
             return Err(ApiError::InvalidMessageId);
         };
@@ -150,10 +183,18 @@ impl EndpointCrypto {
         let channel_id = Uuid::parse_str(chid).map_err(|_| ApiError::InvalidMessageId)?;
         let (topic, sortkey_timestamp) = match kind {
             "01" => (Some(rest.to_owned()), None),
-            "02" => (None, Some(rest.parse().map_err(|_| ApiError::InvalidMessageId)?)),
+            "02" => (
+                None,
+                Some(rest.parse().map_err(|_| ApiError::InvalidMessageId)?),
+            ),
             _ => return Err(ApiError::InvalidMessageId),
         };
-        Ok(MessageIdInfo { uaid, channel_id, topic, sortkey_timestamp })
+        Ok(MessageIdInfo {
+            uaid,
+            channel_id,
+            topic,
+            sortkey_timestamp,
+        })
     }
 
     fn decrypt(&self, token: &str) -> Option<Vec<u8>> {
@@ -180,13 +221,23 @@ mod tests {
         let url = c.make_endpoint(&uaid, &chid, None);
         let token = url.strip_prefix("http://localhost:8082/wpush/v1/").unwrap();
         assert!(!token.contains('='));
-        assert_eq!(c.parse_token("v1", token).unwrap(), TokenInfo { uaid, channel_id: chid, key_hash: None });
+        assert_eq!(
+            c.parse_token("v1", token).unwrap(),
+            TokenInfo {
+                uaid,
+                channel_id: chid,
+                key_hash: None
+            }
+        );
         assert_eq!(c.parse_token("v2", token), Err(ApiError::InvalidToken));
 
         let key = [4u8; 65];
         let url = c.make_endpoint(&uaid, &chid, Some(&key));
         let token = url.strip_prefix("http://localhost:8082/wpush/v2/").unwrap();
-        assert_eq!(c.parse_token("v2", token).unwrap().key_hash, Some(key_hash(&key)));
+        assert_eq!(
+            c.parse_token("v2", token).unwrap().key_hash,
+            Some(key_hash(&key))
+        );
     }
 
     #[test]
@@ -201,7 +252,10 @@ mod tests {
         let fresh = after.make_endpoint(&uaid, &chid, None);
         let fresh_token = fresh.rsplit('/').next().unwrap();
         assert!(crypto(&[new]).parse_token("v1", fresh_token).is_ok());
-        assert_eq!(before.parse_token("v1", fresh_token), Err(ApiError::InvalidToken));
+        assert_eq!(
+            before.parse_token("v1", fresh_token),
+            Err(ApiError::InvalidToken)
+        );
     }
 
     #[test]
@@ -216,8 +270,18 @@ mod tests {
     fn message_ids_round_trip() {
         let c = crypto(&[generate_key()]);
         for info in [
-            MessageIdInfo { uaid: Uuid::new_v4(), channel_id: Uuid::new_v4(), topic: Some("mail:x".into()), sortkey_timestamp: None },
-            MessageIdInfo { uaid: Uuid::new_v4(), channel_id: Uuid::new_v4(), topic: None, sortkey_timestamp: Some(123) },
+            MessageIdInfo {
+                uaid: Uuid::new_v4(),
+                channel_id: Uuid::new_v4(),
+                topic: Some("mail:x".into()),
+                sortkey_timestamp: None,
+            },
+            MessageIdInfo {
+                uaid: Uuid::new_v4(),
+                channel_id: Uuid::new_v4(),
+                topic: None,
+                sortkey_timestamp: Some(123),
+            },
         ] {
             let id = c.make_message_id(&info);
             assert_eq!(c.parse_message_id(&id).unwrap(), info);

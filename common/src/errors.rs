@@ -107,7 +107,10 @@ mod tests {
     #[test]
     fn body_carries_status_and_errno() {
         let body = ApiError::MissingTtl.body();
-        assert_eq!((body.code, body.errno, body.error), (400, 111, "Bad Request"));
+        assert_eq!(
+            (body.code, body.errno, body.error),
+            (400, 111, "Bad Request")
+        );
         let body = ApiError::NoSubscription.body();
         assert_eq!((body.code, body.errno), (410, 106));
     }

@@ -37,7 +37,11 @@ impl Notification {
     /// newer one overwrites the older), others `02:{timestamp}:{chid}` (so they
     /// sort in arrival order, after every topic message).
     pub fn sort_key(&self) -> String {
-        sort_key(&self.channel_id, self.topic.as_deref(), self.sortkey_timestamp)
+        sort_key(
+            &self.channel_id,
+            self.topic.as_deref(),
+            self.sortkey_timestamp,
+        )
     }
 
     /// Unix seconds after which the message must not be delivered.

@@ -19,5 +19,9 @@ pub enum Delivery {
 #[async_trait]
 pub trait Router: Send + Sync {
     /// Deliver `notification` to `user`, or store it.
-    async fn route_notification(&self, notification: Notification, user: &User) -> ApiResult<Delivery>;
+    async fn route_notification(
+        &self,
+        notification: Notification,
+        user: &User,
+    ) -> ApiResult<Delivery>;
 }

@@ -24,7 +24,11 @@ pub fn routes(storage: Arc<dyn Storage>) -> BoxedFilter<(Response,)> {
                     Ok(()) => (StatusCode::OK, "OK".to_owned()),
                     Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
                 };
-                let overall = if status == StatusCode::OK { "OK" } else { "ERROR" };
+                let overall = if status == StatusCode::OK {
+                    "OK"
+                } else {
+                    "ERROR"
+                };
                 let body = json!({"status": overall, "version": VERSION, "database": database});
                 warp::reply::with_status(warp::reply::json(&body), status).into_response()
             }
@@ -33,14 +37,17 @@ pub fn routes(storage: Arc<dyn Storage>) -> BoxedFilter<(Response,)> {
         .and(warp::path("__lbheartbeat__"))
         .and(warp::path::end())
         .map(|| warp::reply::json(&json!({})).into_response());
-    let version = warp::get().and(warp::path("__version__")).and(warp::path::end()).map(|| {
-        let body = json!({
-            "name": "autopush",
-            "version": VERSION,
-            "source": "https://github.com/autopush-rs-gateway/autopush",
-            "commit": option_env!("AUTOPUSH_GIT_COMMIT").unwrap_or("unknown"),
+    let version = warp::get()
+        .and(warp::path("__version__"))
+        .and(warp::path::end())
+        .map(|| {
+            let body = json!({
+                "name": "autopush",
+                "version": VERSION,
+                "source": "https://github.com/autopush-rs-gateway/autopush",
+                "commit": option_env!("AUTOPUSH_GIT_COMMIT").unwrap_or("unknown"),
+            });
+            warp::reply::json(&body).into_response()
         });
-        warp::reply::json(&body).into_response()
-    });
     deep.or(lb).unify().or(version).unify().boxed()
 }

@@ -68,16 +68,31 @@ pub struct ParseError {
 
 impl ClientMessage {
     pub fn parse(text: &str) -> Result<Self, ParseError> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| ParseError { message_type: None, reason: format!("invalid JSON: {e}") })?;
+        let value: Value = serde_json::from_str(text).map_err(|e| ParseError {
+            message_type: None,
+            reason: format!("invalid JSON: {e}"),
+        })?;
         let Some(object) = value.as_object() else {
-            return Err(ParseError { message_type: None, reason: "a message must be a JSON object".into() });
+            return Err(ParseError {
+                message_type: None,
+                reason: "a message must be a JSON object".into(),
+            });
         };
         let message_type = match object.get("messageType") {
             None if object.is_empty() => return Ok(ClientMessage::Ping),
-            None => return Err(ParseError { message_type: None, reason: "missing messageType".into() }),
+            None => {
+                return Err(ParseError {
+                    message_type: None,
+                    reason: "missing messageType".into(),
+                });
+            }
             Some(Value::String(t)) => t.clone(),
-            Some(_) => return Err(ParseError { message_type: None, reason: "messageType must be a string".into() }),
+            Some(_) => {
+                return Err(ParseError {
+                    message_type: None,
+                    reason: "messageType must be a string".into(),
+                });
+            }
         };
         if message_type == "ping" {
             return Ok(ClientMessage::Ping);
@@ -88,7 +103,10 @@ impl ClientMessage {
             } else {
                 format!("invalid {message_type} message: {e}")
             };
-            ParseError { message_type: Some(message_type), reason }
+            ParseError {
+                message_type: Some(message_type),
+                reason,
+            }
         })
     }
 }
@@ -143,13 +161,24 @@ mod tests {
     #[test]
     fn parses_what_firefox_sends() {
         assert_eq!(
-            ClientMessage::parse(r#"{"messageType":"hello","uaid":"","use_webpush":true,"broadcasts":{}}"#).unwrap(),
-            ClientMessage::Hello { uaid: Some(String::new()), use_webpush: Some(true), broadcasts: Some(json!({})) }
+            ClientMessage::parse(
+                r#"{"messageType":"hello","uaid":"","use_webpush":true,"broadcasts":{}}"#
+            )
+            .unwrap(),
+            ClientMessage::Hello {
+                uaid: Some(String::new()),
+                use_webpush: Some(true),
+                broadcasts: Some(json!({}))
+            }
         );
         assert_eq!(ClientMessage::parse("{}").unwrap(), ClientMessage::Ping);
         assert!(matches!(
             ClientMessage::parse(r#"{"messageType":"nack","version":"v","code":301}"#).unwrap(),
-            ClientMessage::Nack { version: Some(_), code: Some(301), .. }
+            ClientMessage::Nack {
+                version: Some(_),
+                code: Some(301),
+                ..
+            }
         ));
         assert!(matches!(
             ClientMessage::parse(r#"{"messageType":"ack","updates":[{"channelID":"x","version":"v","code":100}]}"#)
@@ -160,10 +189,21 @@ mod tests {
 
     #[test]
     fn explains_what_is_wrong() {
-        assert!(ClientMessage::parse("{nope").unwrap_err().reason.starts_with("invalid JSON"));
-        assert_eq!(ClientMessage::parse("[]").unwrap_err().reason, "a message must be a JSON object");
+        assert!(
+            ClientMessage::parse("{nope")
+                .unwrap_err()
+                .reason
+                .starts_with("invalid JSON")
+        );
+        assert_eq!(
+            ClientMessage::parse("[]").unwrap_err().reason,
+            "a message must be a JSON object"
+        );
         let e = ClientMessage::parse(r#"{"messageType":"dance"}"#).unwrap_err();
-        assert_eq!((e.message_type.as_deref(), e.reason.as_str()), (Some("dance"), "unknown messageType \"dance\""));
+        assert_eq!(
+            (e.message_type.as_deref(), e.reason.as_str()),
+            (Some("dance"), "unknown messageType \"dance\"")
+        );
         let e = ClientMessage::parse(r#"{"messageType":"register"}"#).unwrap_err();
         assert!(e.reason.contains("channelID"), "{}", e.reason);
     }

@@ -44,7 +44,10 @@ pub struct ClientRegistry {
 impl ClientRegistry {
     /// `node_id` is this node's internal router URL, e.g. `http://10.0.0.5:8081`.
     pub fn new(node_id: String) -> Self {
-        ClientRegistry { node_id, clients: RwLock::new(HashMap::new()) }
+        ClientRegistry {
+            node_id,
+            clients: RwLock::new(HashMap::new()),
+        }
     }
 
     pub fn node_id(&self) -> &str {
@@ -64,7 +67,11 @@ impl ClientRegistry {
     pub fn connect(&self, uaid: Uuid, connected_at: u64) -> Membership {
         let (tx, inbox) = mpsc::channel(MAX_PENDING_DIRECT);
         let signals = Arc::new(Signals::default());
-        let handle = ClientHandle { connected_at, inbox: tx, signals: signals.clone() };
+        let handle = ClientHandle {
+            connected_at,
+            inbox: tx,
+            signals: signals.clone(),
+        };
         let previous = self.write().insert(uaid, handle);
         if let Some(previous) = previous {
             previous.signals.kick.notify_one();
@@ -76,7 +83,10 @@ impl ClientRegistry {
     /// one that replaced it stays).
     pub fn disconnect(&self, uaid: &Uuid, connected_at: u64) {
         let mut clients = self.write();
-        if clients.get(uaid).is_some_and(|c| c.connected_at == connected_at) {
+        if clients
+            .get(uaid)
+            .is_some_and(|c| c.connected_at == connected_at)
+        {
             clients.remove(uaid);
         }
     }
@@ -93,11 +103,15 @@ impl ClientRegistry {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<Uuid, ClientHandle>> {
-        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.clients
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<Uuid, ClientHandle>> {
-        self.clients.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.clients
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

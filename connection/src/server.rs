@@ -21,24 +21,34 @@ pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>) {
         .and(warp::ws())
         .and(warp::header::optional::<String>("sec-websocket-protocol"))
         .and(ctx_filter)
-        .map(move |ws: warp::ws::Ws, offered: Option<String>, ctx: Arc<NodeContext>| {
-            let reply = ws
-                .max_message_size(max_message)
-                .max_frame_size(max_message)
-                .on_upgrade(move |socket| session::run(ctx, socket));
-            let offers_push = offered.is_some_and(|o| o.split(',').any(|p| p.trim() == SUBPROTOCOL));
-            let mut response = reply.into_response();
-            if offers_push {
+        .map(
+            move |ws: warp::ws::Ws, offered: Option<String>, ctx: Arc<NodeContext>| {
+                let reply = ws
+                    .max_message_size(max_message)
+                    .max_frame_size(max_message)
+                    .on_upgrade(move |socket| session::run(ctx, socket));
+                let offers_push =
+                    offered.is_some_and(|o| o.split(',').any(|p| p.trim() == SUBPROTOCOL));
+                let mut response = reply.into_response();
+                if offers_push {
+                    response.headers_mut().insert(
+                        "sec-websocket-protocol",
+                        warp::http::HeaderValue::from_static(SUBPROTOCOL),
+                    );
+                }
                 response
-                    .headers_mut()
-                    .insert("sec-websocket-protocol", warp::http::HeaderValue::from_static(SUBPROTOCOL));
-            }
-            response
-        });
-    warp::serve(websocket.or(health)).incoming(listener).run().await;
+            },
+        );
+    warp::serve(websocket.or(health))
+        .incoming(listener)
+        .run()
+        .await;
 }
 
 /// Serve the internal router API on `listener`.
 pub async fn serve_router_api(listener: TcpListener, ctx: Arc<NodeContext>) {
-    warp::serve(router_api::routes(ctx)).incoming(listener).run().await;
+    warp::serve(router_api::routes(ctx))
+        .incoming(listener)
+        .run()
+        .await;
 }

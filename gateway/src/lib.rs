@@ -1,3 +1,11 @@
-//! The `autopush` gateway: settings, wiring, and the public endpoint HTTP API.
+//! The `autopush` gateway: settings, wiring of the nodes, the public endpoint
+//! HTTP API, VAPID, and the router registry.
 
+pub mod app;
+pub mod diagnose;
+pub mod endpoint;
+pub mod keys;
+pub mod logging;
+pub mod routers;
+pub mod settings;
 pub mod vapid;

@@ -1,1 +1,84 @@
-fn main() {}
+//! `autopush`: a Web Push service (Mozilla autopush compatible).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use autopush_gateway::app::{self, Mode};
+use autopush_gateway::settings::{Settings, SettingsLayer};
+use autopush_gateway::{diagnose, logging};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "autopush",
+    version,
+    about = "A Web Push service, compatible with Mozilla autopush"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// TOML settings file (keys as the flags, with underscores)
+    #[arg(long, env = "AUTOPUSH_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    settings: SettingsLayer,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Connection and endpoint node in one process, on the embedded store (default)
+    All,
+    /// Connection node only: websockets and the internal router API
+    Connection,
+    /// Endpoint node only: the public HTTP API
+    Endpoint,
+    /// Print a new endpoint crypto key
+    Keygen,
+    /// Decode a push endpoint URL and show the subscription behind it
+    Diagnose { url: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::All);
+    if let Command::Keygen = command {
+        println!("{}", autopush_common::endpoint::generate_key());
+        return ExitCode::SUCCESS;
+    }
+    let settings = match Settings::resolve(cli.settings, cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("autopush: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    logging::init(settings.log_format);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("autopush: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match command {
+            Command::All => app::run(Mode::All, settings).await,
+            Command::Connection => app::run(Mode::Connection, settings).await,
+            Command::Endpoint => app::run(Mode::Endpoint, settings).await,
+            Command::Diagnose { url } => diagnose::run(&settings, &url).await.map(|report| {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                );
+            }),
+            Command::Keygen => Ok(()),
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("autopush: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

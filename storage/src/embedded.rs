@@ -45,7 +45,9 @@ impl EmbeddedStore {
             .map_err(|e| StorageError::Backend(format!("cannot create {}: {e}", dir.display())))?;
         let path: PathBuf = dir.join("autopush.redb");
         let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => StorageError::InUse(path.display().to_string()),
+            redb::DatabaseError::DatabaseAlreadyOpen => {
+                StorageError::InUse(path.display().to_string())
+            }
             e => backend(e),
         })?;
         let txn = db.begin_write().map_err(backend)?;
@@ -87,13 +89,17 @@ impl EmbeddedStore {
 fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
     let users = txn.open_table(USERS).map_err(backend)?;
     let record = users.get(uaid).map_err(backend)?;
-    record.map(|v| serde_json::from_slice(v.value()).map_err(corrupt)).transpose()
+    record
+        .map(|v| serde_json::from_slice(v.value()).map_err(corrupt))
+        .transpose()
 }
 
 fn write_user(txn: &redb::WriteTransaction, user: &User) -> Result<()> {
     let json = serde_json::to_vec(user).map_err(corrupt)?;
     let mut users = txn.open_table(USERS).map_err(backend)?;
-    users.insert(user.uaid.as_u128(), json.as_slice()).map_err(backend)?;
+    users
+        .insert(user.uaid.as_u128(), json.as_slice())
+        .map_err(backend)?;
     Ok(())
 }
 
@@ -124,7 +130,9 @@ impl Storage for EmbeddedStore {
             let txn = db.begin_read().map_err(backend)?;
             let users = txn.open_table(USERS).map_err(backend)?;
             let record = users.get(uaid).map_err(backend)?;
-            record.map(|v| serde_json::from_slice(v.value()).map_err(corrupt)).transpose()
+            record
+                .map(|v| serde_json::from_slice(v.value()).map_err(corrupt))
+                .transpose()
         })
         .await
     }
@@ -132,7 +140,10 @@ impl Storage for EmbeddedStore {
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
         let uaid = uaid.as_u128();
         self.write(move |txn| {
-            txn.open_table(USERS).map_err(backend)?.remove(uaid).map_err(backend)?;
+            txn.open_table(USERS)
+                .map_err(backend)?
+                .remove(uaid)
+                .map_err(backend)?;
             txn.open_table(CHANNELS)
                 .map_err(backend)?
                 .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
@@ -149,7 +160,10 @@ impl Storage for EmbeddedStore {
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
         let (uaid, node_id) = (uaid.as_u128(), node_id.to_owned());
         self.write(move |txn| match read_user(txn, uaid)? {
-            Some(mut user) if user.node_id.as_deref() == Some(&node_id) && user.connected_at == connected_at => {
+            Some(mut user)
+                if user.node_id.as_deref() == Some(&node_id)
+                    && user.connected_at == connected_at =>
+            {
                 user.node_id = None;
                 write_user(txn, &user)?;
                 Ok(true)
@@ -162,7 +176,10 @@ impl Storage for EmbeddedStore {
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<()> {
         let key = (uaid.as_u128(), channel_id.as_u128());
         self.write(move |txn| {
-            txn.open_table(CHANNELS).map_err(backend)?.insert(key, ()).map_err(backend)?;
+            txn.open_table(CHANNELS)
+                .map_err(backend)?
+                .insert(key, ())
+                .map_err(backend)?;
             Ok(())
         })
         .await
@@ -174,7 +191,10 @@ impl Storage for EmbeddedStore {
             let txn = db.begin_read().map_err(backend)?;
             let channels = txn.open_table(CHANNELS).map_err(backend)?;
             let mut out = HashSet::new();
-            for entry in channels.range((uaid, 0)..=(uaid, u128::MAX)).map_err(backend)? {
+            for entry in channels
+                .range((uaid, 0)..=(uaid, u128::MAX))
+                .map_err(backend)?
+            {
                 let (key, _) = entry.map_err(backend)?;
                 out.insert(Uuid::from_u128(key.value().1));
             }
@@ -211,7 +231,9 @@ impl Storage for EmbeddedStore {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             for message in &messages {
                 let json = serde_json::to_vec(message).map_err(corrupt)?;
-                table.insert((uaid, message.sort_key().as_str()), json.as_slice()).map_err(backend)?;
+                table
+                    .insert((uaid, message.sort_key().as_str()), json.as_slice())
+                    .map_err(backend)?;
             }
             Ok(())
         })
@@ -226,9 +248,13 @@ impl Storage for EmbeddedStore {
                 let txn = db.begin_read().map_err(backend)?;
                 let table = txn.open_table(MESSAGES).map_err(backend)?;
                 let (mut messages, mut expired) = (Vec::new(), Vec::new());
-                for entry in table.range((uaid, "")..=(uaid, SORT_KEY_MAX)).map_err(backend)? {
+                for entry in table
+                    .range((uaid, "")..=(uaid, SORT_KEY_MAX))
+                    .map_err(backend)?
+                {
                     let (key, value) = entry.map_err(backend)?;
-                    let message: Notification = serde_json::from_slice(value.value()).map_err(corrupt)?;
+                    let message: Notification =
+                        serde_json::from_slice(value.value()).map_err(corrupt)?;
                     if message.is_expired(now) {
                         expired.push(key.value().1.to_owned());
                     } else if messages.len() < limit {
@@ -258,7 +284,10 @@ impl Storage for EmbeddedStore {
         self.run(move |db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
-            Ok(table.range((uaid, "")..=(uaid, SORT_KEY_MAX)).map_err(backend)?.count())
+            Ok(table
+                .range((uaid, "")..=(uaid, SORT_KEY_MAX))
+                .map_err(backend)?
+                .count())
         })
         .await
     }
@@ -267,7 +296,10 @@ impl Storage for EmbeddedStore {
         let (uaid, sort_key) = (uaid.as_u128(), sort_key.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            Ok(table.remove((uaid, sort_key.as_str())).map_err(backend)?.is_some())
+            Ok(table
+                .remove((uaid, sort_key.as_str()))
+                .map_err(backend)?
+                .is_some())
         })
         .await
     }
@@ -275,7 +307,10 @@ impl Storage for EmbeddedStore {
     async fn health_check(&self) -> Result<()> {
         self.run(|db| {
             let txn = db.begin_read().map_err(backend)?;
-            txn.open_table(USERS).map_err(backend)?.len().map_err(backend)?;
+            txn.open_table(USERS)
+                .map_err(backend)?
+                .len()
+                .map_err(backend)?;
             Ok(())
         })
         .await

@@ -16,7 +16,9 @@ pub type Result<T> = std::result::Result<T, StorageError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
-    #[error("the store at {0} is in use by another process (the embedded store belongs to one process; run several processes on --db dynamodb)")]
+    #[error(
+        "the store at {0} is in use by another process (the embedded store belongs to one process; run several processes on --db dynamodb)"
+    )]
     InUse(String),
     #[error("storage backend error: {0}")]
     Backend(String),

@@ -18,8 +18,16 @@ impl Session {
         self.after_settling().await
     }
 
-    pub(super) async fn nack(&mut self, updates: Vec<Update>, version: Option<String>, code: Option<u32>) -> Flow {
-        let versions = updates.into_iter().map(|u| (u.version, u.code.or(code))).chain(version.map(|v| (v, code)));
+    pub(super) async fn nack(
+        &mut self,
+        updates: Vec<Update>,
+        version: Option<String>,
+        code: Option<u32>,
+    ) -> Flow {
+        let versions = updates
+            .into_iter()
+            .map(|u| (u.version, u.code.or(code)))
+            .chain(version.map(|v| (v, code)));
         for (version, code) in versions {
             info!(uaid = %self.uaid.simple(), code, "client could not process a notification");
             self.settle(&version).await?;

@@ -22,11 +22,19 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
     let Some(uaid) = offered.and_then(|u| Uuid::parse_str(u).ok()) else {
         return Ok(None);
     };
-    let user = ctx.storage.get_user(&uaid).await.map_err(|e| Close::server(e.to_string()))?;
+    let user = ctx
+        .storage
+        .get_user(&uaid)
+        .await
+        .map_err(|e| Close::server(e.to_string()))?;
     Ok(user.filter(|u| u.router_type == RouterType::WebPush))
 }
 
-pub(super) async fn accept(ctx: &Arc<NodeContext>, offered: Option<&str>, mut sink: Sink) -> Result<Session, (Sink, Close)> {
+pub(super) async fn accept(
+    ctx: &Arc<NodeContext>,
+    offered: Option<&str>,
+    mut sink: Sink,
+) -> Result<Session, (Sink, Close)> {
     let connected_at = now_millis();
     let mut previous = match known_user(ctx, offered).await {
         Ok(user) => user,
@@ -95,7 +103,11 @@ fn drop_elsewhere(ctx: &Arc<NodeContext>, previous: &User) {
     let Some(node_id) = previous.node_id.clone().filter(|n| n != ctx.node_id()) else {
         return;
     };
-    let url = format!("{node_id}/notif/{}/{}", previous.uaid.simple(), previous.connected_at);
+    let url = format!(
+        "{node_id}/notif/{}/{}",
+        previous.uaid.simple(),
+        previous.connected_at
+    );
     let http = ctx.http.clone();
     tokio::spawn(async move {
         if let Err(e) = http.delete(&url).send().await {

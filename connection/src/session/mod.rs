@@ -40,17 +40,26 @@ pub struct Close {
 impl Close {
     /// The client broke the protocol.
     fn protocol(reason: impl Into<String>) -> Self {
-        Close { code: 1008, reason: reason.into() }
+        Close {
+            code: 1008,
+            reason: reason.into(),
+        }
     }
 
     /// Something failed on our side; the client should come back later.
     fn server(reason: impl Into<String>) -> Self {
-        Close { code: 1011, reason: reason.into() }
+        Close {
+            code: 1011,
+            reason: reason.into(),
+        }
     }
 
     /// The socket is gone; nothing to send.
     fn gone() -> Self {
-        Close { code: 1000, reason: String::new() }
+        Close {
+            code: 1000,
+            reason: String::new(),
+        }
     }
 }
 
@@ -61,7 +70,14 @@ pub async fn run(ctx: Arc<NodeContext>, socket: WebSocket) {
     let (mut sink, mut stream) = socket.split();
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
-        Ok(Ok(_)) => return close(&mut sink, Close::protocol("the first message must be hello"), Some("hello")).await,
+        Ok(Ok(_)) => {
+            return close(
+                &mut sink,
+                Close::protocol("the first message must be hello"),
+                Some("hello"),
+            )
+            .await;
+        }
         Ok(Err(close_with)) => return close(&mut sink, close_with, None).await,
         Err(_) => return close(&mut sink, Close::protocol("no hello in time"), None).await,
     };
@@ -86,22 +102,36 @@ async fn first_message(stream: &mut SplitStream<WebSocket>) -> Result<ClientMess
             return ClientMessage::parse(text).map_err(|e| Close::protocol(e.reason));
         }
         if frame.is_binary() {
-            return Err(Close::protocol("binary messages are not part of the protocol"));
+            return Err(Close::protocol(
+                "binary messages are not part of the protocol",
+            ));
         }
     }
 }
 
 /// Send an error message (when there is one to answer) and the close frame.
-async fn close(sink: &mut SplitSink<WebSocket, Message>, close_with: Close, answering: Option<&str>) {
+async fn close(
+    sink: &mut SplitSink<WebSocket, Message>,
+    close_with: Close,
+    answering: Option<&str>,
+) {
     if close_with.reason.is_empty() {
         return;
     }
     debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
     let status = if close_with.code == 1011 { 500 } else { 401 };
-    let _ = sink.send(Message::text(error_json(answering.unwrap_or("error"), status, &close_with.reason))).await;
+    let _ = sink
+        .send(Message::text(error_json(
+            answering.unwrap_or("error"),
+            status,
+            &close_with.reason,
+        )))
+        .await;
     let mut reason = close_with.reason;
     reason.truncate(120); // a close frame's reason is at most 123 bytes
-    let _ = sink.send(Message::close_with(close_with.code, reason)).await;
+    let _ = sink
+        .send(Message::close_with(close_with.code, reason))
+        .await;
     let _ = sink.close().await;
 }
 
@@ -163,16 +193,29 @@ impl Session {
         let message = match ClientMessage::parse(text) {
             Ok(message) => message,
             Err(e) => {
-                self.send_text(error_json(e.message_type.as_deref().unwrap_or("error"), 401, &e.reason)).await?;
+                self.send_text(error_json(
+                    e.message_type.as_deref().unwrap_or("error"),
+                    401,
+                    &e.reason,
+                ))
+                .await?;
                 return Err(Close::protocol(e.reason));
             }
         };
         match message {
             ClientMessage::Hello { .. } => Err(Close::protocol("hello was already said")),
-            ClientMessage::Register { channel_id, key } => self.register(&channel_id, key.as_deref()).await,
-            ClientMessage::Unregister { channel_id, code } => self.unregister(&channel_id, code).await,
+            ClientMessage::Register { channel_id, key } => {
+                self.register(&channel_id, key.as_deref()).await
+            }
+            ClientMessage::Unregister { channel_id, code } => {
+                self.unregister(&channel_id, code).await
+            }
             ClientMessage::Ack { updates } => self.ack(updates).await,
-            ClientMessage::Nack { updates, version, code } => self.nack(updates, version, code).await,
+            ClientMessage::Nack {
+                updates,
+                version,
+                code,
+            } => self.nack(updates, version, code).await,
             // Broadcasts are not used by this service; accepting keeps Firefox happy.
             ClientMessage::BroadcastSubscribe { .. } => Ok(()),
             ClientMessage::Ping => self.ping().await,
@@ -180,7 +223,10 @@ impl Session {
     }
 
     async fn send_text(&mut self, text: String) -> Flow {
-        self.sink.send(Message::text(text)).await.map_err(|_| Close::gone())
+        self.sink
+            .send(Message::text(text))
+            .await
+            .map_err(|_| Close::gone())
     }
 
     async fn send(&mut self, message: &ServerMessage) -> Flow {
@@ -192,7 +238,8 @@ impl Session {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }
-        self.unacked_direct.insert(notification.version.clone(), notification.clone());
+        self.unacked_direct
+            .insert(notification.version.clone(), notification.clone());
         self.send(&ServerMessage::Notification(notification)).await
     }
 
@@ -202,7 +249,8 @@ impl Session {
         // Nothing can be queued after this; what is queued is drained below.
         self.inbox.close();
         while let Ok(notification) = self.inbox.try_recv() {
-            self.unacked_direct.insert(notification.version.clone(), *notification);
+            self.unacked_direct
+                .insert(notification.version.clone(), *notification);
         }
         if let Err(e) = self.store_unacked_direct().await {
             warn!(uaid = %self.uaid, error = %e, "could not store unacknowledged notifications");

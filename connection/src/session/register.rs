@@ -35,11 +35,18 @@ impl Session {
             reason: Some(reason.to_owned()),
         };
         let Some(chid) = parse_channel_id(channel_id) else {
-            return self.send(&refuse(401, "channelID must be a lowercase dashed UUID")).await;
+            return self
+                .send(&refuse(401, "channelID must be a lowercase dashed UUID"))
+                .await;
         };
         let key = match key.map(decode_vapid_key) {
             Some(None) => {
-                return self.send(&refuse(400, "key must be an uncompressed P-256 public key in base64url")).await;
+                return self
+                    .send(&refuse(
+                        400,
+                        "key must be an uncompressed P-256 public key in base64url",
+                    ))
+                    .await;
             }
             Some(Some(key)) => Some(key),
             None => None,
@@ -47,7 +54,10 @@ impl Session {
         if let Err(e) = self.ctx.storage.add_channel(&self.uaid, &chid).await {
             return self.send(&refuse(500, &e.to_string())).await;
         }
-        let endpoint = self.ctx.crypto.make_endpoint(&self.uaid, &chid, key.as_deref());
+        let endpoint = self
+            .ctx
+            .crypto
+            .make_endpoint(&self.uaid, &chid, key.as_deref());
         self.send(&ServerMessage::Register {
             channel_id: channel_id.to_owned(),
             status: 200,
@@ -78,7 +88,11 @@ mod tests {
             URL_SAFE.encode(key),
             STANDARD.encode(key),
         ] {
-            assert_eq!(decode_vapid_key(&encoded).as_deref(), Some(&key[..]), "{encoded}");
+            assert_eq!(
+                decode_vapid_key(&encoded).as_deref(),
+                Some(&key[..]),
+                "{encoded}"
+            );
         }
         assert!(decode_vapid_key("AAAA").is_none());
         assert!(decode_vapid_key(&URL_SAFE.encode([3u8; 65])).is_none());

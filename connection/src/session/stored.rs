@@ -32,7 +32,8 @@ impl Session {
             if self.unacked_direct.contains_key(&message.version) {
                 continue;
             }
-            self.unacked_stored.insert(message.version.clone(), message.clone());
+            self.unacked_stored
+                .insert(message.version.clone(), message.clone());
             self.send(&ServerMessage::Notification(message)).await?;
         }
         Ok(())
@@ -40,19 +41,36 @@ impl Session {
 
     /// Store the direct notifications the client never acknowledged, then
     /// nudge a newer connection of the same user to pick them up.
-    pub(super) async fn store_unacked_direct(&mut self) -> Result<(), autopush_storage::StorageError> {
+    pub(super) async fn store_unacked_direct(
+        &mut self,
+    ) -> Result<(), autopush_storage::StorageError> {
         let now = now_secs();
-        let keep: Vec<_> = self.unacked_direct.drain().map(|(_, n)| n).filter(|n| n.ttl > 0 && !n.is_expired(now)).collect();
+        let keep: Vec<_> = self
+            .unacked_direct
+            .drain()
+            .map(|(_, n)| n)
+            .filter(|n| n.ttl > 0 && !n.is_expired(now))
+            .collect();
         if keep.is_empty() {
             return Ok(());
         }
         debug!(uaid = %self.uaid.simple(), count = keep.len(), "storing unacknowledged direct notifications");
         self.ctx.storage.save_messages(&self.uaid, keep).await?;
         if !LocalNode::notify(self.ctx.registry.as_ref(), &self.uaid)
-            && let Some(node_id) = self.ctx.storage.get_user(&self.uaid).await?.and_then(|u| u.node_id)
+            && let Some(node_id) = self
+                .ctx
+                .storage
+                .get_user(&self.uaid)
+                .await?
+                .and_then(|u| u.node_id)
             && node_id != self.ctx.node_id()
         {
-            let _ = self.ctx.http.put(format!("{node_id}/notif/{}", self.uaid.simple())).send().await;
+            let _ = self
+                .ctx
+                .http
+                .put(format!("{node_id}/notif/{}", self.uaid.simple()))
+                .send()
+                .await;
         }
         Ok(())
     }

@@ -12,11 +12,18 @@ impl Session {
             reason: reason.map(str::to_owned),
         };
         let Some(chid) = parse_channel_id(channel_id) else {
-            return self.send(&reply(401, Some("channelID must be a lowercase dashed UUID"))).await;
+            return self
+                .send(&reply(
+                    401,
+                    Some("channelID must be a lowercase dashed UUID"),
+                ))
+                .await;
         };
         // 200: unsubscribed, 201: over quota, 202: permission revoked.
         if code.is_some_and(|c| !(200..=202).contains(&c)) {
-            return self.send(&reply(401, Some("code must be 200, 201 or 202"))).await;
+            return self
+                .send(&reply(401, Some("code must be 200, 201 or 202")))
+                .await;
         }
         match self.ctx.storage.remove_channel(&self.uaid, &chid).await {
             Ok(_) => self.send(&reply(200, None)).await,

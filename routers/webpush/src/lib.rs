@@ -31,15 +31,26 @@ impl WebPushRouter {
             .timeout(Duration::from_secs(3))
             .build()
             .unwrap_or_default();
-        WebPushRouter { storage, http, local }
+        WebPushRouter {
+            storage,
+            http,
+            local,
+        }
     }
 
     fn local_for(&self, node_id: &str) -> Option<&Arc<dyn LocalNode>> {
-        self.local.as_ref().filter(|local| local.node_id() == node_id)
+        self.local
+            .as_ref()
+            .filter(|local| local.node_id() == node_id)
     }
 
     /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent.
-    async fn push_to_node(&self, node_id: &str, uaid: &Uuid, notification: &Notification) -> PushOutcome {
+    async fn push_to_node(
+        &self,
+        node_id: &str,
+        uaid: &Uuid,
+        notification: &Notification,
+    ) -> PushOutcome {
         if let Some(local) = self.local_for(node_id) {
             return local.push(uaid, notification.clone());
         }
@@ -73,21 +84,29 @@ impl WebPushRouter {
 
 #[async_trait]
 impl Router for WebPushRouter {
-    async fn route_notification(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
+    async fn route_notification(
+        &self,
+        notification: Notification,
+        user: &User,
+    ) -> ApiResult<Delivery> {
         let uaid = user.uaid;
         if let Some(node_id) = &user.node_id {
             match self.push_to_node(node_id, &uaid, &notification).await {
                 PushOutcome::Delivered => return Ok(Delivery::Direct),
                 PushOutcome::Busy => debug!(%uaid, "client busy; storing"),
                 PushOutcome::NotConnected => {
-                    self.storage.remove_node_id(&uaid, node_id, user.connected_at).await?;
+                    self.storage
+                        .remove_node_id(&uaid, node_id, user.connected_at)
+                        .await?;
                 }
             }
         }
         if notification.ttl == 0 {
             return Ok(Delivery::Dropped);
         }
-        self.storage.save_messages(&uaid, vec![notification]).await?;
+        self.storage
+            .save_messages(&uaid, vec![notification])
+            .await?;
         // The client may have connected (and checked storage) since we read
         // its record: look again and nudge whichever node has it now.
         if let Some(node_id) = self.storage.get_user(&uaid).await?.and_then(|u| u.node_id) {

@@ -1,0 +1,146 @@
+//! Wiring: open storage, build the router registry, bind the listeners, and
+//! run the roles this process plays.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use autopush_common::RouterType;
+use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::node::LocalNode;
+use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
+use autopush_storage::Storage;
+use autopush_storage::embedded::EmbeddedStore;
+use autopush_webpush::WebPushRouter;
+use tokio::net::TcpListener;
+use tracing::info;
+
+use crate::endpoint::{self, EndpointState};
+use crate::keys;
+use crate::routers::RouterRegistry;
+use crate::settings::{Db, Settings};
+use crate::vapid::VapidVerifier;
+
+/// The roles a process plays.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    /// Connection and endpoint in one process (the default).
+    All,
+    Connection,
+    Endpoint,
+}
+
+impl Mode {
+    fn connection(self) -> bool {
+        matches!(self, Mode::All | Mode::Connection)
+    }
+
+    fn endpoint(self) -> bool {
+        matches!(self, Mode::All | Mode::Endpoint)
+    }
+}
+
+pub fn open_storage(db: &Db) -> Result<Arc<dyn Storage>, String> {
+    match db {
+        Db::Embedded(dir) => Ok(Arc::new(
+            EmbeddedStore::open(dir).map_err(|e| e.to_string())?,
+        )),
+        Db::DynamoDb => {
+            Err("the DynamoDB backend is not available in this build yet; use --db DIR".into())
+        }
+    }
+}
+
+async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
+    let addr: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .map_err(|e| format!("{what}: bad listen address {host}:{port}: {e}"))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
+    info!("{what} listening on {addr}");
+    Ok(listener)
+}
+
+/// Run until the process is stopped.
+pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
+    let storage = open_storage(&settings.db)?;
+    let data_dir = match (&settings.db, mode) {
+        (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
+        _ => None,
+    };
+    let keys = keys::resolve(settings.crypto_key.as_deref(), data_dir)?;
+    let crypto = Arc::new(EndpointCrypto::new(&keys, &settings.endpoint_url)?);
+    let http = reqwest::Client::builder()
+        .build()
+        .map_err(|e| e.to_string())?;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut local: Option<Arc<dyn LocalNode>> = None;
+    if mode.connection() {
+        let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
+        local = Some(registry.clone());
+        let ctx = Arc::new(NodeContext {
+            settings: ConnectionSettings {
+                hello_timeout: settings.hello_timeout,
+                auto_ping_interval: settings.auto_ping_interval,
+                auto_ping_timeout: settings.auto_ping_timeout,
+                min_ping_interval: settings.min_ping_interval,
+                msg_limit: settings.msg_limit,
+                ..ConnectionSettings::default()
+            },
+            storage: storage.clone(),
+            crypto: crypto.clone(),
+            registry,
+            http,
+        });
+        let websocket = bind(&settings.host, settings.port, "websocket").await?;
+        let router_api = bind(
+            &settings.router_host,
+            settings.router_port,
+            "internal router API",
+        )
+        .await?;
+        tasks.spawn(server::serve_websocket(websocket, ctx.clone()));
+        tasks.spawn(server::serve_router_api(router_api, ctx));
+    }
+    if mode.endpoint() {
+        let webpush = Arc::new(WebPushRouter::new(storage.clone(), local));
+        let state = Arc::new(EndpointState {
+            crypto,
+            storage,
+            routers: RouterRegistry::default().with(RouterType::WebPush, webpush),
+            vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
+            max_data_bytes: settings.max_data_bytes,
+        });
+        let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
+        tasks.spawn(async move {
+            warp::serve(endpoint::routes(state))
+                .incoming(listener)
+                .run()
+                .await;
+        });
+    }
+    info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+    tokio::select! {
+        _ = tasks.join_next() => Err("a server stopped unexpectedly".into()),
+        _ = shutdown_signal() => {
+            info!("shutting down");
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,222 @@
+//! Validation of a push request's headers (RFC 8030 §5, RFC 8188/8291, and
+//! the older `aesgcm` draft Firefox still understands).
+
+use std::collections::BTreeMap;
+
+use autopush_common::{ApiError, ApiResult};
+use warp::http::HeaderMap;
+
+/// Longest TTL honoured; larger values are capped, not refused.
+pub const MAX_TTL: u64 = 30 * 24 * 60 * 60;
+
+/// Longest Topic (RFC 8030 §5.4: at most 32 base64url characters).
+const MAX_TOPIC_LEN: usize = 32;
+
+/// What a valid push request's headers say.
+#[derive(Debug, PartialEq)]
+pub struct PushHeaders {
+    pub ttl: u64,
+    pub topic: Option<String>,
+    /// Headers forwarded to the user agent so it can decrypt: `encoding`,
+    /// and for `aesgcm` also `encryption` and `crypto_key`.
+    pub forward: Option<BTreeMap<String, String>>,
+}
+
+fn header<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+    invalid: impl Fn(String) -> ApiError,
+) -> ApiResult<Option<&'a str>> {
+    headers
+        .get(name)
+        .map(|v| {
+            v.to_str()
+                .map(str::trim)
+                .map_err(|_| invalid(format!("{name} is not ASCII")))
+        })
+        .transpose()
+}
+
+pub fn parse(headers: &HeaderMap, has_body: bool) -> ApiResult<PushHeaders> {
+    let ttl = match header(headers, "ttl", ApiError::InvalidTtl)? {
+        None => return Err(ApiError::MissingTtl),
+        Some(value) => value
+            .parse::<u64>()
+            .map_err(|_| {
+                ApiError::InvalidTtl(format!("{value:?} is not a whole number of seconds"))
+            })?
+            .min(MAX_TTL),
+    };
+    let topic = header(headers, "topic", ApiError::InvalidTopic)?.map(str::to_owned);
+    if let Some(topic) = &topic {
+        let base64url = topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if topic.is_empty() || topic.len() > MAX_TOPIC_LEN || !base64url {
+            return Err(ApiError::InvalidTopic(format!(
+                "at most {MAX_TOPIC_LEN} characters of A-Z, a-z, 0-9, '-' and '_'"
+            )));
+        }
+    }
+    let forward = if has_body {
+        Some(encryption_headers(headers)?)
+    } else {
+        None
+    };
+    Ok(PushHeaders {
+        ttl,
+        topic,
+        forward,
+    })
+}
+
+/// A body is encrypted; say how, in a way the user agent can undo.
+fn encryption_headers(headers: &HeaderMap) -> ApiResult<BTreeMap<String, String>> {
+    let encoding = header(headers, "content-encoding", ApiError::InvalidEncryption)?
+        .ok_or_else(|| {
+            ApiError::InvalidEncryption(
+                "a body needs Content-Encoding: aes128gcm (or aesgcm)".into(),
+            )
+        })?
+        .to_ascii_lowercase();
+    let mut forward = BTreeMap::new();
+    match encoding.as_str() {
+        // Everything needed to decrypt travels in the body's own header.
+        "aes128gcm" => {}
+        "aesgcm" => {
+            let encryption = header(headers, "encryption", ApiError::InvalidEncryption)?
+                .ok_or_else(|| {
+                    ApiError::InvalidEncryption("aesgcm needs an Encryption header".into())
+                })?;
+            if !has_param(encryption, "salt") {
+                return Err(ApiError::InvalidEncryption(
+                    "the Encryption header needs salt=".into(),
+                ));
+            }
+            let crypto_key = header(headers, "crypto-key", ApiError::InvalidEncryption)?
+                .ok_or_else(|| {
+                    ApiError::InvalidEncryption("aesgcm needs a Crypto-Key header".into())
+                })?;
+            if !has_param(crypto_key, "dh") {
+                return Err(ApiError::InvalidEncryption(
+                    "the Crypto-Key header needs dh=".into(),
+                ));
+            }
+            forward.insert("encryption".into(), encryption.to_owned());
+            forward.insert("crypto_key".into(), crypto_key.to_owned());
+        }
+        other => {
+            return Err(ApiError::InvalidEncryption(format!(
+                "unsupported Content-Encoding {other:?}: use aes128gcm or aesgcm"
+            )));
+        }
+    }
+    forward.insert("encoding".into(), encoding);
+    Ok(forward)
+}
+
+/// Whether a `k1=v1;k2=v2,k3=v3` header has a non-empty `name`.
+fn has_param(value: &str, name: &str) -> bool {
+    value.split([';', ',']).any(|part| {
+        part.split_once('=').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case(name) && !v.trim().trim_matches('"').is_empty()
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (k, v) in pairs {
+            map.insert(*k, v.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn ttl_is_required_numeric_and_capped() {
+        assert_eq!(parse(&headers(&[]), false), Err(ApiError::MissingTtl));
+        for bad in ["-1", "abc", "1.5", ""] {
+            let h = headers(&[("ttl", Box::leak(bad.to_owned().into_boxed_str()))]);
+            assert_eq!(parse(&h, false).unwrap_err().errno(), 112, "{bad}");
+        }
+        assert_eq!(
+            parse(&headers(&[("ttl", "99999999")]), false).unwrap().ttl,
+            MAX_TTL
+        );
+        assert_eq!(parse(&headers(&[("ttl", "0")]), false).unwrap().ttl, 0);
+    }
+
+    #[test]
+    fn topics_are_short_base64url() {
+        assert_eq!(
+            parse(&headers(&[("ttl", "1"), ("topic", "new_mail-2")]), false)
+                .unwrap()
+                .topic
+                .unwrap(),
+            "new_mail-2"
+        );
+        for bad in ["has space", "a.b", "x23456789012345678901234567890123"] {
+            let h = headers(&[
+                ("ttl", "1"),
+                ("topic", Box::leak(bad.to_owned().into_boxed_str())),
+            ]);
+            assert_eq!(parse(&h, false).unwrap_err().errno(), 113, "{bad}");
+        }
+    }
+
+    #[test]
+    fn bodies_need_a_known_encoding_with_its_parameters() {
+        let ok = parse(
+            &headers(&[("ttl", "1"), ("content-encoding", "aes128gcm")]),
+            true,
+        )
+        .unwrap();
+        assert_eq!(ok.forward.unwrap()["encoding"], "aes128gcm");
+        let aesgcm = headers(&[
+            ("ttl", "1"),
+            ("content-encoding", "aesgcm"),
+            ("encryption", "salt=abc"),
+            ("crypto-key", "dh=def;p256ecdsa=xyz"),
+        ]);
+        let forward = parse(&aesgcm, true).unwrap().forward.unwrap();
+        assert_eq!(
+            (
+                forward["encryption"].as_str(),
+                forward["crypto_key"].as_str()
+            ),
+            ("salt=abc", "dh=def;p256ecdsa=xyz")
+        );
+        for bad in [
+            headers(&[("ttl", "1")]),
+            headers(&[("ttl", "1"), ("content-encoding", "gzip")]),
+            headers(&[
+                ("ttl", "1"),
+                ("content-encoding", "aesgcm"),
+                ("crypto-key", "dh=x"),
+            ]),
+            headers(&[
+                ("ttl", "1"),
+                ("content-encoding", "aesgcm"),
+                ("encryption", "rs=4096"),
+                ("crypto-key", "dh=x"),
+            ]),
+            headers(&[
+                ("ttl", "1"),
+                ("content-encoding", "aesgcm"),
+                ("encryption", "salt=x"),
+                ("crypto-key", "p256ecdsa=x"),
+            ]),
+        ] {
+            assert_eq!(parse(&bad, true).unwrap_err().errno(), 110, "{bad:?}");
+        }
+        // No body, nothing to decrypt: no encoding needed.
+        assert_eq!(
+            parse(&headers(&[("ttl", "1")]), false).unwrap().forward,
+            None
+        );
+    }
+}

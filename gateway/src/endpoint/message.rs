@@ -1,0 +1,20 @@
+//! `DELETE /m/{message_id}`: cancel a push that has not been delivered yet.
+
+use std::sync::Arc;
+
+use autopush_common::ApiResult;
+use tracing::debug;
+use warp::http::StatusCode;
+use warp::reply::{Reply, Response};
+
+use super::EndpointState;
+
+pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<Response> {
+    let message = state.crypto.parse_message_id(&message_id)?;
+    let existed = state
+        .storage
+        .remove_message(&message.uaid, &message.sort_key())
+        .await?;
+    debug!(uaid = %message.uaid.simple(), existed, "message cancelled");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

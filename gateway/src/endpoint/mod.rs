@@ -1,0 +1,132 @@
+//! The public HTTP API application servers use:
+//!
+//! * `POST /wpush/{v1|v2}/{token}`: send a push ([`webpush`]).
+//! * `DELETE /m/{message_id}`: cancel an undelivered push ([`message`]).
+//! * health routes.
+//!
+//! Every failure is a JSON `{code, errno, error, message, more_info}`.
+
+pub mod headers;
+pub mod message;
+pub mod webpush;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use autopush_common::ApiError;
+use autopush_common::endpoint::EndpointCrypto;
+use autopush_storage::Storage;
+use warp::Filter;
+use warp::http::StatusCode;
+use warp::reply::{Reply, Response};
+
+use crate::routers::RouterRegistry;
+use crate::vapid::VapidVerifier;
+
+/// What the endpoint handlers share.
+pub struct EndpointState {
+    pub crypto: Arc<EndpointCrypto>,
+    pub storage: Arc<dyn Storage>,
+    pub routers: RouterRegistry,
+    pub vapid: VapidVerifier,
+    pub max_data_bytes: usize,
+}
+
+/// Render an API error for the sender.
+pub fn error_response(error: &ApiError) -> Response {
+    let status = error.status();
+    let mut response =
+        warp::reply::with_status(warp::reply::json(&error.body()), status).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert("retry-after", warp::http::HeaderValue::from_static("120"));
+    }
+    response
+}
+
+fn render(result: Result<Response, ApiError>) -> Response {
+    result.unwrap_or_else(|e| {
+        if e.status().is_server_error() {
+            tracing::error!(error = %e, "request failed");
+        }
+        error_response(&e)
+    })
+}
+
+pub fn routes(
+    state: Arc<EndpointState>,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let with_state = {
+        let state = state.clone();
+        warp::any().map(move || state.clone())
+    };
+    let push = warp::post()
+        .and(warp::path!("wpush" / String / String))
+        .and(warp::header::headers_cloned())
+        .and(warp::body::stream())
+        .and(with_state.clone())
+        .then(
+            |version, token, headers, body, state: Arc<EndpointState>| async move {
+                let body = match read_body(body, state.max_data_bytes).await {
+                    Ok(body) => body,
+                    Err(e) => return error_response(&e),
+                };
+                render(webpush::send(state, version, token, headers, body).await)
+            },
+        );
+    let cancel = warp::delete()
+        .and(warp::path!("m" / String))
+        .and(with_state)
+        .then(|id, state| async move { render(message::cancel(state, id).await) });
+    let health = autopush_connection::health::routes(state.storage.clone());
+    let max = state.max_data_bytes;
+    push.or(cancel)
+        .unify()
+        .or(health)
+        .unify()
+        .recover(move |rejection| recover(rejection, max))
+        .unify()
+}
+
+/// Read a request body of at most `max` bytes, with or without a
+/// Content-Length, without ever buffering more than `max`.
+async fn read_body(
+    mut body: impl futures_util::Stream<Item = Result<impl bytes::Buf, warp::Error>> + Unpin,
+    max: usize,
+) -> Result<bytes::Bytes, ApiError> {
+    use futures_util::StreamExt;
+    let mut out = bytes::BytesMut::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk =
+            chunk.map_err(|e| ApiError::BadRequest(format!("cannot read the body: {e}")))?;
+        if out.len() + chunk.remaining() > max {
+            return Err(ApiError::PayloadTooLarge(max));
+        }
+        while chunk.has_remaining() {
+            let piece = chunk.chunk();
+            let n = piece.len();
+            out.extend_from_slice(piece);
+            chunk.advance(n);
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// Map warp's own rejections (no route, body too large...) onto the error table.
+async fn recover(
+    rejection: warp::Rejection,
+    max_data_bytes: usize,
+) -> Result<Response, Infallible> {
+    let error = if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
+        ApiError::PayloadTooLarge(max_data_bytes)
+    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+        let body = warp::reply::json(
+            &serde_json::json!({"code": 405, "errno": 999, "error": "Method Not Allowed"}),
+        );
+        return Ok(warp::reply::with_status(body, StatusCode::METHOD_NOT_ALLOWED).into_response());
+    } else {
+        ApiError::NotFound
+    };
+    Ok(error_response(&error))
+}

@@ -1,0 +1,116 @@
+//! `POST /wpush/{v1|v2}/{token}`: accept a push and route it.
+
+use std::sync::Arc;
+
+use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
+use autopush_common::router::Delivery;
+use autopush_common::time::{now_secs, unique_micros};
+use autopush_common::{ApiError, ApiResult, Notification, RouterType};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use tracing::debug;
+use warp::http::{HeaderMap, HeaderValue, StatusCode};
+use warp::reply::{Reply, Response};
+
+use super::EndpointState;
+use super::headers::{self, PushHeaders};
+use crate::vapid::{VapidIdentity, key_hash_matches};
+
+pub async fn send(
+    state: Arc<EndpointState>,
+    version: String,
+    token: String,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<Response> {
+    let subscription = state.crypto.parse_token(&version, &token)?;
+    let push = headers::parse(&headers, !body.is_empty())?;
+    authenticate(&state, &subscription, &headers)?;
+
+    let user = state
+        .storage
+        .get_user(&subscription.uaid)
+        .await?
+        .ok_or(ApiError::NoUser)?;
+    let router = state
+        .routers
+        .get(user.router_type)
+        .ok_or(ApiError::InvalidRouterType)?;
+    if user.router_type == RouterType::WebPush
+        && !state
+            .storage
+            .has_channel(&subscription.uaid, &subscription.channel_id)
+            .await?
+    {
+        return Err(ApiError::NoSubscription);
+    }
+
+    let notification = build_notification(&state, &subscription, push, &body);
+    let (message_id, ttl) = (notification.version.clone(), notification.ttl);
+    let delivery = router.route_notification(notification, &user).await?;
+    debug!(uaid = %subscription.uaid.simple(), ?delivery, "push routed");
+
+    let location = format!("{}/m/{message_id}", state.crypto.endpoint_url());
+    let mut response = warp::reply::with_status(warp::reply(), StatusCode::CREATED).into_response();
+    let out = response.headers_mut();
+    out.insert("ttl", HeaderValue::from(ttl));
+    if let Ok(location) = HeaderValue::from_str(&location) {
+        out.insert("location", location);
+    }
+    if delivery == Delivery::Dropped {
+        debug!(uaid = %subscription.uaid.simple(), "TTL 0 and client not connected: dropped");
+    }
+    Ok(response)
+}
+
+/// VAPID is optional on v1 endpoints (but checked when present) and
+/// required, with the subscription's own key, on v2 endpoints.
+fn authenticate(
+    state: &EndpointState,
+    subscription: &TokenInfo,
+    headers: &HeaderMap,
+) -> ApiResult<()> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let identity: Option<Arc<VapidIdentity>> = state
+        .vapid
+        .verify(text("authorization"), text("crypto-key"))
+        .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?;
+    match (&subscription.key_hash, identity) {
+        (None, _) => Ok(()),
+        (Some(_), None) => Err(ApiError::InvalidAuthentication(
+            "this subscription is restricted to a VAPID key: sign the request".into(),
+        )),
+        (Some(expected), Some(identity)) if !key_hash_matches(&identity, expected) => {
+            Err(ApiError::InvalidAuthentication(
+                "the VAPID key is not the key this subscription was created with".into(),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn build_notification(
+    state: &EndpointState,
+    subscription: &TokenInfo,
+    push: PushHeaders,
+    body: &[u8],
+) -> Notification {
+    let sortkey_timestamp = push.topic.is_none().then(unique_micros);
+    let message_id = state.crypto.make_message_id(&MessageIdInfo {
+        uaid: subscription.uaid,
+        channel_id: subscription.channel_id,
+        topic: push.topic.clone(),
+        sortkey_timestamp,
+    });
+    Notification {
+        channel_id: subscription.channel_id,
+        version: message_id,
+        ttl: push.ttl,
+        timestamp: now_secs(),
+        topic: push.topic,
+        sortkey_timestamp,
+        data: (!body.is_empty()).then(|| URL_SAFE_NO_PAD.encode(body)),
+        headers: push.forward,
+    }
+}

@@ -1,0 +1,276 @@
+//! Settings, from four layers: command-line flag > `AUTOPUSH_*` environment
+//! variable > TOML file (`--config`) > default.
+//!
+//! One struct, [`SettingsLayer`], is both the clap argument set (flags and
+//! env) and the TOML file schema, so the two can never drift apart; an
+//! unknown key in the file is an error at start-up.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+
+/// One layer of settings; `None` means "not set here".
+#[derive(Args, Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct SettingsLayer {
+    /// Address the public ports (websocket, endpoint) listen on [default: 0.0.0.0]
+    #[arg(long, env = "AUTOPUSH_HOST", global = true)]
+    pub host: Option<String>,
+    /// Websocket port for user agents [default: 8080]
+    #[arg(long, env = "AUTOPUSH_PORT", global = true)]
+    pub port: Option<u16>,
+    /// Address the internal router API listens on [default: 127.0.0.1]
+    #[arg(long, env = "AUTOPUSH_ROUTER_HOST", global = true)]
+    pub router_host: Option<String>,
+    /// Internal router API port (never expose publicly) [default: 8081]
+    #[arg(long, env = "AUTOPUSH_ROUTER_PORT", global = true)]
+    pub router_port: Option<u16>,
+    /// URL other nodes use to reach this node's router API [default: http://ROUTER_HOST:ROUTER_PORT]
+    #[arg(long, env = "AUTOPUSH_NODE_URL", global = true)]
+    pub node_url: Option<String>,
+    /// Public HTTP port for application servers [default: 8082]
+    #[arg(long, env = "AUTOPUSH_ENDPOINT_PORT", global = true)]
+    pub endpoint_port: Option<u16>,
+    /// Base of every push endpoint URL and the VAPID audience [default: http://localhost:ENDPOINT_PORT]
+    #[arg(long, env = "AUTOPUSH_ENDPOINT_URL", global = true)]
+    pub endpoint_url: Option<String>,
+    /// Storage: a directory for the embedded store, or `dynamodb` [default: ./autopush-data]
+    #[arg(long, env = "AUTOPUSH_DB", global = true)]
+    pub db: Option<String>,
+    /// Endpoint encryption key(s), comma-separated, first encrypts (also read from CRYPTO_KEY)
+    /// [default: generated once and kept in the data directory, all-in-one only]
+    #[arg(
+        long,
+        env = "AUTOPUSH_CRYPTO_KEY",
+        global = true,
+        hide_env_values = true
+    )]
+    pub crypto_key: Option<String>,
+    /// A client with more stored messages than this gets a new UAID [default: 100]
+    #[arg(long, env = "AUTOPUSH_MSG_LIMIT", global = true)]
+    pub msg_limit: Option<usize>,
+    /// Largest push body accepted, in bytes [default: 5630]
+    #[arg(long, env = "AUTOPUSH_MAX_DATA_BYTES", global = true)]
+    pub max_data_bytes: Option<usize>,
+    /// Seconds a new connection has to say hello [default: 30]
+    #[arg(long, env = "AUTOPUSH_HELLO_TIMEOUT", global = true)]
+    pub hello_timeout: Option<f64>,
+    /// Seconds of silence before the server pings a client [default: 300]
+    #[arg(long, env = "AUTOPUSH_AUTO_PING_INTERVAL", global = true)]
+    pub auto_ping_interval: Option<f64>,
+    /// Seconds to wait for the pong before closing [default: 10]
+    #[arg(long, env = "AUTOPUSH_AUTO_PING_TIMEOUT", global = true)]
+    pub auto_ping_timeout: Option<f64>,
+    /// Minimum seconds between a client's own pings; faster clients are closed [default: 45]
+    #[arg(long, env = "AUTOPUSH_MIN_PING_INTERVAL", global = true)]
+    pub min_ping_interval: Option<f64>,
+    /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
+    #[arg(long, env = "AUTOPUSH_VAPID_CACHE_SIZE", global = true)]
+    pub vapid_cache_size: Option<usize>,
+    /// Log format: `human` or `json` [default: human]
+    #[arg(long, env = "AUTOPUSH_LOG_FORMAT", global = true)]
+    pub log_format: Option<String>,
+}
+
+/// Copy into `self` every field it leaves unset from `lower`.
+macro_rules! fill_from {
+    ($self:ident, $lower:ident, $($field:ident),*) => {
+        $( if $self.$field.is_none() { $self.$field = $lower.$field; } )*
+    };
+}
+
+impl SettingsLayer {
+    fn fill_from(&mut self, lower: SettingsLayer) {
+        fill_from!(
+            self,
+            lower,
+            host,
+            port,
+            router_host,
+            router_port,
+            node_url,
+            endpoint_port,
+            endpoint_url,
+            db,
+            crypto_key,
+            msg_limit,
+            max_data_bytes,
+            hello_timeout,
+            auto_ping_interval,
+            auto_ping_timeout,
+            min_ping_interval,
+            vapid_cache_size,
+            log_format
+        );
+    }
+}
+
+/// Where settings live: the embedded store in a directory, or DynamoDB.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Db {
+    Embedded(PathBuf),
+    DynamoDb,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Resolved settings, every value decided.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub host: String,
+    pub port: u16,
+    pub router_host: String,
+    pub router_port: u16,
+    pub node_url: String,
+    pub endpoint_port: u16,
+    pub endpoint_url: String,
+    pub db: Db,
+    pub crypto_key: Option<String>,
+    pub msg_limit: usize,
+    pub max_data_bytes: usize,
+    pub hello_timeout: Duration,
+    pub auto_ping_interval: Duration,
+    pub auto_ping_timeout: Duration,
+    pub min_ping_interval: Duration,
+    pub vapid_cache_size: usize,
+    pub log_format: LogFormat,
+}
+
+fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
+    let value = value.unwrap_or(default);
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| format!("{name} must be a non-negative number of seconds"))
+}
+
+impl Settings {
+    /// Resolve `flags` (which already carry env values, via clap) over the
+    /// TOML file at `config`, if any, over the defaults.
+    pub fn resolve(
+        mut flags: SettingsLayer,
+        config: Option<&std::path::Path>,
+    ) -> Result<Settings, String> {
+        if flags.crypto_key.is_none() {
+            flags.crypto_key = std::env::var("CRYPTO_KEY").ok().filter(|k| !k.is_empty());
+        }
+        if let Some(path) = config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let file: SettingsLayer =
+                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+            flags.fill_from(file);
+        }
+        Settings::from_layer(flags)
+    }
+
+    fn from_layer(l: SettingsLayer) -> Result<Settings, String> {
+        let router_host = l.router_host.unwrap_or_else(|| "127.0.0.1".into());
+        let router_port = l.router_port.unwrap_or(8081);
+        let endpoint_port = l.endpoint_port.unwrap_or(8082);
+        let node_url = l
+            .node_url
+            .unwrap_or_else(|| format!("http://{router_host}:{router_port}"));
+        let endpoint_url = l
+            .endpoint_url
+            .unwrap_or_else(|| format!("http://localhost:{endpoint_port}"));
+        let endpoint_url = endpoint_url.trim_end_matches('/').to_owned();
+        if !(endpoint_url.starts_with("http://") || endpoint_url.starts_with("https://")) {
+            return Err(format!(
+                "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
+            ));
+        }
+        let db = match l.db.as_deref() {
+            Some("dynamodb") => Db::DynamoDb,
+            Some(dir) => Db::Embedded(PathBuf::from(dir)),
+            None => Db::Embedded(PathBuf::from("./autopush-data")),
+        };
+        let log_format = match l.log_format.as_deref() {
+            None | Some("human") => LogFormat::Human,
+            Some("json") => LogFormat::Json,
+            Some(other) => return Err(format!("log_format must be human or json, got {other:?}")),
+        };
+        Ok(Settings {
+            host: l.host.unwrap_or_else(|| "0.0.0.0".into()),
+            port: l.port.unwrap_or(8080),
+            router_host,
+            router_port,
+            node_url: node_url.trim_end_matches('/').to_owned(),
+            endpoint_port,
+            endpoint_url,
+            db,
+            crypto_key: l.crypto_key,
+            msg_limit: l.msg_limit.unwrap_or(100),
+            max_data_bytes: l.max_data_bytes.unwrap_or(5630),
+            hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
+            auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,
+            auto_ping_timeout: seconds("auto_ping_timeout", l.auto_ping_timeout, 10.0)?,
+            min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 45.0)?,
+            vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
+            log_format,
+        })
+    }
+
+    /// The VAPID `aud` senders must use: the origin of `endpoint_url`.
+    pub fn endpoint_origin(&self) -> String {
+        let after_scheme = self.endpoint_url.find("://").map_or(0, |i| i + 3);
+        match self.endpoint_url[after_scheme..].find('/') {
+            Some(slash) => self.endpoint_url[..after_scheme + slash].to_owned(),
+            None => self.endpoint_url.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_design() {
+        let s = Settings::from_layer(SettingsLayer::default()).unwrap();
+        assert_eq!(
+            (s.port, s.router_port, s.endpoint_port, s.msg_limit),
+            (8080, 8081, 8082, 100)
+        );
+        assert_eq!(s.endpoint_url, "http://localhost:8082");
+        assert_eq!(s.node_url, "http://127.0.0.1:8081");
+        assert_eq!(s.db, Db::Embedded(PathBuf::from("./autopush-data")));
+    }
+
+    #[test]
+    fn flags_beat_the_file_and_the_file_beats_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(&path, "port = 9000\nendpoint_port = 9002\nmsg_limit = 7\n").unwrap();
+        let flags = SettingsLayer {
+            port: Some(7000),
+            ..Default::default()
+        };
+        let s = Settings::resolve(flags, Some(&path)).unwrap();
+        assert_eq!((s.port, s.endpoint_port, s.msg_limit), (7000, 9002, 7));
+        assert_eq!(s.endpoint_url, "http://localhost:9002");
+    }
+
+    #[test]
+    fn unknown_file_keys_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(&path, "prot = 9000\n").unwrap();
+        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+        assert!(err.contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn origin_drops_the_path() {
+        let layer = SettingsLayer {
+            endpoint_url: Some("https://push.example.com:8443/base/".into()),
+            ..Default::default()
+        };
+        let s = Settings::from_layer(layer).unwrap();
+        assert_eq!(s.endpoint_origin(), "https://push.example.com:8443");
+    }
+}

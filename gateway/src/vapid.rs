@@ -1,1 +1,0 @@
-//! VAPID (RFC 8292) verification.
