@@ -39,6 +39,8 @@ pub struct Membership {
 pub struct ClientRegistry {
     node_id: String,
     clients: RwLock<HashMap<Uuid, ClientHandle>>,
+    /// Sessions that joined and have not finished their clean-up yet.
+    live_sessions: AtomicUsize,
 }
 
 impl ClientRegistry {
@@ -47,6 +49,7 @@ impl ClientRegistry {
         ClientRegistry {
             node_id,
             clients: RwLock::new(HashMap::new()),
+            live_sessions: AtomicUsize::new(0),
         }
     }
 
@@ -72,6 +75,7 @@ impl ClientRegistry {
             inbox: tx,
             signals: signals.clone(),
         };
+        self.live_sessions.fetch_add(1, Ordering::AcqRel);
         let previous = self.write().insert(uaid, handle);
         if let Some(previous) = previous {
             previous.signals.kick.notify_one();
@@ -91,6 +95,16 @@ impl ClientRegistry {
         }
     }
 
+    /// A session has finished its clean-up (stored what was unacknowledged).
+    pub fn session_ended(&self) {
+        self.live_sessions.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Sessions still running or cleaning up.
+    pub fn live_sessions(&self) -> usize {
+        self.live_sessions.load(Ordering::Acquire)
+    }
+
     /// Close the session of `uaid` if it connected at `connected_at`.
     pub fn kick(&self, uaid: &Uuid, connected_at: u64) -> bool {
         match self.read().get(uaid) {
@@ -99,6 +113,14 @@ impl ClientRegistry {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Close every session (at shutdown); each stores what its client has
+    /// not acknowledged as it ends.
+    pub fn kick_all(&self) {
+        for client in self.read().values() {
+            client.signals.kick.notify_one();
         }
     }
 

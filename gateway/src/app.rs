@@ -76,9 +76,11 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
 
     let mut tasks = tokio::task::JoinSet::new();
     let mut local: Option<Arc<dyn LocalNode>> = None;
+    let mut clients: Option<Arc<ClientRegistry>> = None;
     if mode.connection() {
         let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
         local = Some(registry.clone());
+        clients = Some(registry.clone());
         let ctx = Arc::new(NodeContext {
             settings: ConnectionSettings {
                 hello_timeout: settings.hello_timeout,
@@ -124,9 +126,26 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
     tokio::select! {
         _ = tasks.join_next() => Err("a server stopped unexpectedly".into()),
         _ = shutdown_signal() => {
-            info!("shutting down");
+            if let Some(clients) = clients {
+                close_sessions(&clients).await;
+            }
+            info!("shut down");
             Ok(())
         }
+    }
+}
+
+/// Close every websocket and give sessions a moment to store what their
+/// clients had not acknowledged.
+async fn close_sessions(clients: &ClientRegistry) {
+    info!(
+        clients = clients.len(),
+        "shutting down: closing client connections"
+    );
+    clients.kick_all();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while clients.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 

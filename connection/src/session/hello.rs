@@ -65,6 +65,7 @@ pub(super) async fn accept(
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
         ctx.registry.disconnect(&uaid, connected_at);
+        ctx.registry.session_ended();
         return Err((sink, Close::server(e.to_string())));
     }
     if let Some(prev) = previous {
@@ -79,6 +80,7 @@ pub(super) async fn accept(
     };
     if sink.send(Message::text(reply.to_json())).await.is_err() {
         ctx.registry.disconnect(&uaid, connected_at);
+        ctx.registry.session_ended();
         return Err((sink, Close::gone()));
     }
     info!(uaid = %uaid.simple(), "client connected");

@@ -176,7 +176,7 @@ impl Session {
                 Some(notification) = self.inbox.recv() => self.send_direct(*notification).await?,
                 _ = self.signals.check_storage.notified() => self.check_storage().await?,
                 _ = self.signals.kick.notified() => {
-                    return Err(Close { code: 4000, reason: "another connection for this UAID replaced this one".into() });
+                    return Err(Close { code: 4000, reason: "closed by the server (replaced by a newer connection, or shutting down)".into() });
                 }
                 _ = sleep_until(next_ping), if pong_due.is_none() => {
                     self.sink.send(Message::ping(Vec::new())).await.map_err(|_| Close::gone())?;
@@ -258,5 +258,6 @@ impl Session {
         let close_with = outcome.err().unwrap_or_else(Close::gone);
         info!(uaid = %self.uaid.simple(), code = close_with.code, reason = %close_with.reason, "client disconnected");
         close(&mut self.sink, close_with, None).await;
+        self.ctx.registry.session_ended();
     }
 }
