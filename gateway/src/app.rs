@@ -68,7 +68,11 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
         _ => None,
     };
-    let keys = keys::resolve(settings.crypto_key.as_deref(), data_dir)?;
+    let keys = keys::resolve(
+        settings.crypto_key.as_deref(),
+        data_dir,
+        keys::Missing::Generate,
+    )?;
     let crypto = Arc::new(EndpointCrypto::new(&keys, &settings.endpoint_url)?);
     let http = reqwest::Client::builder()
         .build()

@@ -28,7 +28,17 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         Db::Embedded(dir) => Some(dir.as_path()),
         Db::DynamoDb => None,
     };
-    let keys = keys::resolve(settings.crypto_key.as_deref(), data_dir)?;
+    if let Some(dir) = data_dir.filter(|d| !d.is_dir()) {
+        return Err(format!(
+            "no data directory at {} (give --db)",
+            dir.display()
+        ));
+    }
+    let keys = keys::resolve(
+        settings.crypto_key.as_deref(),
+        data_dir,
+        keys::Missing::Fail,
+    )?;
     let crypto = autopush_common::endpoint::EndpointCrypto::new(&keys, &settings.endpoint_url)?;
     let info = crypto
         .parse_token(version, token)

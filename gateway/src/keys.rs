@@ -12,8 +12,20 @@ use autopush_common::endpoint::{generate_key, parse_key_list};
 
 const KEY_FILE: &str = "crypto_key";
 
+/// Whether a missing all-in-one key may be created (a server starting) or
+/// not (a tool reading an existing data directory).
+#[derive(Clone, Copy, PartialEq)]
+pub enum Missing {
+    Generate,
+    Fail,
+}
+
 /// The configured keys, or the all-in-one key kept in `data_dir`.
-pub fn resolve(configured: Option<&str>, data_dir: Option<&Path>) -> Result<Vec<String>, String> {
+pub fn resolve(
+    configured: Option<&str>,
+    data_dir: Option<&Path>,
+    missing: Missing,
+) -> Result<Vec<String>, String> {
     if let Some(configured) = configured {
         let keys = parse_key_list(configured);
         if keys.is_empty() {
@@ -27,6 +39,12 @@ pub fn resolve(configured: Option<&str>, data_dir: Option<&Path>) -> Result<Vec<
     let path = dir.join(KEY_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(parse_key_list(&text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing == Missing::Fail => {
+            Err(format!(
+                "no crypto key at {}: give --crypto-key or the --db of an all-in-one server",
+                path.display()
+            ))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let key = generate_key();
             write_private(&path, &key)
@@ -59,12 +77,16 @@ mod tests {
     #[test]
     fn the_generated_key_is_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let first = resolve(None, Some(dir.path())).unwrap();
-        assert_eq!(resolve(None, Some(dir.path())).unwrap(), first);
+        assert!(resolve(None, Some(dir.path()), Missing::Fail).is_err());
+        let first = resolve(None, Some(dir.path()), Missing::Generate).unwrap();
         assert_eq!(
-            resolve(Some("[a,b]"), Some(dir.path())).unwrap(),
+            resolve(None, Some(dir.path()), Missing::Fail).unwrap(),
+            first
+        );
+        assert_eq!(
+            resolve(Some("[a,b]"), Some(dir.path()), Missing::Fail).unwrap(),
             vec!["a", "b"]
         );
-        assert!(resolve(None, None).is_err());
+        assert!(resolve(None, None, Missing::Generate).is_err());
     }
 }
