@@ -1,0 +1,152 @@
+//! Raw HTTP requests (reqwest) to the endpoint and internal APIs.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::Value;
+
+/// A shared client that never uses a proxy.
+pub fn client() -> &'static reqwest::Client {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("reqwest client")
+    })
+}
+
+/// An HTTP response, fully read.
+#[derive(Debug, Clone)]
+pub struct HttpReply {
+    pub status: u16,
+    /// Response headers, lower-case names.
+    pub headers: BTreeMap<String, String>,
+    pub text: String,
+    /// The body as JSON (`Null` when it is not JSON).
+    pub json: Value,
+}
+
+impl HttpReply {
+    /// A response header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    /// Assert an error response with this status and errno, in the JSON shape
+    /// `{code, errno, error, message, more_info}`.
+    pub fn assert_error(&self, status: u16, errno: u64) {
+        assert_error_parts(status, errno, self.status, &self.json, &self.text);
+    }
+
+    /// Assert a push was accepted: 201 with `Location` and `TTL`.
+    pub fn assert_created(&self) {
+        assert_eq!(self.status, 201, "push not accepted: {self:?}");
+        assert!(self.header("location").is_some(), "no Location: {self:?}");
+        assert!(self.header("ttl").is_some(), "no TTL: {self:?}");
+    }
+}
+
+pub(crate) fn assert_error_parts(
+    status: u16,
+    errno: u64,
+    got_status: u16,
+    json: &Value,
+    text: &str,
+) {
+    assert_eq!(
+        (got_status, json["errno"].as_u64()),
+        (status, Some(errno)),
+        "expected status {status} errno {errno}, got {got_status}: {text}"
+    );
+    assert_eq!(
+        json["code"].as_u64(),
+        Some(u64::from(status)),
+        "code: {text}"
+    );
+    for field in ["error", "message", "more_info"] {
+        assert!(
+            json[field].is_string(),
+            "error body without {field:?}: {text}"
+        );
+    }
+}
+
+/// Send a request and read the whole response. Panics on transport errors.
+pub async fn request(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+) -> HttpReply {
+    let mut req = client().request(method.clone(), url);
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    if let Some(body) = body {
+        req = req.body(body);
+    }
+    let resp = req
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    let text = resp
+        .text()
+        .await
+        .unwrap_or_else(|e| panic!("{method} {url}: reading body: {e}"));
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    HttpReply {
+        status,
+        headers,
+        text,
+        json,
+    }
+}
+
+/// POST a push message as is (no encryption, no VAPID unless given in `headers`).
+pub async fn post_push(
+    endpoint: &str,
+    headers: &[(&str, &str)],
+    body: Option<Vec<u8>>,
+) -> HttpReply {
+    request(Method::POST, endpoint, headers, body).await
+}
+
+pub async fn get(url: &str) -> HttpReply {
+    request(Method::GET, url, &[], None).await
+}
+
+pub async fn delete(url: &str) -> HttpReply {
+    request(Method::DELETE, url, &[], None).await
+}
+
+pub async fn put(url: &str) -> HttpReply {
+    request(Method::PUT, url, &[], None).await
+}
+
+pub async fn put_json(url: &str, body: &Value) -> HttpReply {
+    request(
+        Method::PUT,
+        url,
+        &[("content-type", "application/json")],
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}

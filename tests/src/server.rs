@@ -1,0 +1,320 @@
+//! The real `autopush` binary, started in all-in-one mode on loopback ports.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use crate::target_dir;
+
+/// How long a (re)start may take before the harness gives up.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The binary under test: `AUTOPUSH_BIN`, else `<target>/debug/autopush`.
+pub fn autopush_bin() -> PathBuf {
+    match std::env::var_os("AUTOPUSH_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => target_dir().join("debug").join("autopush"),
+    }
+}
+
+/// A `Command` for the binary with a hermetic environment: every
+/// `AUTOPUSH_*` variable (the server reads its settings from them) and
+/// `CRYPTO_KEY` removed.
+pub fn autopush_command() -> Command {
+    let bin = autopush_bin();
+    assert!(
+        bin.exists(),
+        "autopush binary not found at {} (run scripts/test, or `cargo build --bin autopush`, \
+         or set AUTOPUSH_BIN)",
+        bin.display()
+    );
+    let mut cmd = Command::new(bin);
+    cmd.env("NO_COLOR", "1"); // plain logs in failure messages
+    for (key, _) in std::env::vars_os() {
+        let key_str = key.to_string_lossy();
+        if key_str.starts_with("AUTOPUSH_") || key_str == "CRYPTO_KEY" {
+            cmd.env_remove(&key);
+        }
+    }
+    cmd
+}
+
+/// Run `autopush ARGS...` to completion (hang-guarded) and return its output.
+pub async fn run_autopush(args: &[&str]) -> std::process::Output {
+    let mut cmd = tokio::process::Command::from(autopush_command());
+    cmd.args(args).kill_on_drop(true).stdin(Stdio::null());
+    match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => panic!("could not run autopush {args:?}: {e}"),
+        Err(_) => panic!("autopush {args:?} did not finish within 60 s"),
+    }
+}
+
+/// Free loopback TCP ports (all held open until every one is chosen, so they differ).
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("local_addr").port())
+}
+
+/// A running `autopush all` process. Killed on drop.
+pub struct Server {
+    /// Owned scratch space: logs, and the data dir unless one was given.
+    work: TempDir,
+    db: PathBuf,
+    ws_port: u16,
+    router_port: u16,
+    endpoint_port: u16,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl Server {
+    /// Start a server with default settings in a fresh data dir.
+    pub async fn start() -> Server {
+        Server::start_with(&[]).await
+    }
+
+    /// Start a server in a fresh data dir with extra command-line arguments
+    /// (e.g. `["--msg-limit", "3"]`).
+    pub async fn start_with(args: &[&str]) -> Server {
+        Server::launch(None, args).await
+    }
+
+    /// Start a server on an existing data dir (e.g. one a stopped server left).
+    pub async fn start_in(dir: &Path, args: &[&str]) -> Server {
+        Server::launch(Some(dir), args).await
+    }
+
+    async fn launch(dir: Option<&Path>, args: &[&str]) -> Server {
+        let work = tempfile::Builder::new()
+            .prefix("autopush-e2e-")
+            .tempdir()
+            .expect("create temp dir");
+        let db = match dir {
+            Some(d) => d.to_path_buf(),
+            None => work.path().join("db"),
+        };
+        std::fs::create_dir_all(&db).expect("create data dir");
+        let [ws_port, router_port, endpoint_port] = free_ports::<3>();
+        let mut server = Server {
+            work,
+            db,
+            ws_port,
+            router_port,
+            endpoint_port,
+            extra_args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            starts: 0,
+        };
+        // A port picked above can, rarely, be taken by someone else before the
+        // server binds it: pick new ones and try again.
+        for attempt in 1..=3 {
+            match server.spawn_and_wait().await {
+                Ok(()) => return server,
+                Err(msg) if attempt < 3 && msg.to_ascii_lowercase().contains("in use") => {
+                    [server.ws_port, server.router_port, server.endpoint_port] = free_ports::<3>();
+                }
+                Err(msg) => panic!("{msg}"),
+            }
+        }
+        unreachable!()
+    }
+
+    /// The websocket URL, `ws://127.0.0.1:P/`.
+    pub fn ws_url(&self) -> String {
+        format!("ws://127.0.0.1:{}/", self.ws_port)
+    }
+
+    /// The public HTTP base, `http://127.0.0.1:E` (what `--endpoint-url` is).
+    pub fn endpoint_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.endpoint_port)
+    }
+
+    /// The internal router API base, `http://127.0.0.1:R`.
+    pub fn router_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.router_port)
+    }
+
+    /// The websocket port's HTTP base, `http://127.0.0.1:P`.
+    pub fn ws_http_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ws_port)
+    }
+
+    /// The data dir passed as `--db`.
+    pub fn data_dir(&self) -> &Path {
+        &self.db
+    }
+
+    /// The current run's stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.log_path("stderr")).unwrap_or_default()
+    }
+
+    /// Kill the process with SIGKILL and wait for it to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL on Unix
+            let _ = child.wait();
+        }
+    }
+
+    /// Start again on the same data dir, ports and arguments (killing the
+    /// running process first, if any).
+    pub async fn restart(&mut self) {
+        self.kill9();
+        if let Err(msg) = self.spawn_and_wait().await {
+            panic!("restart failed: {msg}");
+        }
+    }
+
+    fn log_path(&self, stream: &str) -> PathBuf {
+        self.work
+            .path()
+            .join(format!("server-{}.{stream}.log", self.starts))
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "all",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &self.ws_port.to_string(),
+            "--router-port",
+            &self.router_port.to_string(),
+            "--endpoint-port",
+            &self.endpoint_port.to_string(),
+            "--endpoint-url",
+            &self.endpoint_base(),
+            "--db",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(self.db.display().to_string());
+        args.extend(self.extra_args.iter().cloned());
+        args
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        self.starts += 1;
+        let stdout = File::create(self.log_path("stdout")).expect("create stdout log");
+        let stderr = File::create(self.log_path("stderr")).expect("create stderr log");
+        let args = self.args();
+        let child = autopush_command()
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {} {args:?}: {e}", autopush_bin().display()));
+        self.child = Some(child);
+
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .expect("reqwest client");
+        let urls = [
+            format!("{}/health", self.endpoint_base()),
+            format!("{}/health", self.ws_http_base()),
+        ];
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(self.failure(&args, &format!("exited during start-up ({status})")));
+            }
+            let mut healthy = true;
+            for url in &urls {
+                let ok =
+                    matches!(client.get(url).send().await, Ok(r) if r.status().as_u16() == 200);
+                healthy &= ok;
+            }
+            if healthy {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill9();
+                return Err(self.failure(
+                    &args,
+                    &format!("not healthy within {START_TIMEOUT:?} ({urls:?})"),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn failure(&self, args: &[String], what: &str) -> String {
+        let tail = |s: String| {
+            let start = s.len().saturating_sub(6000);
+            let start = (start..s.len())
+                .find(|i| s.is_char_boundary(*i))
+                .unwrap_or(0);
+            s[start..].to_string()
+        };
+        let stdout = std::fs::read_to_string(self.log_path("stdout")).unwrap_or_default();
+        format!(
+            "autopush {args:?} {what}\n--- stderr ---\n{}\n--- stdout ---\n{}",
+            tail(self.stderr()),
+            tail(stdout)
+        )
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+        // Shown by the test runner only for a failed test.
+        if std::thread::panicking() {
+            let stderr = self.stderr();
+            let start = stderr.len().saturating_sub(8000);
+            let start = (start..stderr.len())
+                .find(|i| stderr.is_char_boundary(*i))
+                .unwrap_or(0);
+            eprintln!(
+                "--- autopush stderr (last run, tail) ---\n{}",
+                &stderr[start..]
+            );
+        }
+    }
+}
+
+/// Client shortcuts.
+impl Server {
+    /// A new user agent: connected, hello done.
+    pub async fn client(&self) -> crate::WsClient {
+        crate::WsClient::connect_hello(&self.ws_url(), None).await
+    }
+
+    /// The user agent `uaid` coming back: connected, hello done, and the
+    /// server kept its uaid.
+    pub async fn reconnect(&self, uaid: &str) -> crate::WsClient {
+        let ws = crate::WsClient::connect_hello(&self.ws_url(), Some(uaid)).await;
+        assert_eq!(ws.uaid(), uaid, "the server replaced the uaid on reconnect");
+        ws
+    }
+
+    /// A new user agent with one subscription (VAPID-restricted when
+    /// `vapid`), then disconnected. Returns its uaid and the subscription.
+    pub async fn offline_subscription(&self, vapid: bool) -> (String, crate::Subscription) {
+        let mut ws = self.client().await;
+        let sub = if vapid {
+            crate::Subscription::with_vapid(&mut ws).await
+        } else {
+            crate::Subscription::new(&mut ws).await
+        };
+        let uaid = ws.uaid().to_string();
+        ws.close().await;
+        (uaid, sub)
+    }
+}

@@ -1,0 +1,77 @@
+//! The binary's other subcommands: keygen, diagnose.
+
+use autopush_tests::*;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE;
+use serde_json::Value;
+
+/// The first JSON object in `text` (which may hold log lines around it).
+fn first_json_object(text: &str) -> Value {
+    for (i, _) in text.match_indices('{') {
+        let mut stream = serde_json::Deserializer::from_str(&text[i..]).into_iter::<Value>();
+        if let Some(Ok(v @ Value::Object(_))) = stream.next() {
+            return v;
+        }
+    }
+    panic!("no JSON object in output:\n{text}");
+}
+
+async fn keygen() -> String {
+    let out = server::run_autopush(&["keygen"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "autopush keygen: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .unwrap_or_else(|| panic!("keygen printed nothing"))
+        .to_string()
+}
+
+#[tokio::test]
+async fn keygen_prints_a_fernet_key() {
+    let key = keygen().await;
+    assert_eq!(key.len(), 44, "Fernet key is 44 chars: {key:?}");
+    let raw = URL_SAFE
+        .decode(&key)
+        .unwrap_or_else(|e| panic!("Fernet key is base64url ({e}): {key:?}"));
+    assert_eq!(raw.len(), 32, "{key:?}");
+    assert_ne!(keygen().await, key, "keygen prints a new key each time");
+}
+
+#[tokio::test]
+async fn diagnose_decodes_an_endpoint() {
+    let mut server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let chid = new_channel_id();
+    let reply = ws.register(&chid, None).await;
+    let endpoint = reply["pushEndpoint"]
+        .as_str()
+        .expect("pushEndpoint")
+        .to_string();
+    ws.close().await;
+    server.kill9();
+
+    let db = server.data_dir().display().to_string();
+    let out = server::run_autopush(&["diagnose", &endpoint, "--db", &db]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "autopush diagnose: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = first_json_object(&stdout);
+    assert_eq!(
+        info["uaid"].as_str().map(|u| u.replace('-', "")),
+        Some(uaid),
+        "{info}"
+    );
+    assert_eq!(info["channel_id"], chid.as_str(), "{info}");
+}

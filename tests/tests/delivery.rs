@@ -1,0 +1,289 @@
+//! Delivery semantics: direct, stored, re-sent until acked, Topic, TTL 0,
+//! DELETE, the stored-message limit. Every payload is encrypted by pywebpush
+//! and the plaintext the client decrypts is compared with what was sent.
+
+use std::collections::BTreeSet;
+
+use autopush_tests::*;
+
+fn texts(decrypted: &[Decrypted]) -> BTreeSet<String> {
+    decrypted.iter().map(|d| d.text.clone()).collect()
+}
+
+/// Receive `n` notifications for `sub`, decrypt and ack each.
+async fn receive_and_ack(ws: &mut WsClient, sub: &Subscription, n: usize) -> Vec<Decrypted> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let (notif, decrypted) = sub.receive(ws).await;
+        ws.ack_notification(&notif).await;
+        out.push(decrypted);
+    }
+    out
+}
+
+#[tokio::test]
+async fn connected_client_receives_and_decrypts_both_encodings() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    for encoding in Encoding::ALL {
+        let text = format!("hello over {}", encoding.as_str());
+        let res = sub.send(&SendOptions::text(&text).encoding(encoding)).await;
+        res.assert_created();
+        let location = res.header("location").unwrap();
+        assert!(
+            location.starts_with(&format!("{}/m/", server.endpoint_base())),
+            "Location {location}"
+        );
+        assert_eq!(res.header("ttl"), Some("60"));
+
+        let (notif, decrypted) = sub.receive(&mut ws).await;
+        assert_eq!(decrypted.text, text);
+        assert_eq!(notif["ttl"], 60, "{notif}");
+        assert!(
+            notif["version"].as_str().is_some_and(|v| !v.is_empty()),
+            "version: {notif}"
+        );
+        let headers = &notif["headers"];
+        assert_eq!(headers["encoding"], encoding.as_str(), "{notif}");
+        if encoding == Encoding::AesGcm {
+            assert!(
+                headers["encryption"]
+                    .as_str()
+                    .is_some_and(|h| h.contains("salt=")),
+                "{notif}"
+            );
+            assert!(
+                headers["crypto_key"]
+                    .as_str()
+                    .is_some_and(|h| h.contains("dh=")),
+                "{notif}"
+            );
+        }
+        ws.ack_notification(&notif).await;
+    }
+}
+
+#[tokio::test]
+async fn notifications_go_to_the_right_channel() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let a = Subscription::new(&mut ws).await;
+    let b = Subscription::new(&mut ws).await;
+    b.push_text("for b").await;
+    let (notif, d) = b.receive(&mut ws).await;
+    assert_eq!(d.text, "for b");
+    ws.ack_notification(&notif).await;
+    a.push_text("for a").await;
+    let (notif, d) = a.receive(&mut ws).await;
+    assert_eq!(d.text, "for a");
+    ws.ack_notification(&notif).await;
+}
+
+#[tokio::test]
+async fn push_without_a_body_is_delivered_without_data() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.send(&SendOptions::empty()).await.assert_created();
+    let notif = ws.recv_notification().await;
+    assert_eq!(notif["channelID"], sub.channel_id.as_str(), "{notif}");
+    assert!(notif["data"].is_null(), "no data expected: {notif}");
+    let headers = &notif["headers"];
+    assert!(
+        headers.is_null() || headers.as_object().is_some_and(|h| h.is_empty()),
+        "no headers expected: {notif}"
+    );
+    ws.ack_notification(&notif).await;
+}
+
+#[tokio::test]
+async fn offline_messages_are_stored_and_delivered_after_hello() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let sent = ["stored aes128gcm", "stored aesgcm"];
+    sub.send(&SendOptions::text(sent[0]).encoding(Encoding::Aes128Gcm))
+        .await
+        .assert_created();
+    sub.send(&SendOptions::text(sent[1]).encoding(Encoding::AesGcm))
+        .await
+        .assert_created();
+
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 2).await;
+    assert_eq!(texts(&got), sent.iter().map(|s| s.to_string()).collect());
+    ws.close().await;
+
+    // Acked: not delivered again.
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn unacked_direct_message_is_resent_on_reconnect() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    sub.send(&SendOptions::text("ack me").encoding(Encoding::AesGcm))
+        .await
+        .assert_created();
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "ack me");
+    ws.close().await; // without acking
+
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 1).await;
+    assert_eq!(got[0].text, "ack me");
+    ws.close().await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn unacked_stored_message_is_resent_on_reconnect() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.push_text("stored, ack me").await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "stored, ack me");
+    ws.close().await; // without acking
+
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 1).await;
+    assert_eq!(got[0].text, "stored, ack me");
+    ws.close().await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn nack_gets_no_reply_and_keeps_the_connection() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("nack me").await;
+    let (notif, _) = sub.receive(&mut ws).await;
+    ws.nack(
+        &sub.channel_id,
+        notif["version"].as_str().expect("version"),
+        301,
+    )
+    .await;
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+}
+
+#[tokio::test]
+async fn topic_replaces_the_pending_message() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.send(&SendOptions::text("first").topic("news"))
+        .await
+        .assert_created();
+    sub.send(
+        &SendOptions::text("second")
+            .topic("news")
+            .encoding(Encoding::AesGcm),
+    )
+    .await
+    .assert_created();
+
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 1).await;
+    assert_eq!(got[0].text, "second");
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn different_topics_are_kept_apart() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.send(&SendOptions::text("weather").topic("weather"))
+        .await
+        .assert_created();
+    sub.send(&SendOptions::text("sports").topic("sports"))
+        .await
+        .assert_created();
+
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 2).await;
+    assert_eq!(
+        texts(&got),
+        ["sports", "weather"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    );
+}
+
+#[tokio::test]
+async fn ttl_zero_is_not_stored_for_an_offline_client() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let res = sub.send(&SendOptions::text("now or never").ttl(0)).await;
+    res.assert_created();
+    assert_eq!(res.header("ttl"), Some("0"));
+
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn ttl_zero_reaches_a_connected_client() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.send(&SendOptions::text("now").ttl(0))
+        .await
+        .assert_created();
+    let got = receive_and_ack(&mut ws, &sub, 1).await;
+    assert_eq!(got[0].text, "now");
+}
+
+#[tokio::test]
+async fn deleted_message_is_never_delivered() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let res = sub.push_text("take it back").await;
+    let location = res.header("location").unwrap().to_string();
+    let deleted = http::delete(&location).await;
+    assert_eq!(deleted.status, 204, "DELETE {location}: {deleted:?}");
+
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn too_many_stored_messages_reset_the_uaid() {
+    let server = Server::start_with(&["--msg-limit", "3"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..4 {
+        sub.push_text(&format!("message {i}")).await;
+    }
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    let new_uaid = reply["uaid"].as_str().expect("uaid");
+    assert!(is_uaid(new_uaid), "{reply}");
+    assert_ne!(new_uaid, uaid, "over --msg-limit: a new uaid expected");
+}
+
+#[tokio::test]
+async fn stored_messages_up_to_the_limit_keep_the_uaid() {
+    let server = Server::start_with(&["--msg-limit", "3"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..3 {
+        sub.push_text(&format!("message {i}")).await;
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    let got = receive_and_ack(&mut ws, &sub, 3).await;
+    assert_eq!(
+        texts(&got),
+        (0..3).map(|i| format!("message {i}")).collect()
+    );
+}

@@ -1,0 +1,243 @@
+//! The websocket protocol: hello, register, unregister, ping, errors.
+
+use std::time::Duration;
+
+use autopush_tests::*;
+use serde_json::{Value, json};
+
+/// The server answers a bad message with a JSON error (status 4xx and a
+/// reason) and then closes the connection.
+async fn expect_error_then_close(ws: &mut WsClient) -> Value {
+    let closed = ws.expect_closed().await;
+    let err = closed
+        .messages
+        .first()
+        .unwrap_or_else(|| panic!("closed without an error message: {closed:?}"))
+        .clone();
+    let status = err["status"].as_u64().unwrap_or_default();
+    assert!((400..500).contains(&status), "error status 4xx: {err}");
+    assert!(err["reason"].is_string(), "error without reason: {err}");
+    err
+}
+
+#[tokio::test]
+async fn hello_assigns_a_new_uaid() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    assert_eq!(ws.subprotocol.as_deref(), Some("push-notification"));
+    let reply = ws.hello(None).await;
+    assert_eq!(reply["messageType"], "hello", "{reply}");
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(reply["use_webpush"], true, "{reply}");
+    assert_eq!(reply["broadcasts"], json!({}), "{reply}");
+    let uaid = reply["uaid"].as_str().expect("uaid");
+    assert!(is_uaid(uaid), "uaid is 32 lower-case hex: {uaid}");
+
+    let other = WsClient::connect_hello(&server.ws_url(), None).await;
+    assert_ne!(other.uaid(), uaid, "two new user agents share a uaid");
+    other.close().await;
+}
+
+#[tokio::test]
+async fn subprotocol_is_optional() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_without_subprotocol(&server.ws_url()).await;
+    assert_eq!(ws.subprotocol, None);
+    let reply = ws.hello(None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert!(is_uaid(ws.uaid()));
+}
+
+#[tokio::test]
+async fn hello_with_a_known_uaid_keeps_it() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    let uaid = ws.uaid().to_string();
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    ws.close().await;
+
+    let mut again = WsClient::connect(&server.ws_url()).await;
+    let reply = again.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(reply["uaid"], uaid.as_str(), "{reply}");
+}
+
+#[tokio::test]
+async fn hello_with_an_unknown_or_malformed_uaid_gets_a_new_one() {
+    let server = Server::start().await;
+    let unknown = random_uaid();
+    let unknown_dashed = uuid::Uuid::new_v4().hyphenated().to_string();
+    for given in [
+        unknown.as_str(),
+        unknown_dashed.as_str(),
+        "not-a-uaid",
+        "ZZZZ",
+    ] {
+        let mut ws = WsClient::connect(&server.ws_url()).await;
+        let reply = ws.hello(Some(given)).await;
+        assert_eq!(reply["status"], 200, "hello {given:?}: {reply}");
+        let uaid = reply["uaid"].as_str().expect("uaid");
+        assert!(is_uaid(uaid), "hello {given:?}: {reply}");
+        assert_ne!(
+            uaid.replace('-', ""),
+            given.replace('-', ""),
+            "unknown uaid {given:?} accepted"
+        );
+        ws.close().await;
+    }
+}
+
+#[tokio::test]
+async fn register_returns_an_endpoint() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    let chid = new_channel_id();
+    let reply = ws.register(&chid, None).await;
+    assert_eq!(reply["messageType"], "register", "{reply}");
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(reply["channelID"], chid.as_str(), "{reply}");
+    let endpoint = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    let prefix = format!("{}/wpush/v1/", server.endpoint_base());
+    assert!(
+        endpoint.starts_with(&prefix) && endpoint.len() > prefix.len(),
+        "endpoint {endpoint} under {prefix}"
+    );
+
+    // A second channel gets its own endpoint.
+    let reply2 = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply2["status"], 200, "{reply2}");
+    assert_ne!(reply2["pushEndpoint"], reply["pushEndpoint"]);
+}
+
+#[tokio::test]
+async fn register_with_a_vapid_key_returns_a_v2_endpoint() {
+    let server = Server::start().await;
+    let key = VapidKey::generate().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    let chid = new_channel_id();
+    let reply = ws.register(&chid, Some(&key.public_key)).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(reply["channelID"], chid.as_str(), "{reply}");
+    let endpoint = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    let prefix = format!("{}/wpush/v2/", server.endpoint_base());
+    assert!(
+        endpoint.starts_with(&prefix),
+        "endpoint {endpoint} under {prefix}"
+    );
+}
+
+#[tokio::test]
+async fn register_rejects_bad_channel_ids_and_stays_open() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    let good = new_channel_id();
+    for bad in [
+        good.to_ascii_uppercase(),
+        good.replace('-', ""),
+        "not-a-uuid".to_string(),
+        String::new(),
+    ] {
+        let reply = ws.register(&bad, None).await;
+        assert_eq!(reply["messageType"], "register", "{bad:?}: {reply}");
+        assert_eq!(reply["status"], 401, "{bad:?}: {reply}");
+        assert!(reply["reason"].is_string(), "{bad:?}: {reply}");
+    }
+    let reply = ws.register(&good, None).await;
+    assert_eq!(reply["status"], 200, "connection still usable: {reply}");
+}
+
+#[tokio::test]
+async fn unregister_accepts_codes_200_to_202() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    for code in [200, 201, 202] {
+        let chid = new_channel_id();
+        assert_eq!(ws.register(&chid, None).await["status"], 200);
+        let reply = ws.unregister(&chid, code).await;
+        assert_eq!(reply["messageType"], "unregister", "code {code}: {reply}");
+        assert_eq!(reply["channelID"], chid.as_str(), "code {code}: {reply}");
+        assert_eq!(reply["status"], 200, "code {code}: {reply}");
+    }
+}
+
+#[tokio::test]
+async fn ping_gets_an_empty_object() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ws.ping().await;
+    assert_eq!(ws.recv().await, json!({}));
+}
+
+#[tokio::test]
+async fn a_second_ping_too_soon_closes_the_connection() {
+    // Default --min-ping-interval is 45 s: two pings in a row are too many.
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ws.ping().await;
+    assert_eq!(ws.recv().await, json!({}));
+    ws.ping().await;
+    ws.expect_closed().await;
+}
+
+#[tokio::test]
+async fn pings_spaced_by_the_minimum_interval_are_answered() {
+    let server = Server::start_with(&["--min-ping-interval", "1"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ws.ping().await;
+    assert_eq!(ws.recv().await, json!({}));
+    // Longer than the 1 s minimum: waiting more is always allowed.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    ws.ping().await;
+    assert_eq!(ws.recv().await, json!({}));
+}
+
+#[tokio::test]
+async fn invalid_json_gets_an_error_and_a_close() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ws.send_text("{this is not json").await;
+    expect_error_then_close(&mut ws).await;
+}
+
+#[tokio::test]
+async fn unknown_message_type_gets_an_error_and_a_close() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ws.send_json(json!({"messageType": "frobnicate", "channelID": new_channel_id()}))
+        .await;
+    expect_error_then_close(&mut ws).await;
+}
+
+#[tokio::test]
+async fn register_before_hello_gets_an_error_and_a_close() {
+    let server = Server::start().await;
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    ws.send_json(json!({"messageType": "register", "channelID": new_channel_id()}))
+        .await;
+    expect_error_then_close(&mut ws).await;
+}
+
+#[tokio::test]
+async fn no_hello_within_the_timeout_closes_the_connection() {
+    let server = Server::start_with(&["--hello-timeout", "1"]).await;
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    ws.expect_closed().await;
+}
+
+#[tokio::test]
+async fn a_second_connection_with_the_same_uaid_replaces_the_first() {
+    let server = Server::start().await;
+    let mut first = WsClient::connect_hello(&server.ws_url(), None).await;
+    let uaid = first.uaid().to_string();
+    assert_eq!(first.register(&new_channel_id(), None).await["status"], 200);
+
+    let mut second = WsClient::connect(&server.ws_url()).await;
+    let reply = second.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(reply["uaid"], uaid.as_str(), "{reply}");
+
+    first.expect_closed().await;
+    let reply = second.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "the new connection works: {reply}");
+}
