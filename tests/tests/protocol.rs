@@ -241,3 +241,29 @@ async fn a_second_connection_with_the_same_uaid_replaces_the_first() {
     let reply = second.register(&new_channel_id(), None).await;
     assert_eq!(reply["status"], 200, "the new connection works: {reply}");
 }
+
+#[tokio::test]
+async fn a_client_that_never_answers_the_server_ping_is_closed() {
+    let server =
+        Server::start_with(&["--auto-ping-interval", "1", "--auto-ping-timeout", "1"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    // Not reading means the client's websocket never answers the server's
+    // ping with a pong, as with a client whose network silently died.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let closed = ws.expect_closed().await;
+    assert_eq!(closed.code, Some(1001), "{closed:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_answers_server_pings_stays_connected() {
+    let server =
+        Server::start_with(&["--auto-ping-interval", "1", "--auto-ping-timeout", "1"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    // Reading answers pings; several ping rounds pass without a close.
+    assert!(
+        ws.try_recv_for(std::time::Duration::from_secs(4))
+            .await
+            .is_none()
+    );
+    assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
+}

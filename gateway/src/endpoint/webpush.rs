@@ -26,7 +26,8 @@ pub async fn send(
 ) -> ApiResult<Response> {
     let subscription = state.crypto.parse_token(&version, &token)?;
     let push = headers::parse(&headers, !body.is_empty())?;
-    authenticate(&state, &subscription, &headers)?;
+    // Who sent it, proven by VAPID: kept for per-sender features and logs.
+    let sender = authenticate(&state, &subscription, &headers)?;
 
     let user = state
         .storage
@@ -49,7 +50,12 @@ pub async fn send(
     let notification = build_notification(&state, &subscription, push, &body);
     let (message_id, ttl) = (notification.version.clone(), notification.ttl);
     let delivery = router.route_notification(notification, &user).await?;
-    debug!(uaid = %subscription.uaid.simple(), ?delivery, "push routed");
+    debug!(
+        uaid = %subscription.uaid.simple(),
+        ?delivery,
+        sender = sender.as_ref().and_then(|s| s.sub.as_deref()).unwrap_or("-"),
+        "push routed"
+    );
 
     let location = format!("{}/m/{message_id}", state.crypto.endpoint_url());
     let mut response = warp::reply::with_status(warp::reply(), StatusCode::CREATED).into_response();
@@ -65,28 +71,28 @@ pub async fn send(
 }
 
 /// VAPID is optional on v1 endpoints (but checked when present) and
-/// required, with the subscription's own key, on v2 endpoints.
+/// required, with the subscription's own key, on v2 endpoints. Returns the
+/// verified sender, if the request was signed.
 fn authenticate(
     state: &EndpointState,
     subscription: &TokenInfo,
     headers: &HeaderMap,
-) -> ApiResult<()> {
+) -> ApiResult<Option<Arc<VapidIdentity>>> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let identity: Option<Arc<VapidIdentity>> = state
         .vapid
         .verify(text("authorization"), text("crypto-key"))
         .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?;
-    match (&subscription.key_hash, identity) {
-        (None, _) => Ok(()),
+    match (&subscription.key_hash, &identity) {
         (Some(_), None) => Err(ApiError::InvalidAuthentication(
             "this subscription is restricted to a VAPID key: sign the request".into(),
         )),
-        (Some(expected), Some(identity)) if !key_hash_matches(&identity, expected) => {
+        (Some(expected), Some(identity)) if !key_hash_matches(identity, expected) => {
             Err(ApiError::InvalidAuthentication(
                 "the VAPID key is not the key this subscription was created with".into(),
             ))
         }
-        _ => Ok(()),
+        _ => Ok(identity),
     }
 }
 
