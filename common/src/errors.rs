@@ -36,6 +36,14 @@ pub enum ApiError {
     InvalidTopic(String),
     #[error("Invalid request: {0}")]
     BadRequest(String),
+    #[error("The device is no longer registered with its bridge")]
+    DeviceGone,
+    #[error("The bridge refused our credentials")]
+    BridgeAuthentication,
+    #[error("Could not reach the bridge: {0}")]
+    BridgeConnect(String),
+    #[error("The bridge did not answer in time")]
+    BridgeTimeout,
     #[error("Not found")]
     NotFound,
     #[error("Storage unavailable: {0}")]
@@ -49,7 +57,8 @@ impl ApiError {
         use ApiError::*;
         match self {
             InvalidToken | InvalidMessageId | NotFound => StatusCode::NOT_FOUND,
-            NoUser | NoSubscription => StatusCode::GONE,
+            NoUser | NoSubscription | DeviceGone => StatusCode::GONE,
+            BridgeAuthentication | BridgeConnect(_) | BridgeTimeout => StatusCode::BAD_GATEWAY,
             PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             InvalidRouterType | InvalidEncryption(_) | MissingTtl | InvalidTtl(_)
             | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
@@ -65,7 +74,10 @@ impl ApiError {
             InvalidToken | InvalidMessageId | NotFound => 102,
             NoUser => 103,
             PayloadTooLarge(_) => 104,
-            NoSubscription => 106,
+            NoSubscription | DeviceGone => 106,
+            BridgeAuthentication => 901,
+            BridgeConnect(_) => 902,
+            BridgeTimeout => 903,
             InvalidRouterType => 108,
             InvalidAuthentication(_) => 109,
             InvalidEncryption(_) | BadRequest(_) => 110,

@@ -3,6 +3,7 @@
 
 pub mod endpoint;
 pub mod errors;
+pub mod ids;
 pub mod node;
 pub mod notification;
 pub mod router;

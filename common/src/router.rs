@@ -1,9 +1,14 @@
-//! The `Router` trait: how a notification reaches a user of one router type.
-//! The gateway keeps one router per [`RouterType`](crate::RouterType) in a registry.
+//! The `Router` trait: how a notification reaches a user of one router type,
+//! and how a bridge client registers with it. The gateway keeps one router per
+//! [`RouterType`] in a [`RouterRegistry`] built at start-up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use serde::Deserialize;
 
-use crate::{ApiResult, Notification, User};
+use crate::{ApiError, ApiResult, Notification, RouterType, User};
 
 /// How a router disposed of a notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,12 +21,108 @@ pub enum Delivery {
     Dropped,
 }
 
+/// The body of a `/v1/{type}/{app_id}/registration` call.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct RouterDataInput {
+    /// The bridge's device token (APNs device token, FCM registration token).
+    #[serde(default)]
+    pub token: Option<String>,
+    #[serde(default, rename = "channelID")]
+    pub channel_id: Option<String>,
+    /// A VAPID public key to restrict the new endpoint to.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Anything else the bridge wants (e.g. an APNs `aps` override).
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+/// What can go wrong in a router; each maps onto the errno table.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouterError {
+    /// The registration data is not acceptable to this bridge.
+    #[error("invalid registration: {0}")]
+    InvalidRegistration(String),
+    /// The bridge is not configured for this application.
+    #[error("no application {0:?} is configured for this router")]
+    UnknownApp(String),
+    /// The bridge says the device is gone for good.
+    #[error("the bridge reports the device is gone")]
+    DeviceGone,
+    /// The bridge's payload limit is smaller than this message.
+    #[error("the message is too large for this bridge: at most {0} bytes")]
+    TooMuchData(usize),
+    #[error("the bridge refused our credentials")]
+    Authentication,
+    #[error("could not connect to the bridge: {0}")]
+    Connect(String),
+    #[error("the bridge did not answer in time")]
+    Timeout,
+    #[error("the bridge failed: {0}")]
+    Upstream(String),
+}
+
+impl From<RouterError> for ApiError {
+    fn from(e: RouterError) -> Self {
+        match e {
+            RouterError::InvalidRegistration(m) => ApiError::BadRequest(m),
+            RouterError::UnknownApp(_) => ApiError::InvalidRouterType,
+            RouterError::DeviceGone => ApiError::DeviceGone,
+            RouterError::TooMuchData(max) => ApiError::PayloadTooLarge(max),
+            RouterError::Authentication => ApiError::BridgeAuthentication,
+            RouterError::Connect(m) => ApiError::BridgeConnect(m),
+            RouterError::Timeout => ApiError::BridgeTimeout,
+            RouterError::Upstream(m) => ApiError::BridgeConnect(m),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Router: Send + Sync {
+    /// Validate what a client registers with for `app_id` and return the
+    /// `router_data` to store in its user record.
+    fn register(
+        &self,
+        input: &RouterDataInput,
+        app_id: &str,
+    ) -> Result<serde_json::Value, RouterError>;
+
+    /// Add router-specific fields to a registration reply (e.g. a sender id).
+    fn amend_endpoint_response(
+        &self,
+        _response: &mut serde_json::Map<String, serde_json::Value>,
+        _router_data: &serde_json::Value,
+    ) {
+    }
+
     /// Deliver `notification` to `user`, or store it.
     async fn route_notification(
         &self,
         notification: Notification,
         user: &User,
     ) -> ApiResult<Delivery>;
+}
+
+/// One router per router type; a type without an entry is not served here.
+#[derive(Default, Clone)]
+pub struct RouterRegistry {
+    routers: HashMap<RouterType, Arc<dyn Router>>,
+}
+
+impl RouterRegistry {
+    pub fn with(mut self, router_type: RouterType, router: Arc<dyn Router>) -> Self {
+        self.routers.insert(router_type, router);
+        self
+    }
+
+    /// The router for `router_type`, if this service is configured for it.
+    pub fn get(&self, router_type: RouterType) -> Option<&Arc<dyn Router>> {
+        self.routers.get(&router_type)
+    }
+
+    /// Merge `other` in; its entries win.
+    pub fn extend(mut self, other: RouterRegistry) -> Self {
+        self.routers.extend(other.routers);
+        self
+    }
 }

@@ -14,6 +14,17 @@ pub enum RouterType {
 }
 
 impl RouterType {
+    /// The router type named in a `/v1/{type}/...` path.
+    pub fn from_path(name: &str) -> Option<Self> {
+        match name {
+            "webpush" => Some(RouterType::WebPush),
+            "apns" => Some(RouterType::Apns),
+            "fcm" => Some(RouterType::Fcm),
+            "gcm" => Some(RouterType::Gcm),
+            _ => None,
+        }
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             RouterType::WebPush => "webpush",

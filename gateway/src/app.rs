@@ -3,20 +3,23 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use autopush_common::RouterType;
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::node::LocalNode;
+use autopush_common::router::RouterRegistry;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
+use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::Storage;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_webpush::WebPushRouter;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tracing::info;
 
 use crate::endpoint::{self, EndpointState};
-use crate::keys;
-use crate::routers::RouterRegistry;
+use crate::keys::{self, Key, Missing};
 use crate::settings::{Db, Settings};
 use crate::vapid::VapidVerifier;
 
@@ -61,29 +64,42 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
     Ok(listener)
 }
 
-/// Run until the process is stopped.
-pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
+/// A started service: its servers run until [`Running::wait`] returns or the
+/// value is dropped.
+pub struct Running {
+    servers: JoinSet<()>,
+    clients: Option<Arc<ClientRegistry>>,
+}
+
+/// Start the roles of `mode`. `bridges` adds routers for bridge router types
+/// (the webpush router is always present).
+pub async fn start(
+    mode: Mode,
+    settings: &Settings,
+    bridges: RouterRegistry,
+) -> Result<Running, String> {
     let storage = open_storage(&settings.db)?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
         _ => None,
     };
-    let keys = keys::resolve(
+    let crypto_keys = keys::resolve(
+        Key::Crypto,
         settings.crypto_key.as_deref(),
         data_dir,
-        keys::Missing::Generate,
+        Missing::Generate,
     )?;
-    let crypto = Arc::new(EndpointCrypto::new(&keys, &settings.endpoint_url)?);
+    let crypto = Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?);
     let http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(3))
         .build()
         .map_err(|e| e.to_string())?;
 
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut local: Option<Arc<dyn LocalNode>> = None;
-    let mut clients: Option<Arc<ClientRegistry>> = None;
+    let mut servers = JoinSet::new();
+    let mut clients = None;
     if mode.connection() {
         let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
-        local = Some(registry.clone());
         clients = Some(registry.clone());
         let ctx = Arc::new(NodeContext {
             settings: ConnectionSettings {
@@ -106,20 +122,39 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
             "internal router API",
         )
         .await?;
-        tasks.spawn(server::serve_websocket(websocket, ctx.clone()));
-        tasks.spawn(server::serve_router_api(router_api, ctx));
+        servers.spawn(server::serve_websocket(websocket, ctx.clone()));
+        servers.spawn(server::serve_router_api(router_api, ctx));
     }
     if mode.endpoint() {
+        // In all-in-one mode the webpush router hands notifications to the
+        // local connection node directly instead of over HTTP.
+        let local = clients.clone().map(|c| c as Arc<dyn LocalNode>);
         let webpush = Arc::new(WebPushRouter::new(storage.clone(), local));
+        let routers = RouterRegistry::default()
+            .with(RouterType::WebPush, webpush)
+            .extend(bridges);
+        let auth_keys = keys::resolve(
+            Key::Auth,
+            settings.auth_key.as_deref(),
+            data_dir,
+            Missing::Generate,
+        )?;
+        let registration = Arc::new(RegistrationState {
+            storage: storage.clone(),
+            crypto: crypto.clone(),
+            routers: routers.clone(),
+            secrets: SecretKeys::new(&auth_keys)?,
+        });
         let state = Arc::new(EndpointState {
             crypto,
             storage,
-            routers: RouterRegistry::default().with(RouterType::WebPush, webpush),
+            routers,
+            registration,
             vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
             max_data_bytes: settings.max_data_bytes,
         });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
-        tasks.spawn(async move {
+        servers.spawn(async move {
             warp::serve(endpoint::routes(state))
                 .incoming(listener)
                 .run()
@@ -127,16 +162,31 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
         });
     }
     info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
-    tokio::select! {
-        _ = tasks.join_next() => Err("a server stopped unexpectedly".into()),
-        _ = shutdown_signal() => {
-            if let Some(clients) = clients {
-                close_sessions(&clients).await;
+    Ok(Running { servers, clients })
+}
+
+impl Running {
+    /// Serve until SIGTERM or Ctrl-C, then close client connections cleanly.
+    pub async fn wait(mut self) -> Result<(), String> {
+        tokio::select! {
+            _ = self.servers.join_next() => Err("a server stopped unexpectedly".into()),
+            _ = shutdown_signal() => {
+                if let Some(clients) = &self.clients {
+                    close_sessions(clients).await;
+                }
+                info!("shut down");
+                Ok(())
             }
-            info!("shut down");
-            Ok(())
         }
     }
+}
+
+/// Run until the process is stopped.
+pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
+    start(mode, &settings, RouterRegistry::default())
+        .await?
+        .wait()
+        .await
 }
 
 /// Close every websocket and give sessions a moment to store what their
@@ -147,9 +197,9 @@ async fn close_sessions(clients: &ClientRegistry) {
         "shutting down: closing client connections"
     );
     clients.kick_all();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while clients.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

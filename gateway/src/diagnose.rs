@@ -35,6 +35,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         ));
     }
     let keys = keys::resolve(
+        keys::Key::Crypto,
         settings.crypto_key.as_deref(),
         data_dir,
         keys::Missing::Fail,

@@ -1,16 +1,38 @@
-//! The endpoint crypto key(s).
+//! The server's secret keys: the endpoint crypto key(s) and the registration
+//! auth key(s).
 //!
 //! All-in-one mode works with zero configuration: without a configured key
 //! one is generated on first start and kept in the data directory, so
-//! endpoints handed out before a restart still work after it. Split mode
-//! needs the same explicit key on every node.
+//! endpoints and secrets handed out before a restart still work after it.
+//! Split mode needs the same explicit keys on every node.
 
 use std::io::Write;
 use std::path::Path;
 
 use autopush_common::endpoint::{generate_key, parse_key_list};
 
-const KEY_FILE: &str = "crypto_key";
+/// Which key, and the file it is kept in.
+#[derive(Clone, Copy)]
+pub enum Key {
+    Crypto,
+    Auth,
+}
+
+impl Key {
+    fn file(self) -> &'static str {
+        match self {
+            Key::Crypto => "crypto_key",
+            Key::Auth => "auth_key",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Key::Crypto => "--crypto-key",
+            Key::Auth => "--auth-key",
+        }
+    }
+}
 
 /// Whether a missing all-in-one key may be created (a server starting) or
 /// not (a tool reading an existing data directory).
@@ -22,6 +44,7 @@ pub enum Missing {
 
 /// The configured keys, or the all-in-one key kept in `data_dir`.
 pub fn resolve(
+    key: Key,
     configured: Option<&str>,
     data_dir: Option<&Path>,
     missing: Missing,
@@ -29,14 +52,17 @@ pub fn resolve(
     if let Some(configured) = configured {
         let keys = parse_key_list(configured);
         if keys.is_empty() {
-            return Err("crypto_key is empty".into());
+            return Err(format!("{} is empty", key.flag()));
         }
         return Ok(keys);
     }
     let Some(dir) = data_dir else {
-        return Err("this mode needs --crypto-key (the same on every node; make one with `autopush keygen`)".into());
+        return Err(format!(
+            "this mode needs {} (the same on every node; make one with `autopush keygen`)",
+            key.flag()
+        ));
     };
-    let path = dir.join(KEY_FILE);
+    let path = dir.join(key.file());
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(parse_key_list(&text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing == Missing::Fail => {
@@ -46,11 +72,11 @@ pub fn resolve(
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = generate_key();
-            write_private(&path, &key)
+            let secret = generate_key();
+            write_private(&path, &secret)
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            tracing::info!(path = %path.display(), "generated a new endpoint crypto key");
-            Ok(vec![key])
+            tracing::info!(path = %path.display(), "generated a new key");
+            Ok(vec![secret])
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),
     }
@@ -77,16 +103,16 @@ mod tests {
     #[test]
     fn the_generated_key_is_kept() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(resolve(None, Some(dir.path()), Missing::Fail).is_err());
-        let first = resolve(None, Some(dir.path()), Missing::Generate).unwrap();
+        assert!(resolve(Key::Crypto, None, Some(dir.path()), Missing::Fail).is_err());
+        let first = resolve(Key::Crypto, None, Some(dir.path()), Missing::Generate).unwrap();
         assert_eq!(
-            resolve(None, Some(dir.path()), Missing::Fail).unwrap(),
+            resolve(Key::Crypto, None, Some(dir.path()), Missing::Fail).unwrap(),
             first
         );
         assert_eq!(
-            resolve(Some("[a,b]"), Some(dir.path()), Missing::Fail).unwrap(),
+            resolve(Key::Crypto, Some("[a,b]"), Some(dir.path()), Missing::Fail).unwrap(),
             vec!["a", "b"]
         );
-        assert!(resolve(None, None, Missing::Generate).is_err());
+        assert!(resolve(Key::Crypto, None, None, Missing::Generate).is_err());
     }
 }

@@ -6,6 +6,5 @@ pub mod diagnose;
 pub mod endpoint;
 pub mod keys;
 pub mod logging;
-pub mod routers;
 pub mod settings;
 pub mod vapid;

@@ -48,6 +48,10 @@ pub struct SettingsLayer {
         hide_env_values = true
     )]
     pub crypto_key: Option<String>,
+    /// Key(s) that sign /v1 registration secrets, comma-separated, first signs
+    /// [default: generated once and kept in the data directory, all-in-one only]
+    #[arg(long, env = "AUTOPUSH_AUTH_KEY", global = true, hide_env_values = true)]
+    pub auth_key: Option<String>,
     /// A client with more stored messages than this gets a new UAID [default: 100]
     #[arg(long, env = "AUTOPUSH_MSG_LIMIT", global = true)]
     pub msg_limit: Option<usize>,
@@ -132,6 +136,7 @@ pub struct Settings {
     pub endpoint_url: String,
     pub db: Db,
     pub crypto_key: Option<String>,
+    pub auth_key: Option<String>,
     pub msg_limit: usize,
     pub max_data_bytes: usize,
     pub hello_timeout: Duration,
@@ -204,6 +209,7 @@ impl Settings {
             endpoint_url,
             db,
             crypto_key: l.crypto_key,
+            auth_key: l.auth_key,
             msg_limit: l.msg_limit.unwrap_or(100),
             max_data_bytes: l.max_data_bytes.unwrap_or(5630),
             hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,

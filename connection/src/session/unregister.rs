@@ -1,8 +1,8 @@
 //! `unregister`: drop a channel; pushes to its endpoint get 410 from now on.
 
-use super::register::parse_channel_id;
 use super::{Flow, Session};
 use crate::protocol::ServerMessage;
+use autopush_common::ids::parse_channel_id;
 
 impl Session {
     pub(super) async fn unregister(&mut self, channel_id: &str, code: Option<u32>) -> Flow {

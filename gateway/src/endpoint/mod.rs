@@ -20,14 +20,16 @@ use warp::Filter;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
 
-use crate::routers::RouterRegistry;
 use crate::vapid::VapidVerifier;
+use autopush_common::router::RouterRegistry;
+use autopush_registration::RegistrationState;
 
 /// What the endpoint handlers share.
 pub struct EndpointState {
     pub crypto: Arc<EndpointCrypto>,
     pub storage: Arc<dyn Storage>,
     pub routers: RouterRegistry,
+    pub registration: Arc<RegistrationState>,
     pub vapid: VapidVerifier,
     pub max_data_bytes: usize,
 }
@@ -77,11 +79,45 @@ pub fn routes(
         );
     let cancel = warp::delete()
         .and(warp::path!("m" / String))
-        .and(with_state)
+        .and(with_state.clone())
         .then(|id, state| async move { render(message::cancel(state, id).await) });
+    let registration = warp::path!("v1" / String / String / "registration" / ..)
+        .and(warp::path::tail())
+        .and(warp::method())
+        .and(warp::header::headers_cloned())
+        .and(warp::body::stream())
+        .and(with_state)
+        .then(
+            |router_type: String,
+             app_id: String,
+             tail: warp::path::Tail,
+             method,
+             headers,
+             body,
+             state: Arc<EndpointState>| async move {
+                let body = match read_body(body, autopush_registration::MAX_BODY).await {
+                    Ok(body) => body,
+                    Err(e) => return error_response(&e),
+                };
+                let path: Vec<&str> = tail.as_str().split('/').filter(|s| !s.is_empty()).collect();
+                let reply = autopush_registration::handle(
+                    &state.registration,
+                    method,
+                    &router_type,
+                    app_id,
+                    &path,
+                    headers,
+                    body.to_vec(),
+                )
+                .await;
+                render(reply.map(|json| warp::reply::json(&json).into_response()))
+            },
+        );
     let health = autopush_connection::health::routes(state.storage.clone());
     let max = state.max_data_bytes;
     push.or(cancel)
+        .unify()
+        .or(registration)
         .unify()
         .or(health)
         .unify()

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
 use autopush_common::router::Delivery;
 use autopush_common::time::{now_secs, unique_micros};
-use autopush_common::{ApiError, ApiResult, Notification, RouterType};
+use autopush_common::{ApiError, ApiResult, Notification};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
@@ -38,11 +38,10 @@ pub async fn send(
         .routers
         .get(user.router_type)
         .ok_or(ApiError::InvalidRouterType)?;
-    if user.router_type == RouterType::WebPush
-        && !state
-            .storage
-            .has_channel(&subscription.uaid, &subscription.channel_id)
-            .await?
+    if !state
+        .storage
+        .has_channel(&subscription.uaid, &subscription.channel_id)
+        .await?
     {
         return Err(ApiError::NoSubscription);
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
-use autopush_common::router::{Delivery, Router};
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_storage::Storage;
 use tracing::{debug, warn};
@@ -84,6 +84,16 @@ impl WebPushRouter {
 
 #[async_trait]
 impl Router for WebPushRouter {
+    /// A webpush user registered over `/v1/webpush/...` (a client that polls
+    /// or connects later) needs no bridge data.
+    fn register(
+        &self,
+        _input: &RouterDataInput,
+        _app_id: &str,
+    ) -> Result<serde_json::Value, RouterError> {
+        Ok(serde_json::json!({}))
+    }
+
     async fn route_notification(
         &self,
         notification: Notification,

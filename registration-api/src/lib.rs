@@ -1,0 +1,154 @@
+//! The bridge registration API (the seeds' "Push Service Bridge HTTP
+//! Interface"), used by mobile apps that receive pushes through APNs or FCM
+//! and by webpush clients that register over HTTP:
+//!
+//! | call | module |
+//! |---|---|
+//! | `POST /v1/{type}/{app_id}/registration` | [`register`] |
+//! | `PUT`, `GET`, `DELETE .../registration/{uaid}` | [`uaid`] |
+//! | `POST .../registration/{uaid}/subscription`, `DELETE .../subscription/{chid}` | [`subscription`] |
+//!
+//! Every call but the first needs `Authorization: Bearer {secret}`, the
+//! secret the first call returned ([`auth`]).
+
+pub mod auth;
+pub mod register;
+pub mod subscription;
+pub mod uaid;
+
+use std::sync::Arc;
+
+use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::ids::{decode_vapid_key, parse_channel_id};
+use autopush_common::router::{Router, RouterDataInput, RouterRegistry};
+use autopush_common::{ApiError, ApiResult, RouterType, User};
+use autopush_storage::Storage;
+use http::{HeaderMap, Method};
+use uuid::Uuid;
+
+pub use auth::SecretKeys;
+
+/// What the registration handlers share.
+pub struct RegistrationState {
+    pub storage: Arc<dyn Storage>,
+    pub crypto: Arc<EndpointCrypto>,
+    pub routers: RouterRegistry,
+    pub secrets: SecretKeys,
+}
+
+/// One `/v1/...` request, resolved to its router.
+pub struct Call {
+    pub router_type: RouterType,
+    pub router: Arc<dyn Router>,
+    pub app_id: String,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+/// Largest registration body accepted.
+pub const MAX_BODY: usize = 16 * 1024;
+
+/// Serve `{method} /v1/{router_type}/{app_id}/registration/{path...}`.
+pub async fn handle(
+    state: &RegistrationState,
+    method: Method,
+    router_type: &str,
+    app_id: String,
+    path: &[&str],
+    headers: HeaderMap,
+    body: Vec<u8>,
+) -> ApiResult<serde_json::Value> {
+    // An unknown or unconfigured router type is 400/108.
+    let router_type = RouterType::from_path(router_type).ok_or(ApiError::InvalidRouterType)?;
+    let router = state
+        .routers
+        .get(router_type)
+        .ok_or(ApiError::InvalidRouterType)?
+        .clone();
+    let call = Call {
+        router_type,
+        router,
+        app_id,
+        headers,
+        body,
+    };
+    match (method, path) {
+        (Method::POST, []) => register::new_user(state, call).await,
+        (Method::PUT, [uaid]) => uaid::update_token(state, call, uaid).await,
+        (Method::GET, [uaid]) => uaid::channels(state, call, uaid).await,
+        (Method::DELETE, [uaid]) => uaid::unregister_user(state, call, uaid).await,
+        (Method::POST, [uaid, "subscription"]) => subscription::subscribe(state, call, uaid).await,
+        (Method::DELETE, [uaid, "subscription", chid]) => {
+            subscription::unsubscribe(state, call, uaid, chid).await
+        }
+        _ => Err(ApiError::NotFound),
+    }
+}
+
+impl Call {
+    /// The body as registration input; an empty body is `{}`.
+    pub fn input(&self) -> ApiResult<RouterDataInput> {
+        if self.body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(RouterDataInput::default());
+        }
+        serde_json::from_slice(&self.body)
+            .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
+    }
+
+    /// Authenticate the caller for `uaid` and load its record, which must
+    /// belong to this router type and app.
+    pub async fn authorized_user(&self, state: &RegistrationState, uaid: &str) -> ApiResult<User> {
+        let uaid = Uuid::parse_str(uaid).map_err(|_| ApiError::NotFound)?;
+        state.secrets.check(&uaid, &self.headers)?;
+        let user = state
+            .storage
+            .get_user(&uaid)
+            .await?
+            .ok_or(ApiError::NoUser)?;
+        let app_id = user
+            .router_data
+            .as_ref()
+            .and_then(|d| d.get("app_id"))
+            .and_then(|a| a.as_str());
+        if user.router_type != self.router_type || app_id.is_some_and(|a| a != self.app_id) {
+            return Err(ApiError::NotFound);
+        }
+        Ok(user)
+    }
+
+    /// Ask the router to validate `input`, and note the app it belongs to.
+    pub fn router_data(&self, input: &RouterDataInput) -> ApiResult<serde_json::Value> {
+        let mut data = self.router.register(input, &self.app_id)?;
+        if let Some(object) = data.as_object_mut() {
+            object.insert("app_id".into(), self.app_id.clone().into());
+        }
+        Ok(data)
+    }
+}
+
+/// Subscribe a channel (the given one or a new one) and return its endpoint.
+pub async fn add_channel(
+    state: &RegistrationState,
+    uaid: &Uuid,
+    input: &RouterDataInput,
+) -> ApiResult<(Uuid, String)> {
+    let channel_id = match &input.channel_id {
+        None => Uuid::new_v4(),
+        Some(chid) => parse_channel_id(chid).ok_or_else(|| {
+            ApiError::BadRequest("channelID must be a lowercase dashed UUID".into())
+        })?,
+    };
+    let key = match &input.key {
+        None => None,
+        Some(key) => Some(decode_vapid_key(key).ok_or_else(|| {
+            ApiError::BadRequest("key must be an uncompressed P-256 public key in base64url".into())
+        })?),
+    };
+    state.storage.add_channel(uaid, &channel_id).await?;
+    Ok((
+        channel_id,
+        state
+            .crypto
+            .make_endpoint(uaid, &channel_id, key.as_deref()),
+    ))
+}
