@@ -13,6 +13,7 @@
 //!
 //! `scripts/test` sets both up.
 
+pub mod bridge;
 pub mod http;
 pub mod py;
 pub mod server;

@@ -55,7 +55,7 @@ pub async fn run_autopush(args: &[&str]) -> std::process::Output {
 }
 
 /// Free loopback TCP ports (all held open until every one is chosen, so they differ).
-fn free_ports<const N: usize>() -> [u16; N] {
+pub fn free_ports<const N: usize>() -> [u16; N] {
     let listeners: Vec<TcpListener> = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
         .collect();
