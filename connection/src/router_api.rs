@@ -75,7 +75,7 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
                 let Some(uaid) = parse_uaid(&uaid) else {
                     return status(StatusCode::NOT_FOUND);
                 };
-                match describe_user(&ctx, &uaid).await {
+                match describe_user(ctx.storage.as_ref(), &uaid).await {
                     Ok(Some(body)) => warp::reply::json(&body).into_response(),
                     Ok(None) => status(StatusCode::NOT_FOUND),
                     Err(e) => warp::reply::with_status(
@@ -96,16 +96,9 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .boxed()
 }
 
-/// The user record with its channels and stored-message count.
+/// The user record with its channels and stored-message count (also used
+/// by `autopush diagnose`).
 pub async fn describe_user(
-    ctx: &NodeContext,
-    uaid: &Uuid,
-) -> Result<Option<serde_json::Value>, autopush_storage::StorageError> {
-    describe_user_in(ctx.storage.as_ref(), uaid).await
-}
-
-/// [`describe_user`] against any store (also used by `autopush diagnose`).
-pub async fn describe_user_in(
     storage: &dyn autopush_storage::Storage,
     uaid: &Uuid,
 ) -> Result<Option<serde_json::Value>, autopush_storage::StorageError> {

@@ -68,7 +68,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
 
 async fn lookup(settings: &Settings, uaid: &Uuid) -> Result<Option<Value>, String> {
     match open_storage(&settings.db) {
-        Ok(storage) => autopush_connection::router_api::describe_user_in(storage.as_ref(), uaid)
+        Ok(storage) => autopush_connection::router_api::describe_user(storage.as_ref(), uaid)
             .await
             .map_err(|e| e.to_string()),
         Err(store_error) => {
