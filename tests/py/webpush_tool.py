@@ -7,7 +7,7 @@ cryptography). Every subcommand prints exactly one JSON object on stdout.
 
 Subcommands:
   keys        new browser subscription keys (private key, p256dh, auth)
-  vapid-key   new VAPID key pair, private key written as PEM
+  vapid-key   new VAPID key pair, private key written as PEM (and printed raw)
   send        encrypt + POST a push message with pywebpush (optionally VAPID)
   encrypt     encrypt only (pywebpush's encoder); prints body + headers in the
               form the push service forwards them over the websocket
@@ -87,7 +87,15 @@ def cmd_vapid_key(args) -> None:
     vapid = Vapid02()
     vapid.generate_keys()
     vapid.save_key(args.out)
-    emit({"private_pem": args.out, "public_key": b64url(public_raw(vapid.public_key))})
+    scalar = vapid.private_key.private_numbers().private_value.to_bytes(32, "big")
+    emit(
+        {
+            "private_pem": args.out,
+            "public_key": b64url(public_raw(vapid.public_key)),
+            # The raw private scalar, as web-push (npm) wants it in vapidDetails.
+            "private_key": b64url(scalar),
+        }
+    )
 
 
 # ---------------------------------------------------------------- send

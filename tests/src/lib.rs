@@ -5,16 +5,24 @@
 //! ([`WsClient`]), and as an application server does over HTTP, either through
 //! the real PyPI libraries (pywebpush, py_vapid, http_ece via
 //! `tests/py/webpush_tool.py`, see [`py`]) or with raw requests ([`http`]).
+//! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
+//! and the `web-push` npm package ([`node`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
 //! * `AUTOPUSH_TEST_PYTHON`: a Python with `tests/py/requirements.txt` installed
 //!   (default `<workspace>/target/pyenv/bin/python` when present, else `python3`).
+//! * `AUTOPUSH_TEST_FIREFOX`: the Firefox for [`firefox`] (default `firefox-esr` on `PATH`).
+//! * `AUTOPUSH_TEST_NODE`: the Node.js for [`node`] (default `node` on `PATH`), with
+//!   `tests/node/node_modules` installed (`npm ci`).
 //!
-//! `scripts/test` sets both up.
+//! `scripts/test` sets up Python, the binary and `node_modules`; `.ci/run` also installs
+//! Firefox.
 
 pub mod bridge;
+pub mod firefox;
 pub mod http;
+pub mod node;
 pub mod py;
 pub mod server;
 pub mod subscription;

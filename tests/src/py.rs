@@ -121,6 +121,8 @@ pub struct VapidKey {
     /// The raw public key, base64url (a page's `applicationServerKey`, the
     /// `key` of a register message).
     pub public_key: String,
+    /// The raw 32-byte private scalar, base64url (web-push's `vapidDetails.privateKey`).
+    pub private_key: String,
     _dir: Arc<TempDir>,
 }
 
@@ -136,6 +138,7 @@ impl VapidKey {
         VapidKey {
             pem,
             public_key: str_field(&v, "public_key"),
+            private_key: str_field(&v, "private_key"),
             _dir: Arc::new(dir),
         }
     }
