@@ -9,13 +9,10 @@
 //! a debug build measures the unoptimised elliptic-curve code and means little.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use autopush_bench::app_server::AppServer;
 use autopush_gateway::vapid::VapidVerifier;
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use p256::ecdsa::signature::Signer;
-use p256::ecdsa::{Signature, SigningKey};
 
 const AUDIENCE: &str = "http://localhost:8082";
 const DEFAULT_ITERATIONS: u32 = 20_000;
@@ -32,7 +29,7 @@ fn main() {
             }
         },
     };
-    let authorization = vapid_header();
+    let authorization = AppServer::new(AUDIENCE).authorization().to_owned();
     let cold = VapidVerifier::without_cache(AUDIENCE.to_owned());
     let cached = VapidVerifier::new(AUDIENCE.to_owned(), 1024);
 
@@ -42,31 +39,6 @@ fn main() {
     println!("cold   (without_cache): {cold_ns:>10.0} ns/verify");
     println!("cached (new):           {cached_ns:>10.0} ns/verify");
     println!("speed-up: {:.0}x", cold_ns / cached_ns);
-}
-
-/// A valid RFC 8292 header, as a typical sender makes it: 12 hours of validity.
-fn vapid_header() -> String {
-    // A fixed key keeps runs comparable; any valid scalar will do.
-    let key = match SigningKey::from_slice(&[0x42; 32]) {
-        Ok(key) => key,
-        Err(error) => panic!("fixed benchmark key rejected: {error}"),
-    };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
-    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ES256"}"#);
-    let claims = URL_SAFE_NO_PAD.encode(format!(
-        r#"{{"aud":"{AUDIENCE}","exp":{},"sub":"mailto:bench@example.com"}}"#,
-        now + 12 * 3600
-    ));
-    let signing_input = format!("{header}.{claims}");
-    let signature: Signature = key.sign(signing_input.as_bytes());
-    let public_key = key.verifying_key().to_encoded_point(false);
-    format!(
-        "vapid t={signing_input}.{}, k={}",
-        URL_SAFE_NO_PAD.encode(signature.to_bytes()),
-        URL_SAFE_NO_PAD.encode(public_key.as_bytes())
-    )
 }
 
 /// Mean wall-clock time per `verify`, after a short warm-up (which also fills the

@@ -1,0 +1,143 @@
+//! A user agent as the load generator plays it: one websocket speaking the
+//! push protocol (hello, register, receive, ack), from a chosen loopback
+//! source address so that tens of thousands of clients do not run out of
+//! ephemeral ports.
+
+use std::net::{IpAddr, SocketAddr};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::{WebSocketStream, client_async_with_config};
+
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The loopback source address of the `i`-th client: 10 000 per address
+/// (127.0.0.2, .3, ...), well within each address's ephemeral port range.
+pub fn source_address(i: usize) -> IpAddr {
+    [127, 0, 0, 2 + (i / 10_000) as u8].into()
+}
+
+pub struct PushClient {
+    ws: WebSocketStream<TcpStream>,
+    pub uaid: String,
+}
+
+/// One notification as the client received it.
+pub struct Received {
+    pub channel_id: String,
+    pub version: String,
+    pub data: Option<String>,
+}
+
+impl PushClient {
+    /// Connect from `source` and say hello (with `uaid` to come back as a
+    /// known client).
+    pub async fn connect(
+        url: &str,
+        source: IpAddr,
+        uaid: Option<&str>,
+    ) -> Result<PushClient, BenchError> {
+        let server: SocketAddr = url
+            .trim_start_matches("ws://")
+            .trim_end_matches('/')
+            .parse()?;
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        let stream = socket.connect(server).await?;
+        stream.set_nodelay(true)?;
+        // The generator holds thousands of sockets: keep its own buffers small.
+        let config = WebSocketConfig::default()
+            .read_buffer_size(8 * 1024)
+            .write_buffer_size(0);
+        let (ws, _) = client_async_with_config(url, stream, Some(config)).await?;
+        let mut client = PushClient {
+            ws,
+            uaid: String::new(),
+        };
+        let mut hello = json!({"messageType": "hello", "use_webpush": true});
+        if let Some(uaid) = uaid {
+            hello["uaid"] = json!(uaid);
+        }
+        client.send(&hello).await?;
+        let reply = client.expect("hello").await?;
+        client.uaid = reply["uaid"].as_str().unwrap_or_default().to_owned();
+        Ok(client)
+    }
+
+    /// Subscribe a new channel; returns its push endpoint. `key` is the
+    /// application server's public key (a v2, VAPID-bound endpoint).
+    pub async fn register(&mut self, key: Option<&str>) -> Result<String, BenchError> {
+        let channel_id = uuid::Uuid::new_v4().to_string();
+        let mut register = json!({"messageType": "register", "channelID": channel_id});
+        if let Some(key) = key {
+            register["key"] = json!(key);
+        }
+        self.send(&register).await?;
+        let reply = self.expect("register").await?;
+        match reply["pushEndpoint"].as_str() {
+            Some(endpoint) => Ok(endpoint.to_owned()),
+            None => Err(format!("register failed: {reply}").into()),
+        }
+    }
+
+    /// The next notification; `None` when the server closed the socket.
+    pub async fn next_notification(&mut self) -> Result<Option<Received>, BenchError> {
+        loop {
+            let Some(reply) = self.next_json().await? else {
+                return Ok(None);
+            };
+            if reply["messageType"] == "notification" {
+                return Ok(Some(Received {
+                    channel_id: text(&reply["channelID"]),
+                    version: text(&reply["version"]),
+                    data: reply["data"].as_str().map(str::to_owned),
+                }));
+            }
+        }
+    }
+
+    pub async fn ack(&mut self, received: &Received) -> Result<(), BenchError> {
+        self.send(&json!({
+            "messageType": "ack",
+            "updates": [{"channelID": received.channel_id, "version": received.version}],
+        }))
+        .await
+    }
+
+    pub async fn close(mut self) {
+        let _ = self.ws.close(None).await;
+    }
+
+    async fn send(&mut self, message: &Value) -> Result<(), BenchError> {
+        self.ws.send(Message::text(message.to_string())).await?;
+        Ok(())
+    }
+
+    async fn expect(&mut self, message_type: &str) -> Result<Value, BenchError> {
+        loop {
+            match self.next_json().await? {
+                Some(reply) if reply["messageType"] == message_type => return Ok(reply),
+                Some(_) => continue,
+                None => return Err(format!("closed while waiting for {message_type}").into()),
+            }
+        }
+    }
+
+    async fn next_json(&mut self) -> Result<Option<Value>, BenchError> {
+        while let Some(frame) = self.ws.next().await {
+            match frame? {
+                Message::Text(text) => return Ok(Some(serde_json::from_str(&text)?)),
+                Message::Close(_) => return Ok(None),
+                _ => continue,
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn text(value: &Value) -> String {
+    value.as_str().unwrap_or_default().to_owned()
+}

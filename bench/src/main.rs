@@ -1,0 +1,137 @@
+//! `autopush-bench`: start the release `autopush` binary on loopback and load
+//! it. Each scenario prints a Markdown table (see BENCHMARKS.md).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use autopush_bench::scenario::{direct, drain, idle};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Load generator for autopush (build with --release)")]
+struct Cli {
+    /// Where the server under test writes its log
+    #[arg(long, default_value = "target/bench-server.log", global = true)]
+    server_log: PathBuf,
+    #[command(subcommand)]
+    scenario: Scenario,
+}
+
+#[derive(Subcommand)]
+enum Scenario {
+    /// Idle clients (hello + register): server RSS per client
+    Idle {
+        /// Client counts to measure at, ascending [default: 1000,5000,10000 and
+        /// as many as the open-file limit allows]
+        #[arg(long, value_delimiter = ',')]
+        levels: Vec<usize>,
+    },
+    /// Direct delivery to connected clients: throughput and latency
+    Direct {
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// HTTP/1.1 connections the application server pushes over
+        #[arg(long, default_value_t = 32)]
+        connections: usize,
+        /// Offered pushes per second, in order; `max` is a closed loop (the
+        /// ceiling) and `half` half of the last ceiling measured
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "max,half,5000,10000,20000"
+        )]
+        rates: Vec<String>,
+        /// Seconds per rate
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// Disable the server's VAPID cache (every push verifies a signature)
+        #[arg(long)]
+        no_vapid_cache: bool,
+    },
+    /// Store for offline clients, then drain when they reconnect
+    Drain {
+        #[arg(long, default_value_t = 1000)]
+        clients: usize,
+        /// Messages per client (at most the server's msg_limit, 100)
+        #[arg(long, default_value_t = 20)]
+        per_client: usize,
+        #[arg(long, default_value_t = 32)]
+        connections: usize,
+    },
+    /// A worker process of `idle` (not run by hand)
+    #[command(hide = true)]
+    IdleWorker {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        source: IpAddr,
+        #[arg(long)]
+        count: usize,
+    },
+}
+
+#[tokio::main]
+async fn main() {
+    let cli = Cli::parse();
+    match cli.scenario {
+        Scenario::Idle { mut levels } => {
+            if levels.is_empty() {
+                levels = vec![1_000, 5_000, 10_000, max_idle_clients()];
+            }
+            idle::run(&levels, &cli.server_log).await;
+        }
+        Scenario::Direct {
+            clients,
+            connections,
+            rates,
+            seconds,
+            no_vapid_cache,
+        } => {
+            let rates = rates
+                .iter()
+                .map(|rate| match rate.as_str() {
+                    "max" => 0,
+                    "half" => u64::MAX,
+                    n => n.parse().unwrap_or_else(|_| {
+                        eprintln!("--rates: {n} is not a number, max or half");
+                        std::process::exit(2);
+                    }),
+                })
+                .collect();
+            let options = direct::Options {
+                clients,
+                connections,
+                rates,
+                seconds,
+                vapid_cache: !no_vapid_cache,
+            };
+            direct::run(&options, &cli.server_log).await;
+        }
+        Scenario::Drain {
+            clients,
+            per_client,
+            connections,
+        } => {
+            let options = drain::Options {
+                clients,
+                per_client,
+                connections,
+            };
+            drain::run(&options, &cli.server_log).await;
+        }
+        Scenario::IdleWorker { url, source, count } => idle::worker(url, source, count).await,
+    }
+}
+
+/// As many clients as the server process may hold sockets for: its hard
+/// open-file limit less room for listeners, the store and pushes.
+fn max_idle_clients() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let hard = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .and_then(|line| line.split_whitespace().nth(4))
+        .and_then(|hard| hard.parse::<usize>().ok())
+        .unwrap_or(20_000);
+    hard.saturating_sub(500)
+}

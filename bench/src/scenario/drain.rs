@@ -1,0 +1,136 @@
+//! Store and drain: pushes to clients that are offline are stored; when the
+//! clients come back they receive and acknowledge everything (which deletes
+//! it). Reports how fast the node stores and how fast it drains.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
+use crate::app_server::{AppServer, Bodies, Connection};
+use crate::client::{PushClient, source_address};
+use crate::server::Server;
+use crate::stats::rate;
+
+pub struct Options {
+    pub clients: usize,
+    pub per_client: usize,
+    pub connections: usize,
+}
+
+pub async fn run(options: &Options, log: &Path) {
+    let server = Server::start(&[], log).await;
+    let sender = Arc::new(AppServer::new(&server.endpoint_url));
+    let public_key = sender.public_key();
+    let bodies = Arc::new(Bodies::new(
+        &URL_SAFE_NO_PAD.decode(&public_key).unwrap_or_default(),
+    ));
+
+    // Clients subscribe, then go away.
+    let mut subscribers = Vec::with_capacity(options.clients);
+    for i in 0..options.clients {
+        let mut client = PushClient::connect(&server.ws_url, source_address(i), None)
+            .await
+            .expect("a client connects");
+        let endpoint = client.register(Some(&public_key)).await.expect("register");
+        subscribers.push((client.uaid.clone(), endpoint));
+        client.close().await;
+    }
+    let subscribers = Arc::new(subscribers);
+
+    // Store: every push finds its client offline.
+    let total = options.clients * options.per_client;
+    let next = Arc::new(AtomicUsize::new(0));
+    let cpu_before = server.cpu_ticks();
+    let started = Instant::now();
+    let mut senders = Vec::new();
+    for _ in 0..options.connections {
+        let (sender, bodies, subscribers, next) = (
+            sender.clone(),
+            bodies.clone(),
+            subscribers.clone(),
+            next.clone(),
+        );
+        let url = server.endpoint_url.clone();
+        senders.push(tokio::spawn(async move {
+            let mut connection = Connection::open(&url).await.expect("an HTTP connection");
+            let mut accepted = 0;
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= total {
+                    return accepted;
+                }
+                let endpoint = &subscribers[n % subscribers.len()].1;
+                let status = connection
+                    .push(endpoint, sender.authorization(), bodies.stamped(n as u64))
+                    .await
+                    .unwrap_or(0);
+                accepted += usize::from(status == 201);
+            }
+        }));
+    }
+    let mut stored = 0;
+    for sender in senders {
+        stored += sender.await.unwrap_or(0);
+    }
+    let storing = started.elapsed();
+    let store_cpu = server.cpu_ticks().saturating_sub(cpu_before);
+    assert_eq!(stored, total, "every push to an offline client is accepted");
+
+    // Drain: everyone comes back at once and acknowledges everything.
+    let cpu_before = server.cpu_ticks();
+    let started = Instant::now();
+    let mut drainers = Vec::new();
+    for (i, (uaid, _)) in subscribers.iter().enumerate() {
+        let url = server.ws_url.clone();
+        let uaid = uaid.clone();
+        let expected = options.per_client;
+        drainers.push(tokio::spawn(async move {
+            let mut client = PushClient::connect(&url, source_address(i), Some(&uaid))
+                .await
+                .expect("a client reconnects");
+            assert_eq!(client.uaid, uaid, "the client keeps its UAID");
+            let mut received = 0;
+            while received < expected {
+                match client.next_notification().await {
+                    Ok(Some(notification)) => {
+                        client.ack(&notification).await.expect("ack");
+                        received += 1;
+                    }
+                    _ => break,
+                }
+            }
+            client.close().await;
+            received
+        }));
+    }
+    let mut drained = 0;
+    for drainer in drainers {
+        drained += drainer.await.unwrap_or(0);
+    }
+    let draining = started.elapsed();
+    let drain_cpu = server.cpu_ticks().saturating_sub(cpu_before);
+    assert_eq!(drained, total, "every stored message is delivered");
+
+    println!(
+        "\n{} offline clients x {} messages = {total} messages of 2 KiB, {} HTTP connections\n",
+        options.clients, options.per_client, options.connections
+    );
+    println!("| phase | messages/s | seconds | server CPU (%) |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| store (POST -> 201) | {:.0} | {:.2} | {:.0} |",
+        rate(total, storing),
+        storing.as_secs_f64(),
+        store_cpu as f64 / storing.as_secs_f64()
+    );
+    println!(
+        "| drain (reconnect -> all received and acked) | {:.0} | {:.2} | {:.0} |",
+        rate(drained, draining),
+        draining.as_secs_f64(),
+        drain_cpu as f64 / draining.as_secs_f64()
+    );
+}

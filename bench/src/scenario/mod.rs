@@ -1,0 +1,6 @@
+//! One module per measurement; each starts its own server and prints a
+//! Markdown table.
+
+pub mod direct;
+pub mod drain;
+pub mod idle;

@@ -1,0 +1,38 @@
+//! Latency samples and the figures reported from them.
+
+use std::time::Duration;
+
+/// Latencies in microseconds; a run records at most a few hundred thousand.
+#[derive(Default)]
+pub struct Latencies {
+    micros: Vec<u64>,
+}
+
+impl Latencies {
+    pub fn record(&mut self, latency: Duration) {
+        self.micros.push(latency.as_micros() as u64);
+    }
+
+    pub fn len(&self) -> usize {
+        self.micros.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.micros.is_empty()
+    }
+
+    /// The `p`-th percentile (0..=100) in milliseconds; 0 when empty.
+    pub fn percentile_ms(&mut self, p: f64) -> f64 {
+        if self.micros.is_empty() {
+            return 0.0;
+        }
+        self.micros.sort_unstable();
+        let rank = ((p / 100.0) * (self.micros.len() - 1) as f64).round() as usize;
+        self.micros[rank.min(self.micros.len() - 1)] as f64 / 1000.0
+    }
+}
+
+/// Events per second.
+pub fn rate(count: usize, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64().max(1e-9)
+}
