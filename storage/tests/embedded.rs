@@ -158,3 +158,92 @@ async fn data_survives_reopening_and_the_file_belongs_to_one_process() {
         Some("kept")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_share_commits_and_all_survive_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let users: Vec<Uuid> = (0..200).map(|_| Uuid::new_v4()).collect();
+    {
+        let store = std::sync::Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+        let writes: Vec<_> = users
+            .iter()
+            .enumerate()
+            .map(|(i, uaid)| {
+                let (store, uaid) = (store.clone(), *uaid);
+                tokio::spawn(async move {
+                    let chid = Uuid::new_v4();
+                    store.add_channel(&uaid, &chid).await.unwrap();
+                    store
+                        .save_messages(&uaid, vec![message(chid, None, i as u64, 60, "m1")])
+                        .await
+                        .unwrap();
+                    store
+                        .save_messages(&uaid, vec![message(chid, None, i as u64 + 1, 60, "m2")])
+                        .await
+                        .unwrap();
+                })
+            })
+            .collect();
+        for write in writes {
+            write.await.unwrap();
+        }
+    }
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    for uaid in &users {
+        assert_eq!(store.get_channels(uaid).await.unwrap().len(), 1);
+        let data: Vec<_> = store
+            .fetch_messages(uaid, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.data.unwrap())
+            .collect();
+        assert_eq!(data, ["m1", "m2"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_write_does_not_take_concurrent_writes_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = Uuid::new_v4();
+    {
+        // A router record that is not JSON: updating it fails as corrupt.
+        let db = redb::Database::create(dir.path().join("autopush.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        let users: redb::TableDefinition<u128, &[u8]> = redb::TableDefinition::new("users");
+        txn.open_table(users)
+            .unwrap()
+            .insert(broken.as_u128(), b"not json".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = std::sync::Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+    let failing = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let user = User::new_webpush(broken, "http://node", now_secs());
+            store.update_user(&user).await
+        })
+    };
+    let others: Vec<_> = (0..50)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let uaid = Uuid::new_v4();
+                store
+                    .save_messages(&uaid, vec![message(Uuid::new_v4(), None, i, 60, "ok")])
+                    .await
+                    .unwrap();
+                uaid
+            })
+        })
+        .collect();
+    assert!(matches!(
+        failing.await.unwrap(),
+        Err(StorageError::Corrupt(_))
+    ));
+    for other in others {
+        let uaid = other.await.unwrap();
+        assert_eq!(store.count_messages(&uaid).await.unwrap(), 1);
+    }
+}

@@ -1,0 +1,152 @@
+//! Group commit: one thread owns redb's write side and commits every write
+//! that is waiting in one durable transaction.
+//!
+//! A durable commit costs an fsync, whatever it holds. Under load many pushes
+//! and acks wait for a commit at the same moment; committing them together
+//! turns N fsyncs into one, and each caller still hears back only after its
+//! write is on disk. Writes apply in the order they arrive, so a write sees
+//! every earlier one.
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use redb::{Database, WriteTransaction};
+use tokio::sync::{mpsc, oneshot};
+use tracing::warn;
+
+use super::backend;
+use crate::{Result, StorageError};
+
+/// Writes waiting for the writer thread; senders wait when it is full.
+const QUEUE: usize = 4096;
+/// Most writes in one transaction, so one commit's latency stays bounded.
+const MAX_BATCH: usize = 512;
+
+/// A write waiting to commit: applied inside a shared transaction, answered
+/// once that transaction has committed (or failed).
+trait PendingWrite: Send {
+    fn apply(&mut self, txn: &WriteTransaction) -> Result<()>;
+    fn answer(self: Box<Self>, committed: Result<()>);
+}
+
+struct Write<T, F> {
+    write: F,
+    output: Option<T>,
+    reply: oneshot::Sender<Result<T>>,
+}
+
+impl<T, F> PendingWrite for Write<T, F>
+where
+    T: Send,
+    F: FnMut(&WriteTransaction) -> Result<T> + Send,
+{
+    fn apply(&mut self, txn: &WriteTransaction) -> Result<()> {
+        self.output = Some((self.write)(txn)?);
+        Ok(())
+    }
+
+    fn answer(self: Box<Self>, committed: Result<()>) {
+        let Write { output, reply, .. } = *self;
+        let result = committed.and_then(|()| {
+            output.ok_or_else(|| StorageError::Backend("write was not applied".into()))
+        });
+        let _ = reply.send(result);
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Writer {
+    thread: Arc<WriterThread>,
+}
+
+/// The thread and its queue. Dropping the last handle closes the queue and
+/// waits for the thread to commit what is left and release the database, so
+/// the store can be reopened at once.
+struct WriterThread {
+    queue: Option<mpsc::Sender<Box<dyn PendingWrite>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for WriterThread {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Writer {
+    /// Start the writer thread for `db`.
+    pub(super) fn start(db: Arc<Database>) -> Result<Writer> {
+        let (queue, pending) = mpsc::channel(QUEUE);
+        let thread = std::thread::Builder::new()
+            .name("redb-writer".into())
+            .spawn(move || commit_loop(&db, pending))
+            .map_err(|e| StorageError::Backend(format!("cannot start the writer thread: {e}")))?;
+        Ok(Writer {
+            thread: Arc::new(WriterThread {
+                queue: Some(queue),
+                thread: Some(thread),
+            }),
+        })
+    }
+
+    /// Apply `write` in the next transaction and return its output once that
+    /// transaction is durable. `write` may run twice (see `commit_loop`), so
+    /// it must not have effects outside the transaction.
+    pub(super) async fn write<T, F>(&self, write: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let pending = Box::new(Write {
+            write,
+            output: None,
+            reply,
+        });
+        let stopped = || StorageError::Backend("the writer thread has stopped".into());
+        let queue = self.thread.queue.as_ref().ok_or_else(stopped)?;
+        queue.send(pending).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn commit_loop(db: &Database, mut pending: mpsc::Receiver<Box<dyn PendingWrite>>) {
+    while let Some(first) = pending.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match pending.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        match commit(db, &mut batch) {
+            Ok(()) => batch.into_iter().for_each(|write| write.answer(Ok(()))),
+            Err(e) if batch.len() == 1 => {
+                if let Some(write) = batch.pop() {
+                    write.answer(Err(e));
+                }
+            }
+            Err(e) => {
+                // One failing write must not take the others down with it:
+                // nothing was committed, so give each its own transaction.
+                warn!(writes = batch.len(), error = %e, "a grouped commit failed; retrying its writes one by one");
+                for mut write in batch {
+                    let committed = commit(db, std::slice::from_mut(&mut write));
+                    write.answer(committed);
+                }
+            }
+        }
+    }
+}
+
+/// Apply every write in one transaction and commit it durably.
+fn commit(db: &Database, batch: &mut [Box<dyn PendingWrite>]) -> Result<()> {
+    let txn = db.begin_write().map_err(backend)?;
+    for write in batch.iter_mut() {
+        write.apply(&txn)?;
+    }
+    txn.commit().map_err(backend)
+}
