@@ -3,46 +3,100 @@
 
 use std::sync::Arc;
 
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tracing::debug;
 use warp::Filter;
+use warp::http::{HeaderValue, StatusCode, header};
 use warp::reply::Reply;
 
 use crate::{NodeContext, health, router_api, session};
 
+/// A client's websocket, after the HTTP upgrade.
+pub type Socket = WebSocketStream<TokioIo<Upgraded>>;
+
 /// The subprotocol Firefox offers; echoed when offered, never required.
 const SUBPROTOCOL: &str = "push-notification";
 
+/// Bytes read from a socket at a time. Client messages are small (a hello
+/// with many channel IDs takes a few reads); an idle connection keeps only
+/// this much buffer.
+const READ_BUFFER: usize = 1024;
+
 /// Serve websockets at `/` and health routes on `listener`.
 pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>) {
-    let max_message = ctx.settings.max_message_size;
     let health = health::routes(ctx.storage.clone());
     let ctx_filter = warp::any().map(move || ctx.clone());
     let websocket = warp::path::end()
-        .and(warp::ws())
+        .and(warp::get())
+        .and(warp::header::<String>("connection"))
+        .and(warp::header::exact_ignore_case("upgrade", "websocket"))
+        .and(warp::header::exact("sec-websocket-version", "13"))
+        .and(warp::header::<String>("sec-websocket-key"))
         .and(warp::header::optional::<String>("sec-websocket-protocol"))
+        .and(warp::ext::optional::<OnUpgrade>())
         .and(ctx_filter)
-        .map(
-            move |ws: warp::ws::Ws, offered: Option<String>, ctx: Arc<NodeContext>| {
-                let reply = ws
-                    .max_message_size(max_message)
-                    .max_frame_size(max_message)
-                    .on_upgrade(move |socket| session::run(ctx, socket));
-                let offers_push =
-                    offered.is_some_and(|o| o.split(',').any(|p| p.trim() == SUBPROTOCOL));
-                let mut response = reply.into_response();
-                if offers_push {
-                    response.headers_mut().insert(
-                        "sec-websocket-protocol",
-                        warp::http::HeaderValue::from_static(SUBPROTOCOL),
-                    );
-                }
-                response
-            },
-        );
+        .map(upgrade);
     warp::serve(websocket.or(health))
         .incoming(listener)
         .run()
         .await;
+}
+
+/// Answer the handshake (101) and, once hyper hands over the connection,
+/// run the session on it.
+fn upgrade(
+    connection: String,
+    key: String,
+    offered: Option<String>,
+    on_upgrade: Option<OnUpgrade>,
+    ctx: Arc<NodeContext>,
+) -> warp::reply::Response {
+    let asks_upgrade = connection
+        .split(',')
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let Some(on_upgrade) = on_upgrade.filter(|_| asks_upgrade) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        // Every message is flushed on its own; nothing to gather.
+        .write_buffer_size(0)
+        .max_message_size(Some(ctx.settings.max_message_size))
+        .max_frame_size(Some(ctx.settings.max_message_size));
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let socket = WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    Role::Server,
+                    Some(config),
+                )
+                .await;
+                session::run(ctx, socket).await;
+            }
+            Err(e) => debug!(error = %e, "websocket upgrade failed"),
+        }
+    });
+    let mut response =
+        warp::reply::with_status(warp::reply(), StatusCode::SWITCHING_PROTOCOLS).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(accept) = HeaderValue::from_str(&derive_accept_key(key.as_bytes())) {
+        headers.insert(header::SEC_WEBSOCKET_ACCEPT, accept);
+    }
+    if offered.is_some_and(|o| o.split(',').any(|p| p.trim() == SUBPROTOCOL)) {
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+    }
+    response
 }
 
 /// Serve the internal router API on `listener`.

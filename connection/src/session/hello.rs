@@ -6,15 +6,16 @@ use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use futures_util::SinkExt;
 use futures_util::stream::SplitSink;
+use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
-use warp::ws::{Message, WebSocket};
 
 use super::{Close, Session};
 use crate::NodeContext;
 use crate::protocol::ServerMessage;
+use crate::server::Socket;
 
-type Sink = SplitSink<WebSocket, Message>;
+type Sink = SplitSink<Socket, Message>;
 
 /// A UAID the client offers is honoured only if it names a webpush user we
 /// know; anything else (empty, malformed, unknown) gets a fresh UAID.

@@ -22,13 +22,15 @@ use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
-use warp::ws::{Message, WebSocket};
 
 use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
 use crate::registry::Signals;
+use crate::server::Socket;
 
 /// Why a session ends; becomes the websocket close frame.
 #[derive(Debug)]
@@ -66,7 +68,7 @@ impl Close {
 type Flow = Result<(), Close>;
 
 /// Serve one websocket until it closes.
-pub async fn run(ctx: Arc<NodeContext>, socket: WebSocket) {
+pub async fn run(ctx: Arc<NodeContext>, socket: Socket) {
     let (mut sink, mut stream) = socket.split();
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
@@ -90,31 +92,28 @@ pub async fn run(ctx: Arc<NodeContext>, socket: WebSocket) {
 }
 
 /// Read until the first text message, which must parse.
-async fn first_message(stream: &mut SplitStream<WebSocket>) -> Result<ClientMessage, Close> {
+async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage, Close> {
     loop {
         let Some(Ok(frame)) = stream.next().await else {
             return Err(Close::gone());
         };
-        if frame.is_close() {
-            return Err(Close::gone());
-        }
-        if let Ok(text) = frame.to_str() {
-            return ClientMessage::parse(text).map_err(|e| Close::protocol(e.reason));
-        }
-        if frame.is_binary() {
-            return Err(Close::protocol(
-                "binary messages are not part of the protocol",
-            ));
+        match frame {
+            Message::Close(_) => return Err(Close::gone()),
+            Message::Text(text) => {
+                return ClientMessage::parse(&text).map_err(|e| Close::protocol(e.reason));
+            }
+            Message::Binary(_) => {
+                return Err(Close::protocol(
+                    "binary messages are not part of the protocol",
+                ));
+            }
+            _ => {}
         }
     }
 }
 
 /// Send an error message (when there is one to answer) and the close frame.
-async fn close(
-    sink: &mut SplitSink<WebSocket, Message>,
-    close_with: Close,
-    answering: Option<&str>,
-) {
+async fn close(sink: &mut SplitSink<Socket, Message>, close_with: Close, answering: Option<&str>) {
     if close_with.reason.is_empty() {
         return;
     }
@@ -130,14 +129,17 @@ async fn close(
     let mut reason = close_with.reason;
     reason.truncate(120); // a close frame's reason is at most 123 bytes
     let _ = sink
-        .send(Message::close_with(close_with.code, reason))
+        .send(Message::Close(Some(CloseFrame {
+            code: close_with.code.into(),
+            reason: reason.into(),
+        })))
         .await;
     let _ = sink.close().await;
 }
 
 pub(crate) struct Session {
     ctx: Arc<NodeContext>,
-    sink: SplitSink<WebSocket, Message>,
+    sink: SplitSink<Socket, Message>,
     uaid: Uuid,
     connected_at: u64,
     inbox: mpsc::Receiver<Box<Notification>>,
@@ -152,7 +154,7 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    async fn serve(&mut self, stream: &mut SplitStream<WebSocket>) -> Flow {
+    async fn serve(&mut self, stream: &mut SplitStream<Socket>) -> Flow {
         self.check_storage().await?;
         let ping_every = self.ctx.settings.auto_ping_interval;
         let mut next_ping = Instant::now() + ping_every;
@@ -164,13 +166,13 @@ impl Session {
                     // Any traffic proves the client alive.
                     pong_due = None;
                     next_ping = Instant::now() + ping_every;
-                    if frame.is_close() {
-                        return Err(Close::gone());
-                    }
-                    if let Ok(text) = frame.to_str() {
-                        self.on_message(text).await?;
-                    } else if frame.is_binary() {
-                        return Err(Close::protocol("binary messages are not part of the protocol"));
+                    match frame {
+                        Message::Close(_) => return Err(Close::gone()),
+                        Message::Text(text) => self.on_message(&text).await?,
+                        Message::Binary(_) => {
+                            return Err(Close::protocol("binary messages are not part of the protocol"));
+                        }
+                        _ => {}
                     }
                 }
                 Some(notification) = self.inbox.recv() => self.send_direct(*notification).await?,
@@ -179,7 +181,7 @@ impl Session {
                     return Err(Close { code: 4000, reason: "closed by the server (replaced by a newer connection, or shutting down)".into() });
                 }
                 _ = sleep_until(next_ping), if pong_due.is_none() => {
-                    self.sink.send(Message::ping(Vec::new())).await.map_err(|_| Close::gone())?;
+                    self.sink.send(Message::Ping(Default::default())).await.map_err(|_| Close::gone())?;
                     pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
                 }
                 _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
