@@ -9,6 +9,10 @@
 //! * the signature must be JOSE's raw `r || s` (64 bytes), not the DER structure that
 //!   general-purpose crypto libraries emit (RFC 7518 §3.4).
 //!
+//! The signature is checked with ring, about four times faster than the pure-Rust
+//! `p256` here (see BENCHMARKS.md): senders such as pywebpush and web-push mint a new
+//! token for every push, so this check runs once per message for them.
+//!
 //! Verification accepts high-S signatures: ECDSA has two valid `s` per signature and
 //! JOSE does not require the low one, so popular signers (e.g. Python's
 //! `cryptography`, behind py_vapid) emit either.
@@ -16,8 +20,8 @@
 use base64::Engine;
 use base64::alphabet;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::{Signature, VerifyingKey};
+use ring::signature::{ECDSA_P256_SHA256_FIXED, UnparsedPublicKey};
 use serde_json::{Map, Value};
 
 use super::VapidError;
@@ -32,9 +36,9 @@ const STANDARD: GeneralPurpose = GeneralPurpose::new(&alphabet::STANDARD, LENIEN
 const UNCOMPRESSED_POINT_LEN: usize = 65;
 const JOSE_ES256_SIGNATURE_LEN: usize = 64;
 
-/// Decodes `k` / `p256ecdsa` into the raw point (kept for hashing and for the caller)
-/// and a verifying key. Standard or URL-safe base64, padded or not.
-pub(super) fn decode_public_key(text: &str) -> Result<(Vec<u8>, VerifyingKey), VapidError> {
+/// Decodes `k` / `p256ecdsa` into the raw 65-byte point, checked to be a valid
+/// P-256 public key. Standard or URL-safe base64, padded or not.
+pub(super) fn decode_public_key(text: &str) -> Result<Vec<u8>, VapidError> {
     let raw = URL_SAFE
         .decode(text)
         .or_else(|_| STANDARD.decode(text))
@@ -46,21 +50,19 @@ pub(super) fn decode_public_key(text: &str) -> Result<(Vec<u8>, VerifyingKey), V
     }
     // The on-curve check happens here: a point off the curve would make ECDSA
     // verification meaningless (invalid-curve attacks).
-    let key = VerifyingKey::from_sec1_bytes(&raw)
+    VerifyingKey::from_sec1_bytes(&raw)
         .map_err(|_| VapidError::InvalidKey("not a point on the P-256 curve"))?;
-    Ok((raw, key))
+    Ok(raw)
 }
 
-/// Checks that `token` is an ES256 compact JWS signed by `key` and returns its claims.
+/// Checks that `token` is an ES256 compact JWS signed by `key` (a point from
+/// [`decode_public_key`]) and returns its claims.
 ///
 /// All structural checks come before the signature: they are cheap, so garbage is
 /// refused without spending an ECDSA verification on it, and the sender learns the
 /// precise problem. The claims are returned, not judged: only after the signature holds
 /// are they worth reading, and judging them is [`super::claims`]'s job.
-pub(super) fn verify_es256(
-    token: &str,
-    key: &VerifyingKey,
-) -> Result<Map<String, Value>, VapidError> {
+pub(super) fn verify_es256(token: &str, key: &[u8]) -> Result<Map<String, Value>, VapidError> {
     let mut parts = token.split('.');
     let (Some(header_b64), Some(payload_b64), Some(signature_b64), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -93,12 +95,12 @@ pub(super) fn verify_es256(
         return Err(VapidError::SignatureFormat(signature_bytes.len()));
     }
     // Fails when r or s is zero or not below the group order: no valid signature has that.
-    let signature =
-        Signature::from_slice(&signature_bytes).map_err(|_| VapidError::BadSignature)?;
+    Signature::from_slice(&signature_bytes).map_err(|_| VapidError::BadSignature)?;
 
     // The signing input is the token up to the second dot, exactly as sent.
     let signing_input = &token[..header_b64.len() + 1 + payload_b64.len()];
-    key.verify(signing_input.as_bytes(), &signature)
+    UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, key)
+        .verify(signing_input.as_bytes(), &signature_bytes)
         .map_err(|_| VapidError::BadSignature)?;
     Ok(claims)
 }

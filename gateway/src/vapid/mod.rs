@@ -23,7 +23,7 @@
 //! leeway for everything, no upper bound on `exp`, audience lists) and folds distinct
 //! failures into its own error kinds, so every claim would have to be re-checked here
 //! anyway to give senders a precise error. A compact ES256 JWS is three base64url parts
-//! and one `p256` verification; doing it directly keeps every rule in view.
+//! and one ECDSA verification; doing it directly keeps every rule in view.
 
 mod cache;
 mod claims;
@@ -205,8 +205,8 @@ impl VapidVerifier {
         credentials: &Credentials<'_>,
         now: u64,
     ) -> Result<Arc<VapidIdentity>, VapidError> {
-        let (public_key, verifying_key) = jws::decode_public_key(credentials.key)?;
-        let token_claims = jws::verify_es256(credentials.token, &verifying_key)?;
+        let public_key = jws::decode_public_key(credentials.key)?;
+        let token_claims = jws::verify_es256(credentials.token, &public_key)?;
         let checked = claims::check(&token_claims, &self.audience, now)?;
         let key_hash = Sha256::digest(&public_key).into();
         Ok(Arc::new(VapidIdentity {
