@@ -50,10 +50,10 @@ enum Scenario {
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 2000)]
         clients: usize,
         /// Messages per client (at most the server's msg_limit, 100)
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 50)]
         per_client: usize,
         #[arg(long, default_value_t = 32)]
         connections: usize,
