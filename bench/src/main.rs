@@ -105,7 +105,10 @@ async fn main() {
                 seconds,
                 vapid_cache: !no_vapid_cache,
             };
-            direct::run(&options, &cli.server_log).await;
+            if !direct::run(&options, &cli.server_log).await {
+                eprintln!("some pushes were refused or never delivered");
+                std::process::exit(1);
+            }
         }
         Scenario::Drain {
             clients,

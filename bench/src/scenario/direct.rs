@@ -40,7 +40,8 @@ struct Deliveries {
     latencies: Mutex<Latencies>,
 }
 
-pub async fn run(options: &Options, log: &Path) {
+/// Returns whether every push was accepted and delivered.
+pub async fn run(options: &Options, log: &Path) -> bool {
     let cache_flag = if options.vapid_cache {
         vec![]
     } else {
@@ -73,6 +74,7 @@ pub async fn run(options: &Options, log: &Path) {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---|");
     let mut ceiling = 0.0;
+    let mut all_delivered = true;
     for &offered in &options.rates {
         let offered = if offered == u64::MAX {
             // "half": half the ceiling measured so far.
@@ -94,7 +96,9 @@ pub async fn run(options: &Options, log: &Path) {
             ceiling = step.delivered_per_s;
         }
         step.print(offered);
+        all_delivered &= step.lost == 0 && step.refused.is_empty();
     }
+    all_delivered
 }
 
 /// Connect `count` clients, each registered with the sender's key, each
@@ -144,6 +148,8 @@ struct Step {
     max: f64,
     cpu_percent: f64,
     refused: BTreeMap<u16, usize>,
+    /// Accepted but never delivered.
+    lost: usize,
 }
 
 impl Step {
@@ -280,5 +286,6 @@ async fn run_step(
         max: latencies.percentile_ms(100.0),
         cpu_percent: cpu_ticks as f64 / delivering.as_secs_f64(),
         refused: statuses,
+        lost: accepted.saturating_sub(delivered),
     }
 }
