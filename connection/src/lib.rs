@@ -9,6 +9,7 @@
 //! * [`health`] is shared by every public HTTP port.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
@@ -38,6 +39,8 @@ pub struct ConnectionSettings {
     pub msg_limit: usize,
     /// Largest websocket message accepted from a client.
     pub max_message_size: usize,
+    /// Most websockets open at once; upgrades beyond are refused with 503.
+    pub max_connections: usize,
 }
 
 impl Default for ConnectionSettings {
@@ -49,6 +52,7 @@ impl Default for ConnectionSettings {
             min_ping_interval: Duration::from_secs(45),
             msg_limit: 100,
             max_message_size: 32 * 1024,
+            max_connections: 10_000,
         }
     }
 }
@@ -61,6 +65,8 @@ pub struct NodeContext {
     pub registry: Arc<ClientRegistry>,
     /// For the internal API of other connection nodes.
     pub http: reqwest::Client,
+    /// Websockets open now (from the upgrade until the session ends).
+    pub open_sockets: AtomicUsize,
 }
 
 impl NodeContext {

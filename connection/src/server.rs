@@ -2,6 +2,7 @@
 //! health routes) and the internal router API port.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
@@ -9,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
-use tracing::debug;
+use tracing::{debug, warn};
 use warp::Filter;
 use warp::http::{HeaderValue, StatusCode, header};
 use warp::reply::Reply;
@@ -62,6 +63,18 @@ fn upgrade(
     let Some(on_upgrade) = on_upgrade.filter(|_| asks_upgrade) else {
         return StatusCode::BAD_REQUEST.into_response();
     };
+    let Some(slot) = SocketSlot::take(&ctx) else {
+        debug!("refusing a websocket: the node is full");
+        let mut refused = warp::reply::with_status(
+            "this node holds as many clients as it may; try again later",
+            StatusCode::SERVICE_UNAVAILABLE,
+        )
+        .into_response();
+        refused
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+        return refused;
+    };
     let config = WebSocketConfig::default()
         .read_buffer_size(READ_BUFFER)
         // Every message is flushed on its own; nothing to gather.
@@ -69,6 +82,7 @@ fn upgrade(
         .max_message_size(Some(ctx.settings.max_message_size))
         .max_frame_size(Some(ctx.settings.max_message_size));
     tokio::spawn(async move {
+        let _slot = slot;
         match on_upgrade.await {
             Ok(upgraded) => {
                 let socket = WebSocketStream::from_raw_socket(
@@ -97,6 +111,34 @@ fn upgrade(
         );
     }
     response
+}
+
+/// One of the node's `max_connections` websockets, given back on drop.
+struct SocketSlot(Arc<NodeContext>);
+
+impl SocketSlot {
+    fn take(ctx: &Arc<NodeContext>) -> Option<SocketSlot> {
+        let max = ctx.settings.max_connections;
+        let open = ctx
+            .open_sockets
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .ok()?;
+        if open + 1 == max {
+            warn!(
+                max_connections = max,
+                "the node is full: new websockets get 503 until clients leave"
+            );
+        }
+        Some(SocketSlot(ctx.clone()))
+    }
+}
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        self.0.open_sockets.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Serve the internal router API on `listener`.

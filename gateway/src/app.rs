@@ -20,6 +20,7 @@ use tracing::info;
 
 use crate::endpoint::{self, EndpointState};
 use crate::keys::{self, Key, Missing};
+use crate::limits;
 use crate::settings::{Db, Settings};
 use crate::vapid::VapidVerifier;
 
@@ -108,12 +109,16 @@ pub async fn start(
                 auto_ping_timeout: settings.auto_ping_timeout,
                 min_ping_interval: settings.min_ping_interval,
                 msg_limit: settings.msg_limit,
+                max_connections: settings
+                    .max_connections
+                    .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
                 ..ConnectionSettings::default()
             },
             storage: storage.clone(),
             crypto: crypto.clone(),
             registry,
             http,
+            open_sockets: Default::default(),
         });
         let websocket = bind(&settings.host, settings.port, "websocket").await?;
         let router_api = bind(

@@ -5,6 +5,7 @@ pub mod app;
 pub mod diagnose;
 pub mod endpoint;
 pub mod keys;
+pub mod limits;
 pub mod logging;
 pub mod settings;
 pub mod vapid;

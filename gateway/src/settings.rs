@@ -70,6 +70,10 @@ pub struct SettingsLayer {
     /// Minimum seconds between a client's own pings; faster clients are closed [default: 45]
     #[arg(long, env = "AUTOPUSH_MIN_PING_INTERVAL", global = true)]
     pub min_ping_interval: Option<f64>,
+    /// Most websocket clients held at once; more are refused with 503 until
+    /// some leave [default: the open-file limit less 256]
+    #[arg(long, env = "AUTOPUSH_MAX_CONNECTIONS", global = true)]
+    pub max_connections: Option<usize>,
     /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
     #[arg(long, env = "AUTOPUSH_VAPID_CACHE_SIZE", global = true)]
     pub vapid_cache_size: Option<usize>,
@@ -105,6 +109,7 @@ impl SettingsLayer {
             auto_ping_interval,
             auto_ping_timeout,
             min_ping_interval,
+            max_connections,
             vapid_cache_size,
             log_format
         );
@@ -143,6 +148,8 @@ pub struct Settings {
     pub auto_ping_interval: Duration,
     pub auto_ping_timeout: Duration,
     pub min_ping_interval: Duration,
+    /// `None`: decided at start-up from the open-file limit.
+    pub max_connections: Option<usize>,
     pub vapid_cache_size: usize,
     pub log_format: LogFormat,
 }
@@ -216,6 +223,10 @@ impl Settings {
             auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,
             auto_ping_timeout: seconds("auto_ping_timeout", l.auto_ping_timeout, 10.0)?,
             min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 45.0)?,
+            max_connections: match l.max_connections {
+                Some(0) => return Err("max_connections must be at least 1".into()),
+                other => other,
+            },
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             log_format,
         })

@@ -267,3 +267,34 @@ async fn a_client_that_answers_server_pings_stays_connected() {
     );
     assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
 }
+
+#[tokio::test]
+async fn a_full_node_refuses_new_websockets_with_503_until_a_client_leaves() {
+    let server = Server::start_with(&["--max-connections", "2"]).await;
+    let first = WsClient::connect_hello(&server.ws_url(), None).await;
+    let _second = WsClient::connect_hello(&server.ws_url(), None).await;
+
+    match WsClient::try_connect(&server.ws_url(), Some("push-notification")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status(), 503);
+            assert!(response.headers().contains_key("retry-after"));
+        }
+        Err(other) => panic!("expected an HTTP 503, got {other}"),
+        Ok(_) => panic!("a third websocket was accepted with --max-connections 2"),
+    }
+
+    // A client leaving frees its place (once its session has ended).
+    first.close().await;
+    let mut attempts = 0;
+    let mut third = loop {
+        match WsClient::try_connect(&server.ws_url(), Some("push-notification")).await {
+            Ok(ws) => break ws,
+            Err(_) if attempts < 100 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("no place freed after a client left: {e}"),
+        }
+    };
+    assert_eq!(third.hello(None).await["status"], 200);
+}
