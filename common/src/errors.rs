@@ -44,6 +44,8 @@ pub enum ApiError {
     BridgeConnect(String),
     #[error("The bridge did not answer in time")]
     BridgeTimeout,
+    #[error("The bridge is busy; retry after {retry_after} seconds")]
+    BridgeUnavailable { retry_after: u64 },
     #[error("Not found")]
     NotFound,
     #[error("Storage unavailable: {0}")]
@@ -63,7 +65,7 @@ impl ApiError {
             InvalidRouterType | InvalidEncryption(_) | MissingTtl | InvalidTtl(_)
             | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
-            Storage(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -84,8 +86,18 @@ impl ApiError {
             MissingTtl => 111,
             InvalidTtl(_) => 112,
             InvalidTopic(_) => 113,
-            Storage(_) => 201,
+            Storage(_) | BridgeUnavailable { .. } => 201,
             Internal(_) => 999,
+        }
+    }
+
+    /// Seconds the sender should wait before retrying (`Retry-After`), for
+    /// the errors that invite a retry.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::BridgeUnavailable { retry_after } => Some((*retry_after).max(1)),
+            ApiError::Storage(_) => Some(120),
+            _ => None,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Types every autopush crate shares: identifiers, the notification and user
 //! records, the API error table, the `Router` trait, and endpoint tokens.
 
+pub mod bridge;
 pub mod endpoint;
 pub mod errors;
 pub mod ids;
@@ -11,5 +12,5 @@ pub mod time;
 pub mod user;
 
 pub use errors::{ApiError, ApiResult};
-pub use notification::Notification;
+pub use notification::{Notification, Urgency};
 pub use user::{RouterType, User};

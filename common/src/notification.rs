@@ -30,6 +30,38 @@ pub struct Notification {
     /// The encryption headers the client needs: `encoding`, `encryption`, `crypto_key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
+    /// The sender's `Urgency` (RFC 8030 §5.3); bridges map it onto their
+    /// upstream's priority. `None`: the sender said nothing (normal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urgency: Option<Urgency>,
+}
+
+/// RFC 8030 §5.3 `Urgency`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Urgency {
+    VeryLow,
+    Low,
+    Normal,
+    High,
+}
+
+impl Urgency {
+    /// The header value, as RFC 8030 spells it (case-insensitive).
+    pub fn parse(value: &str) -> Option<Urgency> {
+        match value.to_ascii_lowercase().as_str() {
+            "very-low" => Some(Urgency::VeryLow),
+            "low" => Some(Urgency::Low),
+            "normal" => Some(Urgency::Normal),
+            "high" => Some(Urgency::High),
+            _ => None,
+        }
+    }
+
+    /// `very-low` and `low`: the device may wait for a good moment.
+    pub fn is_low(self) -> bool {
+        matches!(self, Urgency::VeryLow | Urgency::Low)
+    }
 }
 
 impl Notification {
@@ -76,6 +108,7 @@ mod tests {
             sortkey_timestamp: Some(ts),
             data: None,
             headers: None,
+            urgency: None,
         }
     }
 

@@ -60,6 +60,10 @@ pub enum RouterError {
     Timeout,
     #[error("the bridge failed: {0}")]
     Upstream(String),
+    /// The bridge (or our cap on requests in flight to it) asks senders to
+    /// come back later.
+    #[error("the bridge is busy; retry after {retry_after:?}")]
+    Unavailable { retry_after: std::time::Duration },
 }
 
 impl From<RouterError> for ApiError {
@@ -73,6 +77,10 @@ impl From<RouterError> for ApiError {
             RouterError::Connect(m) => ApiError::BridgeConnect(m),
             RouterError::Timeout => ApiError::BridgeTimeout,
             RouterError::Upstream(m) => ApiError::BridgeConnect(m),
+            RouterError::Unavailable { retry_after } => ApiError::BridgeUnavailable {
+                // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
+                retry_after: retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
+            },
         }
     }
 }

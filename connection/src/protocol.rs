@@ -219,6 +219,7 @@ mod tests {
             sortkey_timestamp: None,
             data: None,
             headers: None,
+            urgency: None,
         };
         let v: Value = serde_json::from_str(&ServerMessage::Notification(n).to_json()).unwrap();
         assert_eq!(v["messageType"], "notification");

@@ -14,6 +14,7 @@ fn message(channel_id: Uuid, topic: Option<&str>, ts: u64, ttl: u64, data: &str)
         sortkey_timestamp: Some(ts),
         data: Some(data.to_owned()),
         headers: None,
+        urgency: None,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use autopush_common::{ApiError, ApiResult};
+use autopush_common::{ApiError, ApiResult, Urgency};
 use warp::http::HeaderMap;
 
 /// Longest TTL honoured; larger values are capped, not refused.
@@ -17,6 +17,7 @@ const MAX_TOPIC_LEN: usize = 32;
 pub struct PushHeaders {
     pub ttl: u64,
     pub topic: Option<String>,
+    pub urgency: Option<Urgency>,
     /// Headers forwarded to the user agent so it can decrypt: `encoding`,
     /// and for `aesgcm` also `encryption` and `crypto_key`.
     pub forward: Option<BTreeMap<String, String>>,
@@ -58,6 +59,15 @@ pub fn parse(headers: &HeaderMap, has_body: bool) -> ApiResult<PushHeaders> {
             )));
         }
     }
+    let urgency = header(headers, "urgency", ApiError::BadRequest)?
+        .map(|value| {
+            Urgency::parse(value).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "Urgency must be very-low, low, normal or high, got {value:?}"
+                ))
+            })
+        })
+        .transpose()?;
     let forward = if has_body {
         Some(encryption_headers(headers)?)
     } else {
@@ -66,6 +76,7 @@ pub fn parse(headers: &HeaderMap, has_body: bool) -> ApiResult<PushHeaders> {
     Ok(PushHeaders {
         ttl,
         topic,
+        urgency,
         forward,
     })
 }

@@ -39,10 +39,10 @@ pub fn error_response(error: &ApiError) -> Response {
     let status = error.status();
     let mut response =
         warp::reply::with_status(warp::reply::json(&error.body()), status).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
+    if let Some(seconds) = error.retry_after() {
         response
             .headers_mut()
-            .insert("retry-after", warp::http::HeaderValue::from_static("120"));
+            .insert("retry-after", warp::http::HeaderValue::from(seconds));
     }
     response
 }

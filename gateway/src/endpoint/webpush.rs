@@ -5,11 +5,11 @@ use std::sync::Arc;
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
 use autopush_common::router::Delivery;
 use autopush_common::time::{now_secs, unique_micros};
-use autopush_common::{ApiError, ApiResult, Notification};
+use autopush_common::{ApiError, ApiResult, Notification, User};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
-use tracing::debug;
+use tracing::{debug, info};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
@@ -48,7 +48,13 @@ pub async fn send(
 
     let notification = build_notification(&state, &subscription, push, &body);
     let (message_id, ttl) = (notification.version.clone(), notification.ttl);
-    let delivery = router.route_notification(notification, &user).await?;
+    let delivery = match router.route_notification(notification, &user).await {
+        Err(ApiError::DeviceGone) => {
+            forget_gone_device(&state, &user).await?;
+            return Err(ApiError::DeviceGone);
+        }
+        other => other?,
+    };
     debug!(
         uaid = %subscription.uaid.simple(),
         ?delivery,
@@ -67,6 +73,22 @@ pub async fn send(
         debug!(uaid = %subscription.uaid.simple(), "TTL 0 and client not connected: dropped");
     }
     Ok(response)
+}
+
+/// A bridge said the device is gone for good: remove the registration, so
+/// the sender's next push gets 410 without asking the bridge again. Only the
+/// registration the bridge refused is removed: if the app re-registered a new
+/// token meanwhile (`PUT .../registration/{uaid}`), the record stays.
+async fn forget_gone_device(state: &EndpointState, seen: &User) -> ApiResult<()> {
+    let current = state.storage.get_user(&seen.uaid).await?;
+    if current.is_some_and(|current| current.router_data == seen.router_data) {
+        state.storage.remove_user(&seen.uaid).await?;
+        info!(
+            router_type = seen.router_type.as_str(),
+            "the bridge reports the device gone: registration removed"
+        );
+    }
+    Ok(())
 }
 
 /// VAPID is optional on v1 endpoints (but checked when present) and
@@ -117,5 +139,6 @@ fn build_notification(
         sortkey_timestamp,
         data: (!body.is_empty()).then(|| URL_SAFE_NO_PAD.encode(body)),
         headers: push.forward,
+        urgency: push.urgency,
     }
 }

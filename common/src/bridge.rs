@@ -1,0 +1,314 @@
+//! What every bridge router (APNs, FCM, GCM) shares, so each one only says
+//! how to talk to its upstream and how to read its answers:
+//!
+//! * [`RetryPolicy`] and [`with_retries`]: a deadline per push and bounded
+//!   retries with exponential backoff and full jitter, honouring the
+//!   upstream's `Retry-After`.
+//! * [`InFlight`]: a cap on requests in flight per app, so one slow app
+//!   cannot take every task of the node; beyond it the sender gets 503.
+//! * [`CredentialAlarm`]: one loud log line when an upstream refuses our
+//!   credentials, not one per push.
+//! * [`mask_token`]: how a device token may appear in logs and `diagnose`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use crate::router::RouterError;
+
+/// How long and how often a bridge tries one push.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included.
+    pub attempts: u32,
+    /// Backoff before the second attempt; doubled before each later one.
+    pub base_delay: Duration,
+    /// Longest wait between two attempts.
+    pub max_delay: Duration,
+    /// The whole push, every attempt and wait included, ends by then.
+    pub deadline: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            attempts: 3,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(2),
+            deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt + 1` (so `attempt` >= 1): full jitter
+    /// over the exponential step, but never less than the upstream asked for.
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let step = self
+            .base_delay
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16))
+            .min(self.max_delay);
+        let jittered = step.mul_f64(fastrand::f64());
+        jittered.max(retry_after.unwrap_or_default())
+    }
+}
+
+/// How one attempt ended, as the bridge reads its upstream's answer.
+#[derive(Debug)]
+pub enum Attempt<T> {
+    Done(T),
+    /// Worth another try (429, 5xx, connection refused). `error` is what the
+    /// sender gets if no try is left.
+    Retry {
+        error: RouterError,
+        retry_after: Option<Duration>,
+    },
+    /// Final: retrying cannot help.
+    Fail(RouterError),
+}
+
+/// Run `attempt` (given the attempt number, from 1) until it is done, fails
+/// for good, runs out of tries, or the deadline passes ([`RouterError::Timeout`]).
+/// A wait that would end past the deadline is not started: the last error
+/// is returned at once, with the upstream's `Retry-After` when it gave one.
+pub async fn with_retries<T, F, Fut>(policy: &RetryPolicy, mut attempt: F) -> Result<T, RouterError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Attempt<T>>,
+{
+    let deadline = Instant::now() + policy.deadline;
+    let mut number = 1;
+    loop {
+        let outcome = match tokio::time::timeout_at(deadline, attempt(number)).await {
+            Ok(outcome) => outcome,
+            Err(_) => return Err(RouterError::Timeout),
+        };
+        match outcome {
+            Attempt::Done(value) => return Ok(value),
+            Attempt::Fail(error) => return Err(error),
+            Attempt::Retry { error, retry_after } => {
+                if number >= policy.attempts.max(1) {
+                    return Err(error);
+                }
+                let wait = policy.delay(number, retry_after);
+                if Instant::now() + wait >= deadline {
+                    return Err(error);
+                }
+                tokio::time::sleep(wait).await;
+                number += 1;
+            }
+        }
+    }
+}
+
+/// A cap on one app's requests in flight.
+#[derive(Clone, Debug)]
+pub struct InFlight {
+    permits: Arc<Semaphore>,
+    retry_after: Duration,
+}
+
+impl InFlight {
+    /// At most `limit` requests at once; beyond it the sender is told to come
+    /// back after `retry_after`.
+    pub fn new(limit: usize, retry_after: Duration) -> Self {
+        InFlight {
+            permits: Arc::new(Semaphore::new(limit.max(1))),
+            retry_after,
+        }
+    }
+
+    /// A slot, held until the permit is dropped, or
+    /// [`RouterError::Unavailable`] when every slot is taken.
+    pub fn try_acquire(&self) -> Result<OwnedSemaphorePermit, RouterError> {
+        self.permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| RouterError::Unavailable {
+                retry_after: self.retry_after,
+            })
+    }
+}
+
+/// Logs an upstream's refusal of our credentials once per outage, loudly,
+/// naming the app, instead of once per push.
+#[derive(Debug, Default)]
+pub struct CredentialAlarm {
+    raised: AtomicBool,
+}
+
+impl CredentialAlarm {
+    /// The upstream refused us: log `detail` if this is news.
+    pub fn raise(&self, bridge: &str, app: &str, detail: &str) {
+        if !self.raised.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                bridge,
+                app,
+                detail,
+                "the bridge refused our credentials: every push for this app fails with 502/901 until they are fixed"
+            );
+        }
+    }
+
+    /// The upstream accepted us again: a later refusal is news again.
+    pub fn clear(&self, bridge: &str, app: &str) {
+        if self.raised.swap(false, Ordering::Relaxed) {
+            tracing::warn!(bridge, app, "the bridge accepts our credentials again");
+        }
+    }
+}
+
+/// A device token as it may be shown: its first and last four characters.
+pub fn mask_token(token: &str) -> String {
+    let chars: Vec<char> = token.chars().collect();
+    if chars.len() <= 12 {
+        return "*".repeat(chars.len());
+    }
+    let head: String = chars[..4].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}…{tail} ({} chars)", chars.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    fn quick(attempts: u32) -> RetryPolicy {
+        RetryPolicy {
+            attempts,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(2),
+            deadline: Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_until_done() {
+        let calls = AtomicU32::new(0);
+        let result = with_retries(&quick(3), |n| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async move {
+                if n < 3 {
+                    Attempt::Retry {
+                        error: RouterError::Connect("refused".into()),
+                        retry_after: None,
+                    }
+                } else {
+                    Attempt::Done(n)
+                }
+            }
+        })
+        .await;
+        assert_eq!(result, Ok(3));
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+    }
+
+    #[tokio::test]
+    async fn gives_the_last_error_when_tries_run_out() {
+        let calls = AtomicU32::new(0);
+        let result: Result<(), _> = with_retries(&quick(2), |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async {
+                Attempt::Retry {
+                    error: RouterError::Upstream("503".into()),
+                    retry_after: None,
+                }
+            }
+        })
+        .await;
+        assert_eq!(result, Err(RouterError::Upstream("503".into())));
+        assert_eq!(calls.load(Ordering::Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn final_errors_are_not_retried() {
+        let calls = AtomicU32::new(0);
+        let result: Result<(), _> = with_retries(&quick(5), |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            async { Attempt::Fail(RouterError::DeviceGone) }
+        })
+        .await;
+        assert_eq!(result, Err(RouterError::DeviceGone));
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_retry_after_past_the_deadline_ends_at_once() {
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(1),
+            ..quick(5)
+        };
+        let calls = AtomicU32::new(0);
+        let unavailable = RouterError::Unavailable {
+            retry_after: Duration::from_secs(30),
+        };
+        let result: Result<(), _> = with_retries(&policy, |_| {
+            calls.fetch_add(1, Ordering::Relaxed);
+            let error = unavailable.clone();
+            async move {
+                Attempt::Retry {
+                    error,
+                    retry_after: Some(Duration::from_secs(30)),
+                }
+            }
+        })
+        .await;
+        assert_eq!(result, Err(unavailable));
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_upstream_times_out() {
+        let policy = RetryPolicy {
+            deadline: Duration::from_millis(50),
+            ..quick(3)
+        };
+        let result: Result<(), _> = with_retries(&policy, |_| async {
+            std::future::pending::<Attempt<()>>().await
+        })
+        .await;
+        assert_eq!(result, Err(RouterError::Timeout));
+    }
+
+    #[test]
+    fn delay_grows_is_capped_and_honours_retry_after() {
+        let policy = RetryPolicy {
+            attempts: 10,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(400),
+            deadline: Duration::from_secs(10),
+        };
+        for attempt in 1..10 {
+            assert!(policy.delay(attempt, None) <= Duration::from_millis(400));
+        }
+        assert!(policy.delay(1, Some(Duration::from_secs(3))) >= Duration::from_secs(3));
+    }
+
+    #[test]
+    fn in_flight_refuses_beyond_the_cap() {
+        let cap = InFlight::new(1, Duration::from_secs(7));
+        let held = cap.try_acquire().unwrap();
+        assert_eq!(
+            cap.try_acquire().unwrap_err(),
+            RouterError::Unavailable {
+                retry_after: Duration::from_secs(7)
+            }
+        );
+        drop(held);
+        assert!(cap.try_acquire().is_ok());
+    }
+
+    #[test]
+    fn tokens_are_masked() {
+        let token = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        let masked = mask_token(token);
+        assert!(masked.starts_with("a1b2") && masked.contains("8f90"));
+        assert!(!masked.contains("c3d4e5f6"));
+        assert_eq!(mask_token("short"), "*****");
+    }
+}
