@@ -21,7 +21,9 @@ pub struct Notification {
     /// A newer message with the same topic replaces an undelivered older one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
-    /// Orders untopical stored messages; unique per message.
+    /// When the endpoint accepted it, in unique microseconds: orders stored
+    /// messages without a topic (it is in their sort key), and tells which of
+    /// two messages with the same topic is newer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sortkey_timestamp: Option<u64>,
     /// The encrypted body, base64url without padding.
@@ -34,6 +36,10 @@ pub struct Notification {
     /// upstream's priority. `None`: the sender said nothing (normal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urgency: Option<Urgency>,
+    /// Direct delivery with a copy in storage (`--durable-direct`): the
+    /// session deletes that copy when the client acks.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub durable: bool,
 }
 
 /// RFC 8030 §5.3 `Urgency`.
@@ -109,6 +115,7 @@ mod tests {
             data: None,
             headers: None,
             urgency: None,
+            durable: false,
         }
     }
 

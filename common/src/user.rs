@@ -52,6 +52,11 @@ pub struct User {
     /// Last time the client said hello, in milliseconds.
     #[serde(default)]
     pub last_connect: u64,
+    /// At its last hello the client had more stored messages than the node's
+    /// `msg_limit`: it was sent what fits, and if it is still over the limit
+    /// at its next hello it starts over with a new UAID.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub over_msg_limit: bool,
 }
 
 impl User {
@@ -64,6 +69,7 @@ impl User {
             node_id: Some(node_id.to_owned()),
             connected_at,
             last_connect: connected_at,
+            over_msg_limit: false,
         }
     }
 }

@@ -220,6 +220,7 @@ mod tests {
             data: None,
             headers: None,
             urgency: None,
+            durable: false,
         };
         let v: Value = serde_json::from_str(&ServerMessage::Notification(n).to_json()).unwrap();
         assert_eq!(v["messageType"], "notification");

@@ -115,6 +115,6 @@ pub async fn describe_user(
     let mut body = serde_json::to_value(&user).unwrap_or_default();
     body["uaid"] = json!(uaid.simple().to_string());
     body["channels"] = json!(channels);
-    body["stored_messages"] = json!(storage.count_messages(uaid).await?);
+    body["stored_messages"] = json!(storage.count_messages(uaid, usize::MAX).await?);
     Ok(Some(body))
 }

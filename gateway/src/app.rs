@@ -134,7 +134,11 @@ pub async fn start(
         // In all-in-one mode the webpush router hands notifications to the
         // local connection node directly instead of over HTTP.
         let local = clients.clone().map(|c| c as Arc<dyn LocalNode>);
-        let webpush = Arc::new(WebPushRouter::new(storage.clone(), local));
+        let webpush = Arc::new(WebPushRouter::new(
+            storage.clone(),
+            local,
+            settings.durable_direct,
+        ));
         let routers = RouterRegistry::default()
             .with(RouterType::WebPush, webpush)
             .extend(bridges);

@@ -55,6 +55,10 @@ pub struct SettingsLayer {
     /// A client with more stored messages than this gets a new UAID [default: 100]
     #[arg(long, env = "AUTOPUSH_MSG_LIMIT", global = true)]
     pub msg_limit: Option<usize>,
+    /// Write every message to storage before delivering it directly, and delete
+    /// it on ack, so a node killed before the ack loses nothing [default: true]
+    #[arg(long, env = "AUTOPUSH_DURABLE_DIRECT", global = true)]
+    pub durable_direct: Option<bool>,
     /// Largest push body accepted, in bytes [default: 5630]
     #[arg(long, env = "AUTOPUSH_MAX_DATA_BYTES", global = true)]
     pub max_data_bytes: Option<usize>,
@@ -104,6 +108,7 @@ impl SettingsLayer {
             db,
             crypto_key,
             msg_limit,
+            durable_direct,
             max_data_bytes,
             hello_timeout,
             auto_ping_interval,
@@ -143,6 +148,7 @@ pub struct Settings {
     pub crypto_key: Option<String>,
     pub auth_key: Option<String>,
     pub msg_limit: usize,
+    pub durable_direct: bool,
     pub max_data_bytes: usize,
     pub hello_timeout: Duration,
     pub auto_ping_interval: Duration,
@@ -218,6 +224,7 @@ impl Settings {
             crypto_key: l.crypto_key,
             auth_key: l.auth_key,
             msg_limit: l.msg_limit.unwrap_or(100),
+            durable_direct: l.durable_direct.unwrap_or(true),
             max_data_bytes: l.max_data_bytes.unwrap_or(5630),
             hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
             auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,

@@ -20,6 +20,7 @@ pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value>
         node_id: None,
         connected_at: now,
         last_connect: now,
+        over_msg_limit: false,
     };
     state.storage.add_user(&user).await?;
     let (channel_id, endpoint) = add_channel(state, &uaid, &input).await?;

@@ -62,17 +62,23 @@ pub trait Storage: Send + Sync {
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
 
     /// Store messages; one with a topic replaces a stored one with the same
-    /// channel and topic.
+    /// channel and topic, unless the stored one is newer (a larger
+    /// `sortkey_timestamp`): an older message written back late, e.g. an
+    /// unacknowledged direct one at disconnect, never replaces a newer one.
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()>;
 
     /// Up to `limit` unexpired messages: topic messages first, then the rest
     /// in arrival order. Expired messages found on the way are deleted.
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>>;
 
-    async fn count_messages(&self, uaid: &Uuid) -> Result<usize>;
+    /// Unexpired stored messages, counted up to `up_to` (so the cost is
+    /// bounded by what the caller needs to know, not by the backlog).
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize>;
 
-    /// Returns whether the message existed.
-    async fn remove_message(&self, uaid: &Uuid, sort_key: &str) -> Result<bool>;
+    /// Delete the message stored under `sort_key` if it is still `version`.
+    /// A newer message stored under the same key since (a Topic replacement)
+    /// stays. Returns whether a message was deleted.
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool>;
 
     /// A cheap round trip proving the store answers.
     async fn health_check(&self) -> Result<()>;

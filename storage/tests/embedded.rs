@@ -15,6 +15,7 @@ fn message(channel_id: Uuid, topic: Option<&str>, ts: u64, ttl: u64, data: &str)
         data: Some(data.to_owned()),
         headers: None,
         urgency: None,
+        durable: false,
     }
 }
 
@@ -49,19 +50,19 @@ async fn messages_come_back_topics_first_then_in_order_and_topics_replace() {
         .collect();
     assert_eq!(got, ["new", "a", "b"]);
     // The expired one was deleted on the way.
-    assert_eq!(store.count_messages(&uaid).await.unwrap(), 3);
+    assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 3);
     assert_eq!(store.fetch_messages(&uaid, 2).await.unwrap().len(), 2);
 
     let first = store.fetch_messages(&uaid, 1).await.unwrap().remove(0);
     assert!(
         store
-            .remove_message(&uaid, &first.sort_key())
+            .remove_message(&uaid, &first.sort_key(), &first.version)
             .await
             .unwrap()
     );
     assert!(
         !store
-            .remove_message(&uaid, &first.sort_key())
+            .remove_message(&uaid, &first.sort_key(), &first.version)
             .await
             .unwrap()
     );
@@ -73,6 +74,68 @@ async fn messages_come_back_topics_first_then_in_order_and_topics_replace() {
             .unwrap()
             .is_empty()
     );
+}
+
+/// The ack race of a Topic message: the client holds T1 unacknowledged, the
+/// sender replaces it with T2 under the same Topic, then the client acks T1.
+/// T2 must survive, and acking T2 removes it.
+#[tokio::test]
+async fn acking_a_replaced_topic_message_keeps_the_newer_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+    let t1 = message(chid, Some("score"), 1, 60, "t1");
+    let t2 = message(chid, Some("score"), 2, 60, "t2");
+    store.save_messages(&uaid, vec![t1.clone()]).await.unwrap();
+    store.save_messages(&uaid, vec![t2.clone()]).await.unwrap();
+
+    assert!(
+        !store
+            .remove_message(&uaid, &t1.sort_key(), &t1.version)
+            .await
+            .unwrap()
+    );
+    let left = store.fetch_messages(&uaid, 10).await.unwrap();
+    assert_eq!(left, vec![t2.clone()]);
+    assert!(
+        store
+            .remove_message(&uaid, &t2.sort_key(), &t2.version)
+            .await
+            .unwrap()
+    );
+    assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+}
+
+/// An older Topic message written back late (an unacknowledged direct one
+/// stored at disconnect) never replaces a newer one already stored.
+#[tokio::test]
+async fn an_older_topic_message_never_replaces_a_newer_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+    let older = message(chid, Some("score"), 1, 60, "older");
+    let newer = message(chid, Some("score"), 2, 60, "newer");
+    store
+        .save_messages(&uaid, vec![newer.clone()])
+        .await
+        .unwrap();
+    store.save_messages(&uaid, vec![older]).await.unwrap();
+    assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![newer]);
+}
+
+/// Counting stops at what the caller asks for, and expired messages never count.
+#[tokio::test]
+async fn counting_is_bounded_and_skips_expired_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut batch: Vec<_> = (0..10)
+        .map(|i| message(chid, None, 100 + i, 60, "live"))
+        .collect();
+    batch.extend((0..5).map(|i| message(chid, None, i, 0, "expired")));
+    store.save_messages(&uaid, batch).await.unwrap();
+    assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 10);
+    assert_eq!(store.count_messages(&uaid, 4).await.unwrap(), 4);
 }
 
 #[tokio::test]
@@ -133,7 +196,7 @@ async fn channels_and_user_removal() {
     store.remove_user(&uaid).await.unwrap();
     assert!(store.get_user(&uaid).await.unwrap().is_none());
     assert!(store.get_channels(&uaid).await.unwrap().is_empty());
-    assert_eq!(store.count_messages(&uaid).await.unwrap(), 0);
+    assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 0);
 }
 
 #[tokio::test]
@@ -245,6 +308,6 @@ async fn a_failing_write_does_not_take_concurrent_writes_down() {
     ));
     for other in others {
         let uaid = other.await.unwrap();
-        assert_eq!(store.count_messages(&uaid).await.unwrap(), 1);
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 1);
     }
 }

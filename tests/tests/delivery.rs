@@ -259,21 +259,6 @@ async fn deleted_message_is_never_delivered() {
 }
 
 #[tokio::test]
-async fn too_many_stored_messages_reset_the_uaid() {
-    let server = Server::start_with(&["--msg-limit", "3"]).await;
-    let (uaid, sub) = server.offline_subscription(false).await;
-    for i in 0..4 {
-        sub.push_text(&format!("message {i}")).await;
-    }
-    let mut ws = WsClient::connect(&server.ws_url()).await;
-    let reply = ws.hello(Some(&uaid)).await;
-    assert_eq!(reply["status"], 200, "{reply}");
-    let new_uaid = reply["uaid"].as_str().expect("uaid");
-    assert!(is_uaid(new_uaid), "{reply}");
-    assert_ne!(new_uaid, uaid, "over --msg-limit: a new uaid expected");
-}
-
-#[tokio::test]
 async fn stored_messages_up_to_the_limit_keep_the_uaid() {
     let server = Server::start_with(&["--msg-limit", "3"]).await;
     let (uaid, sub) = server.offline_subscription(false).await;

@@ -205,7 +205,8 @@ async fn unregistered_channel_is_410_106() {
 
 #[tokio::test]
 async fn dropped_user_is_410_103() {
-    // Going over --msg-limit drops the user: its hello gets a new uaid.
+    // Over --msg-limit at two hellos in a row drops the user: the second
+    // hello gets a new uaid.
     let server = Server::start_with(&["--msg-limit", "1"]).await;
     let mut ws = server.client().await;
     let uaid = ws.uaid().to_string();
@@ -220,6 +221,7 @@ async fn dropped_user_is_410_103() {
             .await
             .assert_created();
     }
+    server.reconnect(&uaid).await.close().await;
     let mut ws = WsClient::connect(&server.ws_url()).await;
     let reply = ws.hello(Some(&uaid)).await;
     assert_ne!(

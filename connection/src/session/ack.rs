@@ -1,7 +1,11 @@
-//! `ack` and `nack`: the client is done with a notification.
+//! `ack` and `nack`: the client is done with a notification, or could not
+//! process it.
 //!
-//! Either way the message leaves storage: a nack means the client received it
-//! but its service worker failed, and sending it again would fail again.
+//! An ack deletes a stored message, but only the version acked: a newer
+//! message that replaced it under the same Topic stays. A nack (Firefox
+//! sends one when the service worker's push handler failed) deletes nothing,
+//! as in the seeds: the message is logged, not sent again in this session,
+//! and offered again at the client's next connection until its TTL runs out.
 
 use std::sync::atomic::Ordering;
 
@@ -9,6 +13,9 @@ use tracing::{debug, info};
 
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
+
+/// Stored versions remembered after their ack (see `Session::recently_settled`).
+const RECENTLY_SETTLED: usize = 64;
 
 impl Session {
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
@@ -29,24 +36,40 @@ impl Session {
             .map(|u| (u.version, u.code.or(code)))
             .chain(version.map(|v| (v, code)));
         for (version, code) in versions {
-            info!(uaid = %self.uaid.simple(), code, "client could not process a notification");
-            self.settle(&version).await?;
+            info!(uaid = %self.uaid.simple(), code, "client could not process a notification; kept for its next connection");
+            if self.unacked_direct.contains_key(&version) {
+                // Stays in `unacked_direct`: stored when the session ends.
+                continue;
+            }
+            if self.unacked_stored.remove(&version).is_some() {
+                self.skip_stored.insert(version);
+            }
         }
         self.after_settling().await
     }
 
-    /// Forget `version`, deleting it from storage if it came from there.
+    /// The client acked `version`: forget it, deleting it from storage if
+    /// it came from there or has a durable copy there.
     async fn settle(&mut self, version: &str) -> Flow {
-        if self.unacked_direct.remove(version).is_some() {
+        let stored = if let Some(direct) = self.unacked_direct.remove(version) {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
-        } else if let Some(notification) = self.unacked_stored.remove(version) {
-            self.ctx
-                .storage
-                .remove_message(&self.uaid, &notification.sort_key())
-                .await
-                .map_err(|e| Close::server(e.to_string()))?;
+            direct.durable.then_some(direct)
+        } else if let Some(stored) = self.unacked_stored.remove(version) {
+            if self.recently_settled.len() == RECENTLY_SETTLED {
+                self.recently_settled.pop_front();
+            }
+            self.recently_settled.push_back(version.to_owned());
+            Some(stored)
         } else {
             debug!(uaid = %self.uaid.simple(), "ack for an unknown version");
+            None
+        };
+        if let Some(message) = stored {
+            self.ctx
+                .storage
+                .remove_message(&self.uaid, &message.sort_key(), version)
+                .await
+                .map_err(|e| Close::server(e.to_string()))?;
         }
         Ok(())
     }

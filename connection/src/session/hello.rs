@@ -6,13 +6,16 @@ use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use futures_util::SinkExt;
 use futures_util::stream::SplitSink;
+use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
 
+use super::stored::store_undelivered;
 use super::{Close, Session};
 use crate::NodeContext;
 use crate::protocol::ServerMessage;
+use crate::registry::Membership;
 use crate::server::Socket;
 
 type Sink = SplitSink<Socket, Message>;
@@ -31,28 +34,44 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
     Ok(user.filter(|u| u.router_type == RouterType::WebPush))
 }
 
-pub(super) async fn accept(
-    ctx: &Arc<NodeContext>,
-    offered: Option<&str>,
-    mut sink: Sink,
-) -> Result<Session, (Sink, Close)> {
+/// A client that joined the registry and published its `node_id`: from now
+/// on endpoints route notifications into `membership.inbox`.
+pub(super) struct Joined {
+    pub uaid: Uuid,
+    pub connected_at: u64,
+    pub membership: Membership,
+    /// Stored messages this session may send: `Some(msg_limit)` when the
+    /// client is over the limit, `None` for no bound.
+    pub stored_budget: Option<usize>,
+}
+
+/// The storage half of `hello`: decide the UAID (honouring `msg_limit`),
+/// join the registry and record the connection. On failure nothing routed
+/// to the client in the meantime is lost: it is stored.
+pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Result<Joined, Close> {
     let connected_at = now_millis();
-    let mut previous = match known_user(ctx, offered).await {
-        Ok(user) => user,
-        Err(e) => return Err((sink, e)),
-    };
+    let mut previous = known_user(ctx, offered).await?;
+    let mut over_limit = false;
     if let Some(user) = &previous {
-        // Too far behind: start over rather than replay an unbounded backlog.
-        match ctx.storage.count_messages(&user.uaid).await {
-            Ok(count) if count > ctx.settings.msg_limit => {
-                info!(uaid = %user.uaid.simple(), count, "stored messages over msg_limit; issuing a new UAID");
-                if let Err(e) = ctx.storage.remove_user(&user.uaid).await {
-                    return Err((sink, Close::server(e.to_string())));
-                }
-                previous = None;
-            }
-            Ok(_) => {}
-            Err(e) => return Err((sink, Close::server(e.to_string()))),
+        let limit = ctx.settings.msg_limit;
+        let count = ctx
+            .storage
+            .count_messages(&user.uaid, limit.saturating_add(1))
+            .await
+            .map_err(|e| Close::server(e.to_string()))?;
+        over_limit = count > limit;
+        if over_limit && user.over_msg_limit {
+            // Sent what fit last time and still too far behind: start over
+            // rather than replay an unbounded backlog.
+            info!(uaid = %user.uaid.simple(), limit, "still over msg_limit: issuing a new UAID");
+            ctx.storage
+                .remove_user(&user.uaid)
+                .await
+                .map_err(|e| Close::server(e.to_string()))?;
+            previous = None;
+            over_limit = false;
+        } else if over_limit {
+            info!(uaid = %user.uaid.simple(), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
         }
     }
     let uaid = previous.as_ref().map_or_else(Uuid::new_v4, |u| u.uaid);
@@ -61,18 +80,60 @@ pub(super) async fn accept(
     // the new record always finds this session here.
     let membership = ctx.registry.connect(uaid, connected_at);
     let mut user = User::new_webpush(uaid, ctx.node_id(), connected_at);
+    user.over_msg_limit = over_limit;
     if let Some(prev) = &previous {
         user.router_data = prev.router_data.clone();
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
-        ctx.registry.disconnect(&uaid, connected_at);
-        ctx.registry.session_ended();
-        return Err((sink, Close::server(e.to_string())));
+        leave(ctx, uaid, connected_at, membership.inbox).await;
+        return Err(Close::server(e.to_string()));
     }
     if let Some(prev) = previous {
         drop_elsewhere(ctx, &prev);
     }
+    Ok(Joined {
+        uaid,
+        connected_at,
+        membership,
+        stored_budget: over_limit.then_some(ctx.settings.msg_limit),
+    })
+}
 
+/// Leave the registry after a failed `hello`, storing whatever endpoints
+/// routed into the inbox meanwhile (they answered 201 for it).
+pub(super) async fn leave(
+    ctx: &Arc<NodeContext>,
+    uaid: Uuid,
+    connected_at: u64,
+    mut inbox: mpsc::Receiver<Box<autopush_common::Notification>>,
+) {
+    ctx.registry.disconnect(&uaid, connected_at);
+    inbox.close();
+    let mut routed = Vec::new();
+    while let Ok(notification) = inbox.try_recv() {
+        routed.push(*notification);
+    }
+    if let Err(e) = store_undelivered(ctx, &uaid, routed).await {
+        warn!(uaid = %uaid.simple(), error = %e, "could not store notifications routed to a failed hello");
+    }
+    ctx.registry.session_ended();
+}
+
+pub(super) async fn accept(
+    ctx: &Arc<NodeContext>,
+    offered: Option<&str>,
+    mut sink: Sink,
+) -> Result<Session, (Sink, Close)> {
+    let joined = match join(ctx, offered).await {
+        Ok(joined) => joined,
+        Err(close) => return Err((sink, close)),
+    };
+    let Joined {
+        uaid,
+        connected_at,
+        membership,
+        stored_budget,
+    } = joined;
     let reply = ServerMessage::Hello {
         uaid: uaid.simple().to_string(),
         status: 200,
@@ -80,8 +141,7 @@ pub(super) async fn accept(
         broadcasts: serde_json::Map::new(),
     };
     if sink.send(Message::text(reply.to_json())).await.is_err() {
-        ctx.registry.disconnect(&uaid, connected_at);
-        ctx.registry.session_ended();
+        leave(ctx, uaid, connected_at, membership.inbox).await;
         return Err((sink, Close::gone()));
     }
     info!(uaid = %uaid.simple(), "client connected");
@@ -96,6 +156,9 @@ pub(super) async fn accept(
         unacked_stored: Default::default(),
         recheck_storage: false,
         last_client_ping: None,
+        stored_budget,
+        skip_stored: Default::default(),
+        recently_settled: Default::default(),
     })
 }
 
@@ -117,4 +180,136 @@ fn drop_elsewhere(ctx: &Arc<NodeContext>, previous: &User) {
             warn!(node_id, error = %e, "could not reach the previous node of a reconnecting client");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use async_trait::async_trait;
+    use autopush_common::Notification;
+    use autopush_common::endpoint::{EndpointCrypto, generate_key};
+    use autopush_common::node::{LocalNode, PushOutcome};
+    use autopush_storage::embedded::EmbeddedStore;
+    use autopush_storage::{Result, Storage, StorageError};
+    use tokio::sync::Notify;
+
+    use super::*;
+    use crate::{ClientRegistry, ConnectionSettings};
+
+    /// The embedded store, except that recording a connection waits for the
+    /// test's go-ahead and then fails, as a storage outage would.
+    struct FailingConnect {
+        inner: EmbeddedStore,
+        entered: Notify,
+        release: Notify,
+    }
+
+    #[async_trait]
+    impl Storage for FailingConnect {
+        async fn add_user(&self, user: &User) -> Result<()> {
+            self.inner.add_user(user).await
+        }
+        async fn update_user(&self, _user: &User) -> Result<bool> {
+            self.entered.notify_one();
+            self.release.notified().await;
+            Err(StorageError::Backend("the store is down".into()))
+        }
+        async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+            self.inner.get_user(uaid).await
+        }
+        async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+            self.inner.remove_user(uaid).await
+        }
+        async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, at: u64) -> Result<bool> {
+            self.inner.remove_node_id(uaid, node_id, at).await
+        }
+        async fn add_channel(&self, uaid: &Uuid, chid: &Uuid) -> Result<()> {
+            self.inner.add_channel(uaid, chid).await
+        }
+        async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+            self.inner.get_channels(uaid).await
+        }
+        async fn has_channel(&self, uaid: &Uuid, chid: &Uuid) -> Result<bool> {
+            self.inner.has_channel(uaid, chid).await
+        }
+        async fn remove_channel(&self, uaid: &Uuid, chid: &Uuid) -> Result<bool> {
+            self.inner.remove_channel(uaid, chid).await
+        }
+        async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+            self.inner.save_messages(uaid, messages).await
+        }
+        async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+            self.inner.fetch_messages(uaid, limit).await
+        }
+        async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+            self.inner.count_messages(uaid, up_to).await
+        }
+        async fn remove_message(&self, uaid: &Uuid, key: &str, version: &str) -> Result<bool> {
+            self.inner.remove_message(uaid, key, version).await
+        }
+        async fn health_check(&self) -> Result<()> {
+            self.inner.health_check().await
+        }
+    }
+
+    /// A push routed into a session whose `hello` then fails (here: the
+    /// store refuses to record the connection) is stored, not dropped.
+    #[tokio::test]
+    async fn messages_routed_into_a_failed_hello_are_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Arc::new(FailingConnect {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            entered: Notify::new(),
+            release: Notify::new(),
+        });
+        let registry = Arc::new(ClientRegistry::new("http://node-a".into()));
+        let ctx = Arc::new(NodeContext {
+            settings: ConnectionSettings::default(),
+            storage: storage.clone(),
+            crypto: Arc::new(EndpointCrypto::new(&[generate_key()], "http://localhost").unwrap()),
+            registry: registry.clone(),
+            http: reqwest::Client::new(),
+            open_sockets: Default::default(),
+        });
+        let uaid = Uuid::new_v4();
+        storage
+            .add_user(&User::new_webpush(uaid, "http://node-a", 1))
+            .await
+            .unwrap();
+
+        let offered = uaid.simple().to_string();
+        let hello = tokio::spawn({
+            let ctx = ctx.clone();
+            async move { join(&ctx, Some(&offered)).await.err() }
+        });
+        storage.entered.notified().await;
+        let message = Notification {
+            channel_id: Uuid::new_v4(),
+            version: "routed-during-hello".into(),
+            ttl: 60,
+            timestamp: autopush_common::time::now_secs(),
+            topic: None,
+            sortkey_timestamp: Some(1),
+            data: None,
+            headers: None,
+            urgency: None,
+            durable: false,
+        };
+        assert_eq!(
+            registry.push(&uaid, message.clone()),
+            PushOutcome::Delivered
+        );
+        storage.release.notify_one();
+
+        let close = hello.await.unwrap().expect("hello must fail");
+        assert_eq!(close.code, 1011);
+        let stored = storage.inner.fetch_messages(&uaid, 10).await.unwrap();
+        assert_eq!(stored, vec![message]);
+        assert_eq!(registry.live_sessions(), 0);
+        assert_eq!(
+            registry.push(&uaid, stored[0].clone()),
+            PushOutcome::NotConnected
+        );
+    }
 }

@@ -13,7 +13,7 @@ mod register;
 mod stored;
 mod unregister;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -151,6 +151,15 @@ pub(crate) struct Session {
     /// Storage may hold more than was sent: look again once all are acked.
     recheck_storage: bool,
     last_client_ping: Option<Instant>,
+    /// Stored messages this session may still send (`Some` when the client
+    /// was over `msg_limit` at hello).
+    stored_budget: Option<usize>,
+    /// Stored messages the client nacked: they stay stored for its next
+    /// connection but are not sent again in this one.
+    skip_stored: HashSet<String>,
+    /// The last stored messages settled, so a durable direct copy of one
+    /// that arrives late is not delivered twice.
+    recently_settled: VecDeque<String>,
 }
 
 impl Session {
@@ -236,7 +245,13 @@ impl Session {
     }
 
     async fn send_direct(&mut self, notification: Notification) -> Flow {
-        if notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0 {
+        let expired =
+            notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0;
+        // A durable direct message is in storage before it is routed here,
+        // so a storage check may have sent (or even settled) it already.
+        let sent_from_storage = self.unacked_stored.contains_key(&notification.version)
+            || self.recently_settled.contains(&notification.version);
+        if expired || sent_from_storage {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }

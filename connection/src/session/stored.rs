@@ -1,11 +1,16 @@
 //! Stored notifications: sent in batches after hello and whenever the node
 //! is told to look; written back for direct ones the client never acked.
 
+use std::sync::Arc;
+
+use autopush_common::Notification;
 use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use tracing::debug;
+use uuid::Uuid;
 
 use super::{Close, Flow, Session};
+use crate::NodeContext;
 use crate::protocol::ServerMessage;
 
 /// Stored messages sent at once; the next batch waits for their acks.
@@ -18,60 +23,87 @@ impl Session {
             self.recheck_storage = true;
             return Ok(());
         }
+        let batch = self.stored_budget.map_or(BATCH, |left| left.min(BATCH));
+        if batch == 0 {
+            self.recheck_storage = false;
+            return Ok(());
+        }
+        // Nacked messages stay stored but are not sent again in this session:
+        // fetch past them.
         let messages = self
             .ctx
             .storage
-            .fetch_messages(&self.uaid, BATCH)
+            .fetch_messages(&self.uaid, batch + self.skip_stored.len())
             .await
             .map_err(|e| Close::server(e.to_string()))?;
-        self.recheck_storage = messages.len() == BATCH;
-        debug!(uaid = %self.uaid.simple(), count = messages.len(), "sending stored notifications");
+        let (mut fresh, mut sent) = (0, 0);
         for message in messages {
-            // A direct notification stored at a previous disconnect may still
-            // be out with this client.
+            if fresh == batch {
+                break;
+            }
+            if self.skip_stored.contains(&message.version) {
+                continue;
+            }
+            fresh += 1;
+            // A direct notification stored at a previous disconnect (or
+            // durably, before it was sent) may still be out with this client.
             if self.unacked_direct.contains_key(&message.version) {
                 continue;
             }
             self.unacked_stored
                 .insert(message.version.clone(), message.clone());
             self.send(&ServerMessage::Notification(message)).await?;
+            sent += 1;
         }
+        if let Some(left) = &mut self.stored_budget {
+            *left = left.saturating_sub(sent);
+        }
+        self.recheck_storage = fresh == batch && self.stored_budget != Some(0);
+        debug!(uaid = %self.uaid.simple(), count = sent, "sent stored notifications");
         Ok(())
     }
 
-    /// Store the direct notifications the client never acknowledged, then
-    /// nudge a newer connection of the same user to pick them up.
+    /// Store the direct notifications the client never acknowledged (those
+    /// without a durable copy already), then nudge a newer connection of the
+    /// same user to pick them up.
     pub(super) async fn store_unacked_direct(
         &mut self,
     ) -> Result<(), autopush_storage::StorageError> {
-        let now = now_secs();
-        let keep: Vec<_> = self
-            .unacked_direct
-            .drain()
-            .map(|(_, n)| n)
-            .filter(|n| n.ttl > 0 && !n.is_expired(now))
-            .collect();
-        if keep.is_empty() {
-            return Ok(());
-        }
-        debug!(uaid = %self.uaid.simple(), count = keep.len(), "storing unacknowledged direct notifications");
-        self.ctx.storage.save_messages(&self.uaid, keep).await?;
-        if !LocalNode::notify(self.ctx.registry.as_ref(), &self.uaid)
-            && let Some(node_id) = self
-                .ctx
-                .storage
-                .get_user(&self.uaid)
-                .await?
-                .and_then(|u| u.node_id)
-            && node_id != self.ctx.node_id()
-        {
-            let _ = self
-                .ctx
-                .http
-                .put(format!("{node_id}/notif/{}", self.uaid.simple()))
-                .send()
-                .await;
-        }
-        Ok(())
+        let unacked = self.unacked_direct.drain().map(|(_, n)| n).collect();
+        store_undelivered(&self.ctx, &self.uaid, unacked).await
     }
+}
+
+/// Store direct notifications that were routed to a session of `uaid` but
+/// never acknowledged, so the client gets them at its next connection. Those
+/// with TTL 0 ("now or never") or past their TTL are dropped; those the
+/// endpoint already stored durably need no second write. Then the session
+/// that replaced this one, if any, is told to look in storage.
+pub(super) async fn store_undelivered(
+    ctx: &Arc<NodeContext>,
+    uaid: &Uuid,
+    notifications: Vec<Notification>,
+) -> Result<(), autopush_storage::StorageError> {
+    let now = now_secs();
+    let keep: Vec<_> = notifications
+        .into_iter()
+        .filter(|n| n.ttl > 0 && !n.is_expired(now))
+        .collect();
+    if keep.is_empty() {
+        return Ok(());
+    }
+    let unstored: Vec<_> = keep.iter().filter(|n| !n.durable).cloned().collect();
+    debug!(uaid = %uaid.simple(), count = keep.len(), written = unstored.len(), "storing unacknowledged direct notifications");
+    ctx.storage.save_messages(uaid, unstored).await?;
+    if !LocalNode::notify(ctx.registry.as_ref(), uaid)
+        && let Some(node_id) = ctx.storage.get_user(uaid).await?.and_then(|u| u.node_id)
+        && node_id != ctx.node_id()
+    {
+        let _ = ctx
+            .http
+            .put(format!("{node_id}/notif/{}", uaid.simple()))
+            .send()
+            .await;
+    }
+    Ok(())
 }

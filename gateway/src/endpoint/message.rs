@@ -1,4 +1,8 @@
 //! `DELETE /m/{message_id}`: cancel a push that has not been delivered yet.
+//!
+//! A message id names one message. If a newer push with the same `Topic`
+//! has replaced it, the old id cancels nothing: the newer message stays
+//! (cancel it with its own id). The answer is 204 either way, as autopush's.
 
 use std::sync::Arc;
 
@@ -13,7 +17,7 @@ pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<
     let message = state.crypto.parse_message_id(&message_id)?;
     let existed = state
         .storage
-        .remove_message(&message.uaid, &message.sort_key())
+        .remove_message(&message.uaid, &message.sort_key(), &message_id)
         .await?;
     debug!(uaid = %message.uaid.simple(), existed, "message cancelled");
     Ok(StatusCode::NO_CONTENT.into_response())

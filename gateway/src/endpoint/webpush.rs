@@ -123,12 +123,14 @@ fn build_notification(
     push: PushHeaders,
     body: &[u8],
 ) -> Notification {
-    let sortkey_timestamp = push.topic.is_none().then(unique_micros);
+    // Orders every message, Topic ones included: a Topic message never
+    // replaces a newer one with the same Topic.
+    let sortkey_timestamp = unique_micros();
     let message_id = state.crypto.make_message_id(&MessageIdInfo {
         uaid: subscription.uaid,
         channel_id: subscription.channel_id,
         topic: push.topic.clone(),
-        sortkey_timestamp,
+        sortkey_timestamp: push.topic.is_none().then_some(sortkey_timestamp),
     });
     Notification {
         channel_id: subscription.channel_id,
@@ -136,9 +138,10 @@ fn build_notification(
         ttl: push.ttl,
         timestamp: now_secs(),
         topic: push.topic,
-        sortkey_timestamp,
+        sortkey_timestamp: Some(sortkey_timestamp),
         data: (!body.is_empty()).then(|| URL_SAFE_NO_PAD.encode(body)),
         headers: push.forward,
         urgency: push.urgency,
+        durable: false,
     }
 }

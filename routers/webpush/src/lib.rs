@@ -5,6 +5,12 @@
 //! gets the user's `node_id` cleared (conditionally on `connected_at`), and
 //! after storing, the user record is read again because the client may have
 //! reconnected and already checked storage in between.
+//!
+//! With durable direct delivery on, a message is written to storage before
+//! it is handed to the connection node (and before the sender hears 201), and
+//! the session deletes it when the client acks: a node killed before the ack
+//! loses nothing. Off, a direct message lives in the node's memory until the
+//! ack, and is written to storage only if the session ends without one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,10 +28,16 @@ pub struct WebPushRouter {
     http: reqwest::Client,
     /// The connection node in this process, reached without HTTP.
     local: Option<Arc<dyn LocalNode>>,
+    /// Store every message before delivering it directly.
+    durable_direct: bool,
 }
 
 impl WebPushRouter {
-    pub fn new(storage: Arc<dyn Storage>, local: Option<Arc<dyn LocalNode>>) -> Self {
+    pub fn new(
+        storage: Arc<dyn Storage>,
+        local: Option<Arc<dyn LocalNode>>,
+        durable_direct: bool,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(3))
@@ -35,6 +47,7 @@ impl WebPushRouter {
             storage,
             http,
             local,
+            durable_direct,
         }
     }
 
@@ -96,14 +109,22 @@ impl Router for WebPushRouter {
 
     async fn route_notification(
         &self,
-        notification: Notification,
+        mut notification: Notification,
         user: &User,
     ) -> ApiResult<Delivery> {
         let uaid = user.uaid;
+        // TTL 0 means now or never: it is not worth a write.
+        let durable = self.durable_direct && notification.ttl > 0;
+        if durable {
+            self.storage
+                .save_messages(&uaid, vec![notification.clone()])
+                .await?;
+            notification.durable = true;
+        }
         if let Some(node_id) = &user.node_id {
             match self.push_to_node(node_id, &uaid, &notification).await {
                 PushOutcome::Delivered => return Ok(Delivery::Direct),
-                PushOutcome::Busy => debug!(%uaid, "client busy; storing"),
+                PushOutcome::Busy => debug!("client busy; storing"),
                 PushOutcome::NotConnected => {
                     self.storage
                         .remove_node_id(&uaid, node_id, user.connected_at)
@@ -114,9 +135,11 @@ impl Router for WebPushRouter {
         if notification.ttl == 0 {
             return Ok(Delivery::Dropped);
         }
-        self.storage
-            .save_messages(&uaid, vec![notification])
-            .await?;
+        if !durable {
+            self.storage
+                .save_messages(&uaid, vec![notification])
+                .await?;
+        }
         // The client may have connected (and checked storage) since we read
         // its record: look again and nudge whichever node has it now.
         if let Some(node_id) = self.storage.get_user(&uaid).await?.and_then(|u| u.node_id) {

@@ -235,9 +235,19 @@ impl Storage for EmbeddedStore {
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             for message in &messages {
+                let key = message.sort_key();
+                if message.topic.is_some()
+                    && let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)?
+                {
+                    let stored: Notification =
+                        serde_json::from_slice(stored.value()).map_err(corrupt)?;
+                    if stored.sortkey_timestamp > message.sortkey_timestamp {
+                        continue;
+                    }
+                }
                 let json = serde_json::to_vec(message).map_err(corrupt)?;
                 table
-                    .insert((uaid, message.sort_key().as_str()), json.as_slice())
+                    .insert((uaid, key.as_str()), json.as_slice())
                     .map_err(backend)?;
             }
             Ok(())
@@ -284,26 +294,49 @@ impl Storage for EmbeddedStore {
         Ok(messages)
     }
 
-    async fn count_messages(&self, uaid: &Uuid) -> Result<usize> {
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
         let uaid = uaid.as_u128();
         self.read(|db| {
+            let now = now_secs();
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
-            Ok(table
+            let mut count = 0;
+            for entry in table
                 .range((uaid, "")..=(uaid, SORT_KEY_MAX))
                 .map_err(backend)?
-                .count())
+            {
+                if count >= up_to {
+                    break;
+                }
+                let (_, value) = entry.map_err(backend)?;
+                let message: Notification =
+                    serde_json::from_slice(value.value()).map_err(corrupt)?;
+                if !message.is_expired(now) {
+                    count += 1;
+                }
+            }
+            Ok(count)
         })
     }
 
-    async fn remove_message(&self, uaid: &Uuid, sort_key: &str) -> Result<bool> {
-        let (uaid, sort_key) = (uaid.as_u128(), sort_key.to_owned());
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            Ok(table
-                .remove((uaid, sort_key.as_str()))
-                .map_err(backend)?
-                .is_some())
+            let key = (uaid, sort_key.as_str());
+            let is_version = match table.get(key).map_err(backend)? {
+                Some(stored) => {
+                    serde_json::from_slice::<Notification>(stored.value())
+                        .map_err(corrupt)?
+                        .version
+                        == version
+                }
+                None => false,
+            };
+            if is_version {
+                table.remove(key).map_err(backend)?;
+            }
+            Ok(is_version)
         })
         .await
     }

@@ -1,0 +1,264 @@
+//! Nothing accepted is lost: Topic replacement racing an ack, nacks, the
+//! stored-message limit, and direct messages in flight when the node dies.
+
+use autopush_tests::*;
+
+/// Receive one notification for `sub` and return it with its plaintext.
+async fn next_text(ws: &mut WsClient, sub: &Subscription) -> (serde_json::Value, String) {
+    let (notif, d) = sub.receive(ws).await;
+    (notif, d.text)
+}
+
+/// The client holds stored Topic message T1 unacked; T2 replaces it (stored
+/// and, the client being connected, delivered). Acking T1 must not delete T2.
+#[tokio::test]
+async fn acking_an_old_topic_message_keeps_the_newer_one() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.send(&SendOptions::text("T1").topic("score"))
+        .await
+        .assert_created();
+
+    let mut ws = server.reconnect(&uaid).await;
+    let (t1, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "T1");
+    sub.send(&SendOptions::text("T2").topic("score"))
+        .await
+        .assert_created();
+    let (_, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "T2");
+    ws.ack_notification(&t1).await;
+    ws.close().await;
+
+    // T2 was never acked: it comes back.
+    let mut ws = server.reconnect(&uaid).await;
+    let (t2, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "T2");
+    ws.ack_notification(&t2).await;
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// The same race when T2 is stored because the client is busy (too many
+/// unacknowledged direct messages), with durable direct delivery off.
+#[tokio::test]
+async fn acking_an_old_topic_message_keeps_the_newer_one_stored_while_busy() {
+    let server = Server::start_with(&["--durable-direct", "false"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.send(&SendOptions::text("T1").topic("score"))
+        .await
+        .assert_created();
+    let mut ws = server.reconnect(&uaid).await;
+    let (t1, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "T1");
+
+    // Fill the client's direct window without acking, so T2 is stored.
+    let filler = Subscription::new(&mut ws).await;
+    for _ in 0..32 {
+        http::post_push(&filler.endpoint, &[("ttl", "60")], None)
+            .await
+            .assert_created();
+        assert_eq!(
+            ws.recv_notification().await["channelID"],
+            filler.channel_id.as_str()
+        );
+    }
+    sub.send(&SendOptions::text("T2").topic("score"))
+        .await
+        .assert_created();
+    ws.ack_notification(&t1).await;
+
+    // With T1 settled the session looks in storage again and finds T2.
+    let (t2, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "T2");
+    ws.ack_notification(&t2).await;
+}
+
+/// A nack deletes nothing: the message comes back at the next connection.
+#[tokio::test]
+async fn a_nacked_message_is_offered_again_at_the_next_connection() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    sub.push_text("handler threw").await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    let (notif, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "handler threw");
+    ws.nack(
+        notif["channelID"].as_str().unwrap(),
+        notif["version"].as_str().unwrap(),
+        301,
+    )
+    .await;
+    // Not sent again in this session.
+    ws.assert_nothing_arrives().await;
+    ws.close().await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    let (notif, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "handler threw");
+    ws.ack_notification(&notif).await;
+}
+
+/// A direct message nacked is kept too.
+#[tokio::test]
+async fn a_nacked_direct_message_is_kept() {
+    for durable in ["true", "false"] {
+        let server = Server::start_with(&["--durable-direct", durable]).await;
+        let mut ws = server.client().await;
+        let uaid = ws.uaid().to_string();
+        let sub = Subscription::new(&mut ws).await;
+        sub.push_text("live, nacked").await;
+        let (notif, _) = next_text(&mut ws, &sub).await;
+        ws.nack(
+            notif["channelID"].as_str().unwrap(),
+            notif["version"].as_str().unwrap(),
+            302,
+        )
+        .await;
+        ws.close().await;
+        let mut ws = server.reconnect(&uaid).await;
+        let (_, text) = next_text(&mut ws, &sub).await;
+        assert_eq!(text, "live, nacked", "durable-direct {durable}");
+    }
+}
+
+/// Over `msg_limit`, the client first gets what fits and keeps its UAID; if
+/// it has caught up by its next hello, nothing is reset or lost.
+#[tokio::test]
+async fn over_the_limit_the_client_first_receives_what_fits() {
+    let server = Server::start_with(&["--msg-limit", "3"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..5 {
+        sub.push_text(&format!("message {i}")).await;
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let (notif, text) = next_text(&mut ws, &sub).await;
+        ws.ack_notification(&notif).await;
+        got.push(text);
+    }
+    assert_eq!(got, ["message 0", "message 1", "message 2"]);
+    ws.assert_nothing_arrives().await;
+    ws.close().await;
+
+    // Two left, under the limit: same UAID, and they arrive.
+    let mut ws = server.reconnect(&uaid).await;
+    for i in 3..5 {
+        let (notif, text) = next_text(&mut ws, &sub).await;
+        assert_eq!(text, format!("message {i}"));
+        ws.ack_notification(&notif).await;
+    }
+}
+
+/// Still over the limit at the next hello: a new UAID, and the old
+/// endpoints answer 410.
+#[tokio::test]
+async fn still_over_the_limit_at_the_next_hello_resets_the_uaid() {
+    let server = Server::start_with(&["--msg-limit", "2"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..6 {
+        sub.push_text(&format!("message {i}")).await;
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    for _ in 0..2 {
+        let (notif, _) = next_text(&mut ws, &sub).await;
+        ws.ack_notification(&notif).await;
+    }
+    ws.close().await;
+
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_ne!(reply["uaid"], uaid.as_str(), "a new uaid expected: {reply}");
+    sub.send(&SendOptions::text("too late"))
+        .await
+        .assert_error(410, 103);
+}
+
+/// Expired messages never count toward the limit.
+#[tokio::test]
+async fn expired_messages_do_not_count_toward_the_limit() {
+    let server = Server::start_with(&["--msg-limit", "2"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..4 {
+        sub.send(&SendOptions::text(&format!("short {i}")).ttl(1))
+            .await
+            .assert_created();
+    }
+    sub.push_text("long-lived").await;
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    for _ in 0..2 {
+        let mut ws = server.reconnect(&uaid).await;
+        let (_, text) = next_text(&mut ws, &sub).await;
+        assert_eq!(text, "long-lived");
+        ws.close().await;
+    }
+}
+
+/// Durable direct delivery (the default): messages handed to a connected
+/// client and not yet acked survive `kill -9` of the node.
+#[tokio::test]
+async fn direct_messages_in_flight_survive_kill9() {
+    let mut server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    for i in 0..3 {
+        sub.push_text(&format!("in flight {i}")).await;
+        let (_, text) = next_text(&mut ws, &sub).await;
+        assert_eq!(text, format!("in flight {i}"));
+    }
+    server.kill9();
+    ws.expect_closed().await;
+    server.restart().await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let (notif, text) = next_text(&mut ws, &sub).await;
+        ws.ack_notification(&notif).await;
+        got.push(text);
+    }
+    got.sort();
+    assert_eq!(got, ["in flight 0", "in flight 1", "in flight 2"]);
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// With durable direct delivery off, the README's promise is narrower: a
+/// direct message not yet acked lives in memory, and `kill -9` loses it.
+#[tokio::test]
+async fn without_durable_direct_kill9_loses_unacked_direct_messages() {
+    let mut server = Server::start_with(&["--durable-direct", "false"]).await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("only in memory").await;
+    next_text(&mut ws, &sub).await;
+    server.kill9();
+    ws.expect_closed().await;
+    server.restart().await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// Acked durable direct messages are deleted: nothing comes back.
+#[tokio::test]
+async fn acked_direct_messages_are_not_delivered_again() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    for i in 0..3 {
+        sub.push_text(&format!("acked {i}")).await;
+        let (notif, _) = next_text(&mut ws, &sub).await;
+        ws.ack_notification(&notif).await;
+    }
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
