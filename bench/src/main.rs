@@ -47,6 +47,9 @@ enum Scenario {
         /// Disable the server's VAPID cache (every push verifies a signature)
         #[arg(long)]
         no_vapid_cache: bool,
+        /// The server's --durable-direct (write before delivering, delete on ack)
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        durable_direct: bool,
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
@@ -86,6 +89,7 @@ async fn main() {
             rates,
             seconds,
             no_vapid_cache,
+            durable_direct,
         } => {
             let rates = rates
                 .iter()
@@ -104,6 +108,7 @@ async fn main() {
                 rates,
                 seconds,
                 vapid_cache: !no_vapid_cache,
+                durable_direct,
             };
             if !direct::run(&options, &cli.server_log).await {
                 eprintln!("some pushes were refused or never delivered");

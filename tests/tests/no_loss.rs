@@ -262,3 +262,25 @@ async fn acked_direct_messages_are_not_delivered_again() {
     let mut ws = server.reconnect(&uaid).await;
     ws.assert_nothing_arrives().await;
 }
+
+/// `DELETE` of a Topic message's id after a newer message replaced it
+/// cancels nothing: the newer message is still delivered.
+#[tokio::test]
+async fn deleting_a_replaced_topic_message_keeps_the_newer_one() {
+    let server = Server::start().await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let old = sub
+        .send(&SendOptions::text("old").topic("news"))
+        .await
+        .assert_created()
+        .header("location")
+        .unwrap()
+        .to_string();
+    sub.send(&SendOptions::text("new").topic("news"))
+        .await
+        .assert_created();
+    assert_eq!(http::delete(&old).await.status, 204);
+    let mut ws = server.reconnect(&uaid).await;
+    let (_, text) = next_text(&mut ws, &sub).await;
+    assert_eq!(text, "new");
+}

@@ -29,6 +29,8 @@ pub struct Options {
     pub rates: Vec<u64>,
     pub seconds: u64,
     pub vapid_cache: bool,
+    /// The server's `--durable-direct`: write before delivering, delete on ack.
+    pub durable_direct: bool,
 }
 
 /// What the receiving clients saw, shared by all of them.
@@ -42,12 +44,18 @@ struct Deliveries {
 
 /// Returns whether every push was accepted and delivered.
 pub async fn run(options: &Options, log: &Path) -> bool {
-    let cache_flag = if options.vapid_cache {
-        vec![]
-    } else {
-        vec!["--vapid-cache-size", "0"]
-    };
-    let server = Server::start(&cache_flag, log).await;
+    let mut flags = vec![
+        "--durable-direct",
+        if options.durable_direct {
+            "true"
+        } else {
+            "false"
+        },
+    ];
+    if !options.vapid_cache {
+        flags.extend(["--vapid-cache-size", "0"]);
+    }
+    let server = Server::start(&flags, log).await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let public_key = sender.public_key();
     let bodies = Arc::new(Bodies::new(
@@ -64,10 +72,11 @@ pub async fn run(options: &Options, log: &Path) -> bool {
         Arc::new(connect_clients(&server, options.clients, &public_key, &deliveries).await);
 
     println!(
-        "\n{} clients, {} HTTP connections, VAPID cache {}\n",
+        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}\n",
         options.clients,
         options.connections,
-        if options.vapid_cache { "on" } else { "off" }
+        if options.vapid_cache { "on" } else { "off" },
+        if options.durable_direct { "on" } else { "off" }
     );
     println!(
         "| offered (/s) | accepted (/s) | delivered (/s) | p50 (ms) | p99 (ms) | max (ms) | server CPU (%) | non-201 |"
