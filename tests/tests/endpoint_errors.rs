@@ -198,9 +198,41 @@ async fn unregistered_channel_is_410_106() {
         .expect("pushEndpoint")
         .to_string();
     assert_eq!(ws.unregister(&chid, 200).await["status"], 200);
-    http::post_push(&endpoint, &AES128GCM, body())
-        .await
-        .assert_error(410, 106);
+    let reply = http::post_push(&endpoint, &AES128GCM, body()).await;
+    reply.assert_error(410, 106);
+    // Gone for good: CDNs and senders may remember it for a day.
+    assert_eq!(reply.header("cache-control"), Some("max-age=86400"));
+}
+
+/// aesgcm headers reach the client clean: no quotes, no `=` padding.
+#[tokio::test]
+async fn aesgcm_headers_are_forwarded_without_quotes_or_padding() {
+    let server = Server::start().await;
+    let (mut ws, endpoint) = registered(&server).await;
+    http::post_push(
+        &endpoint,
+        &[
+            ("TTL", "60"),
+            ("Content-Encoding", "aesgcm"),
+            (
+                "Encryption",
+                "keyid=\"p256dh\"; salt=\"c2FsdHNhbHRzYWx0c2E=\"",
+            ),
+            ("Crypto-Key", "keyid=\"p256dh\"; dh=\"BCdhZGg=\""),
+        ],
+        body(),
+    )
+    .await
+    .assert_created();
+    let notification = ws.recv_notification().await;
+    assert_eq!(
+        notification["headers"]["encryption"], "keyid=p256dh;salt=c2FsdHNhbHRzYWx0c2E",
+        "{notification}"
+    );
+    assert_eq!(
+        notification["headers"]["crypto_key"], "keyid=p256dh;dh=BCdhZGg",
+        "{notification}"
+    );
 }
 
 #[tokio::test]

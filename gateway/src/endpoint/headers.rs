@@ -113,8 +113,8 @@ fn encryption_headers(headers: &HeaderMap) -> ApiResult<BTreeMap<String, String>
                     "the Crypto-Key header needs dh=".into(),
                 ));
             }
-            forward.insert("encryption".into(), encryption.to_owned());
-            forward.insert("crypto_key".into(), crypto_key.to_owned());
+            forward.insert("encryption".into(), clean_params(encryption));
+            forward.insert("crypto_key".into(), clean_params(crypto_key));
         }
         other => {
             return Err(ApiError::InvalidEncryption(format!(
@@ -124,6 +124,37 @@ fn encryption_headers(headers: &HeaderMap) -> ApiResult<BTreeMap<String, String>
     }
     forward.insert("encoding".into(), encoding);
     Ok(forward)
+}
+
+/// A `k1=v1;k2=v2,k3=v3` header as the user agent should get it, the way
+/// Mozilla's service forwards it: no spaces, values without quotes, and
+/// base64 values without `=` padding, so clients that compare or decode
+/// strictly get clean values.
+fn clean_params(value: &str) -> String {
+    let is_base64 = |v: &str| {
+        v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'+' | b'/' | b'='))
+    };
+    value
+        .split(',')
+        .map(|item| {
+            item.split(';')
+                .filter_map(|param| {
+                    let (key, value) = param.split_once('=')?;
+                    let value = value.trim().trim_matches('"');
+                    let value = if is_base64(value) {
+                        value.trim_end_matches('=')
+                    } else {
+                        value
+                    };
+                    Some(format!("{}={value}", key.trim()))
+                })
+                .collect::<Vec<_>>()
+                .join(";")
+        })
+        .filter(|item| !item.is_empty())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Whether a `k1=v1;k2=v2,k3=v3` header has a non-empty `name`.
@@ -224,6 +255,22 @@ mod tests {
         ] {
             assert_eq!(parse(&bad, true).unwrap_err().errno(), 110, "{bad:?}");
         }
+        // Forwarded clean: no quotes, no padding, no spaces.
+        let quoted = headers(&[
+            ("ttl", "1"),
+            ("content-encoding", "aesgcm"),
+            ("encryption", "keyid=\"p256dh\"; salt=\"c2FsdA==\""),
+            (
+                "crypto-key",
+                "keyid=p256dh;dh=\"BCd_ef==\", p256ecdsa=BAbc-_=",
+            ),
+        ]);
+        let forward = parse(&quoted, true).unwrap().forward.unwrap();
+        assert_eq!(forward["encryption"], "keyid=p256dh;salt=c2FsdA");
+        assert_eq!(
+            forward["crypto_key"],
+            "keyid=p256dh;dh=BCd_ef,p256ecdsa=BAbc-_"
+        );
         // No body, nothing to decrypt: no encoding needed.
         assert_eq!(
             parse(&headers(&[("ttl", "1")]), false).unwrap().forward,

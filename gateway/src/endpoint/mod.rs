@@ -39,6 +39,13 @@ pub fn error_response(error: &ApiError) -> Response {
     let status = error.status();
     let mut response =
         warp::reply::with_status(warp::reply::json(&error.body()), status).into_response();
+    if status == StatusCode::GONE {
+        // Gone for good: let CDNs and senders remember it instead of retrying.
+        response.headers_mut().insert(
+            "cache-control",
+            warp::http::HeaderValue::from_static("max-age=86400"),
+        );
+    }
     if let Some(seconds) = error.retry_after() {
         response
             .headers_mut()
