@@ -37,6 +37,8 @@ pub struct ConnectionSettings {
     pub min_ping_interval: Duration,
     /// A client with more stored messages than this gets a new UAID at hello.
     pub msg_limit: usize,
+    /// Most channels one UAID may subscribe.
+    pub max_channels: usize,
     /// Largest websocket message accepted from a client.
     pub max_message_size: usize,
     /// Most websockets open at once; upgrades beyond are refused with 503.
@@ -51,6 +53,7 @@ impl Default for ConnectionSettings {
             auto_ping_timeout: Duration::from_secs(10),
             min_ping_interval: Duration::from_secs(45),
             msg_limit: 100,
+            max_channels: 1000,
             max_message_size: 32 * 1024,
             max_connections: 10_000,
         }

@@ -98,6 +98,13 @@ pub async fn start(
         .map_err(|e| e.to_string())?;
 
     let mut servers = JoinSet::new();
+    servers.spawn(autopush_storage::sweeper::run(
+        storage.clone(),
+        autopush_storage::sweeper::SweepSettings {
+            interval: settings.sweep_interval,
+            drop_idle_users_after: settings.drop_idle_users_after,
+        },
+    ));
     let mut clients = None;
     if mode.connection() {
         let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
@@ -109,6 +116,7 @@ pub async fn start(
                 auto_ping_timeout: settings.auto_ping_timeout,
                 min_ping_interval: settings.min_ping_interval,
                 msg_limit: settings.msg_limit,
+                max_channels: settings.max_channels,
                 max_connections: settings
                     .max_connections
                     .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
@@ -153,6 +161,7 @@ pub async fn start(
             crypto: crypto.clone(),
             routers: routers.clone(),
             secrets: SecretKeys::new(&auth_keys)?,
+            max_channels: settings.max_channels,
         });
         let state = Arc::new(EndpointState {
             crypto,

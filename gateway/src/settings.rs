@@ -59,6 +59,17 @@ pub struct SettingsLayer {
     /// it on ack, so a node killed before the ack loses nothing [default: true]
     #[arg(long, env = "AUTOPUSH_DURABLE_DIRECT", global = true)]
     pub durable_direct: Option<bool>,
+    /// Most channels (subscriptions) one user agent may hold [default: 1000]
+    #[arg(long, env = "AUTOPUSH_MAX_CHANNELS", global = true)]
+    pub max_channels: Option<usize>,
+    /// Seconds between housekeeping passes that delete expired messages and
+    /// idle users from the store [default: 600]
+    #[arg(long, env = "AUTOPUSH_SWEEP_INTERVAL", global = true)]
+    pub sweep_interval: Option<f64>,
+    /// Remove webpush users that have not connected for this many days, with
+    /// their subscriptions and messages; 0 keeps them forever [default: 60]
+    #[arg(long, env = "AUTOPUSH_DROP_IDLE_USERS_AFTER_DAYS", global = true)]
+    pub drop_idle_users_after_days: Option<f64>,
     /// Largest push body accepted, in bytes [default: 5630]
     #[arg(long, env = "AUTOPUSH_MAX_DATA_BYTES", global = true)]
     pub max_data_bytes: Option<usize>,
@@ -109,6 +120,9 @@ impl SettingsLayer {
             crypto_key,
             msg_limit,
             durable_direct,
+            max_channels,
+            sweep_interval,
+            drop_idle_users_after_days,
             max_data_bytes,
             hello_timeout,
             auto_ping_interval,
@@ -149,6 +163,10 @@ pub struct Settings {
     pub auth_key: Option<String>,
     pub msg_limit: usize,
     pub durable_direct: bool,
+    pub max_channels: usize,
+    pub sweep_interval: Duration,
+    /// `None`: idle users are kept.
+    pub drop_idle_users_after: Option<Duration>,
     pub max_data_bytes: usize,
     pub hello_timeout: Duration,
     pub auto_ping_interval: Duration,
@@ -225,6 +243,20 @@ impl Settings {
             auth_key: l.auth_key,
             msg_limit: l.msg_limit.unwrap_or(100),
             durable_direct: l.durable_direct.unwrap_or(true),
+            max_channels: match l.max_channels {
+                Some(0) => return Err("max_channels must be at least 1".into()),
+                other => other.unwrap_or(1000),
+            },
+            sweep_interval: match seconds("sweep_interval", l.sweep_interval, 600.0)? {
+                d if d.is_zero() => return Err("sweep_interval must be more than 0".into()),
+                d => d,
+            },
+            drop_idle_users_after: match l.drop_idle_users_after_days.unwrap_or(60.0) {
+                0.0 => None,
+                days => Some(Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
+                    "drop_idle_users_after_days must be a non-negative number".to_string()
+                })?),
+            },
             max_data_bytes: l.max_data_bytes.unwrap_or(5630),
             hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
             auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,

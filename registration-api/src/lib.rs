@@ -34,6 +34,8 @@ pub struct RegistrationState {
     pub crypto: Arc<EndpointCrypto>,
     pub routers: RouterRegistry,
     pub secrets: SecretKeys,
+    /// Most channels one UAID may subscribe.
+    pub max_channels: usize,
 }
 
 /// One `/v1/...` request, resolved to its router.
@@ -144,7 +146,16 @@ pub async fn add_channel(
             ApiError::BadRequest("key must be an uncompressed P-256 public key in base64url".into())
         })?),
     };
-    state.storage.add_channel(uaid, &channel_id).await?;
+    if !state
+        .storage
+        .add_channel(uaid, &channel_id, state.max_channels)
+        .await?
+    {
+        return Err(ApiError::BadRequest(format!(
+            "too many subscriptions: at most {} per registration",
+            state.max_channels
+        )));
+    }
     Ok((
         channel_id,
         state

@@ -11,6 +11,7 @@ use autopush_common::{ApiError, Notification, User};
 use uuid::Uuid;
 
 pub mod embedded;
+pub mod sweeper;
 
 pub type Result<T> = std::result::Result<T, StorageError>;
 
@@ -52,7 +53,10 @@ pub trait Storage: Send + Sync {
     /// (an endpoint found the client gone). Returns whether it was cleared.
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool>;
 
-    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<()>;
+    /// Subscribe `channel_id` unless the user already has `limit` channels
+    /// (re-adding a channel it has always succeeds). Returns whether the
+    /// channel is subscribed.
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool>;
 
     async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>>;
 
@@ -82,4 +86,32 @@ pub trait Storage: Send + Sync {
 
     /// A cheap round trip proving the store answers.
     async fn health_check(&self) -> Result<()>;
+
+    /// One bounded step of housekeeping: look at up to `budget` stored
+    /// messages after where the last step stopped and delete those past
+    /// their TTL. A backend whose own expiry does this may do nothing.
+    async fn sweep_expired_messages(&self, _budget: usize) -> Result<SweepStep> {
+        Ok(SweepStep::default())
+    }
+
+    /// One bounded step of housekeeping: look at up to `budget` users after
+    /// where the last step stopped and remove webpush users that are not
+    /// connected and last said hello before `last_connect_before` (ms), with
+    /// their channels and messages. Bridge registrations are kept.
+    async fn drop_idle_users(
+        &self,
+        _last_connect_before: u64,
+        _budget: usize,
+    ) -> Result<SweepStep> {
+        Ok(SweepStep::default())
+    }
+}
+
+/// What one housekeeping step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStep {
+    /// Records removed.
+    pub removed: usize,
+    /// The step reached the end of the table; the next one starts over.
+    pub finished_pass: bool,
 }

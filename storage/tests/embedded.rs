@@ -138,6 +138,28 @@ async fn counting_is_bounded_and_skips_expired_messages() {
     assert_eq!(store.count_messages(&uaid, 4).await.unwrap(), 4);
 }
 
+/// A user's channels are capped; re-adding one it has always succeeds.
+#[tokio::test]
+async fn channels_per_user_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let uaid = Uuid::new_v4();
+    let held: Vec<_> = (0..3).map(|_| Uuid::new_v4()).collect();
+    for chid in &held {
+        assert!(store.add_channel(&uaid, chid, 3).await.unwrap());
+    }
+    assert!(!store.add_channel(&uaid, &Uuid::new_v4(), 3).await.unwrap());
+    assert!(store.add_channel(&uaid, &held[0], 3).await.unwrap());
+    assert_eq!(store.get_channels(&uaid).await.unwrap().len(), 3);
+    // Another user is not affected.
+    assert!(
+        store
+            .add_channel(&Uuid::new_v4(), &Uuid::new_v4(), 3)
+            .await
+            .unwrap()
+    );
+}
+
 #[tokio::test]
 async fn older_connections_never_overwrite_newer_ones() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,8 +204,8 @@ async fn channels_and_user_removal() {
         .add_user(&User::new_webpush(uaid, "http://a", 1))
         .await
         .unwrap();
-    store.add_channel(&uaid, &a).await.unwrap();
-    store.add_channel(&uaid, &b).await.unwrap();
+    assert!(store.add_channel(&uaid, &a, 10).await.unwrap());
+    assert!(store.add_channel(&uaid, &b, 10).await.unwrap());
     assert_eq!(store.get_channels(&uaid).await.unwrap().len(), 2);
     assert!(store.remove_channel(&uaid, &a).await.unwrap());
     assert!(!store.has_channel(&uaid, &a).await.unwrap());
@@ -236,7 +258,7 @@ async fn concurrent_writes_share_commits_and_all_survive_reopening() {
                 let (store, uaid) = (store.clone(), *uaid);
                 tokio::spawn(async move {
                     let chid = Uuid::new_v4();
-                    store.add_channel(&uaid, &chid).await.unwrap();
+                    store.add_channel(&uaid, &chid, 10).await.unwrap();
                     store
                         .save_messages(&uaid, vec![message(chid, None, i as u64, 60, "m1")])
                         .await
@@ -310,4 +332,85 @@ async fn a_failing_write_does_not_take_concurrent_writes_down() {
         let uaid = other.await.unwrap();
         assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 1);
     }
+}
+
+/// Housekeeping steps look at a bounded number of records each, and a pass
+/// of steps removes every expired message and nothing else.
+#[tokio::test]
+async fn sweeping_removes_expired_messages_in_bounded_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let mut live = Vec::new();
+    for _ in 0..5 {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut batch: Vec<_> = (0..4)
+            .map(|i| message(chid, None, i, 0, "expired"))
+            .collect();
+        batch.push(message(chid, None, 10, 60, "live"));
+        store.save_messages(&uaid, batch).await.unwrap();
+        live.push(uaid);
+    }
+    let (mut removed, mut steps) = (0, 0);
+    loop {
+        let step = store.sweep_expired_messages(3).await.unwrap();
+        assert!(step.removed <= 3);
+        removed += step.removed;
+        steps += 1;
+        if step.finished_pass {
+            break;
+        }
+    }
+    assert_eq!(removed, 20);
+    assert!(steps >= 25 / 3, "{steps} steps");
+    for uaid in live {
+        let left = store.fetch_messages(&uaid, 10).await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].data.as_deref(), Some("live"));
+    }
+    // A second pass finds nothing more.
+    let step = store.sweep_expired_messages(100).await.unwrap();
+    assert_eq!((step.removed, step.finished_pass), (0, true));
+}
+
+/// Idle webpush users go with their channels and messages; recent users
+/// and bridge registrations stay.
+#[tokio::test]
+async fn sweeping_drops_idle_webpush_users_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let idle = User::new_webpush(Uuid::new_v4(), "http://a", 1_000);
+    let recent = User::new_webpush(Uuid::new_v4(), "http://a", 9_000);
+    let mut bridge = User::new_webpush(Uuid::new_v4(), "http://a", 1_000);
+    bridge.router_type = autopush_common::RouterType::Fcm;
+    for user in [&idle, &recent, &bridge] {
+        store.add_user(user).await.unwrap();
+        store
+            .add_channel(&user.uaid, &Uuid::new_v4(), 10)
+            .await
+            .unwrap();
+    }
+    store
+        .save_messages(&idle.uaid, vec![message(Uuid::new_v4(), None, 1, 60, "x")])
+        .await
+        .unwrap();
+    let mut removed = 0;
+    loop {
+        let step = store.drop_idle_users(5_000, 1).await.unwrap();
+        removed += step.removed;
+        if step.finished_pass {
+            break;
+        }
+    }
+    assert_eq!(removed, 1);
+    assert!(store.get_user(&idle.uaid).await.unwrap().is_none());
+    assert!(store.get_channels(&idle.uaid).await.unwrap().is_empty());
+    assert!(
+        store
+            .fetch_messages(&idle.uaid, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(store.get_user(&recent.uaid).await.unwrap().is_some());
+    assert!(store.get_user(&bridge.uaid).await.unwrap().is_some());
 }

@@ -224,8 +224,8 @@ mod tests {
         async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, at: u64) -> Result<bool> {
             self.inner.remove_node_id(uaid, node_id, at).await
         }
-        async fn add_channel(&self, uaid: &Uuid, chid: &Uuid) -> Result<()> {
-            self.inner.add_channel(uaid, chid).await
+        async fn add_channel(&self, uaid: &Uuid, chid: &Uuid, limit: usize) -> Result<bool> {
+            self.inner.add_channel(uaid, chid, limit).await
         }
         async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
             self.inner.get_channels(uaid).await

@@ -30,8 +30,14 @@ impl Session {
             Some(Some(key)) => Some(key),
             None => None,
         };
-        if let Err(e) = self.ctx.storage.add_channel(&self.uaid, &chid).await {
-            return self.send(&refuse(500, &e.to_string())).await;
+        let limit = self.ctx.settings.max_channels;
+        match self.ctx.storage.add_channel(&self.uaid, &chid, limit).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let reason = format!("too many channels: at most {limit} per user agent");
+                return self.send(&refuse(413, &reason)).await;
+            }
+            Err(e) => return self.send(&refuse(500, &e.to_string())).await,
         }
         let endpoint = self
             .ctx

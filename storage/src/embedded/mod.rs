@@ -11,14 +11,14 @@ mod writer;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use autopush_common::{Notification, User, time::now_secs};
+use autopush_common::{Notification, RouterType, User, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError};
+use crate::{Result, Storage, StorageError, SweepStep};
 use writer::Writer;
 
 /// uaid -> JSON router record.
@@ -43,6 +43,10 @@ fn corrupt(e: serde_json::Error) -> StorageError {
 pub struct EmbeddedStore {
     db: Arc<Database>,
     writer: Writer,
+    /// Where the next housekeeping step over messages starts (exclusive).
+    message_cursor: Arc<Mutex<Option<(u128, String)>>>,
+    /// Where the next housekeeping step over users starts (exclusive).
+    user_cursor: Arc<Mutex<Option<u128>>>,
 }
 
 impl EmbeddedStore {
@@ -64,7 +68,12 @@ impl EmbeddedStore {
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
-        Ok(EmbeddedStore { db, writer })
+        Ok(EmbeddedStore {
+            db,
+            writer,
+            message_cursor: Default::default(),
+            user_cursor: Default::default(),
+        })
     }
 
     /// Run a point read now, on this thread.
@@ -100,6 +109,34 @@ fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
     record
         .map(|v| serde_json::from_slice(v.value()).map_err(corrupt))
         .transpose()
+}
+
+/// Remove a user's record, channels and messages.
+fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
+    txn.open_table(USERS)
+        .map_err(backend)?
+        .remove(uaid)
+        .map_err(backend)?;
+    txn.open_table(CHANNELS)
+        .map_err(backend)?
+        .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
+        .map_err(backend)?;
+    txn.open_table(MESSAGES)
+        .map_err(backend)?
+        .retain_in((uaid, "")..=(uaid, SORT_KEY_MAX), |_, _| false)
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// A webpush user that has not said hello since `before` (ms).
+fn is_idle(user: &User, before: u64) -> bool {
+    user.router_type == RouterType::WebPush && user.last_connect < before
+}
+
+fn lock<T>(cursor: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    cursor
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn write_user(txn: &redb::WriteTransaction, user: &User) -> Result<()> {
@@ -145,22 +182,7 @@ impl Storage for EmbeddedStore {
 
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
         let uaid = uaid.as_u128();
-        self.write(move |txn| {
-            txn.open_table(USERS)
-                .map_err(backend)?
-                .remove(uaid)
-                .map_err(backend)?;
-            txn.open_table(CHANNELS)
-                .map_err(backend)?
-                .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
-                .map_err(backend)?;
-            txn.open_table(MESSAGES)
-                .map_err(backend)?
-                .retain_in((uaid, "")..=(uaid, SORT_KEY_MAX), |_, _| false)
-                .map_err(backend)?;
-            Ok(())
-        })
-        .await
+        self.write(move |txn| remove_user_rows(txn, uaid)).await
     }
 
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
@@ -179,14 +201,23 @@ impl Storage for EmbeddedStore {
         .await
     }
 
-    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<()> {
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
         let key = (uaid.as_u128(), channel_id.as_u128());
         self.write(move |txn| {
-            txn.open_table(CHANNELS)
+            let mut channels = txn.open_table(CHANNELS).map_err(backend)?;
+            if channels.get(key).map_err(backend)?.is_some() {
+                return Ok(true);
+            }
+            let held = channels
+                .range((key.0, 0)..=(key.0, u128::MAX))
                 .map_err(backend)?
-                .insert(key, ())
-                .map_err(backend)?;
-            Ok(())
+                .take(limit)
+                .count();
+            if held >= limit {
+                return Ok(false);
+            }
+            channels.insert(key, ()).map_err(backend)?;
+            Ok(true)
         })
         .await
     }
@@ -339,6 +370,133 @@ impl Storage for EmbeddedStore {
             Ok(is_version)
         })
         .await
+    }
+
+    async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
+        let start = lock(&self.message_cursor).clone();
+        let (expired, next) = self
+            .run(move |db| {
+                let now = now_secs();
+                let txn = db.begin_read().map_err(backend)?;
+                let table = txn.open_table(MESSAGES).map_err(backend)?;
+                let entries = match &start {
+                    Some((uaid, key)) => table.range((*uaid, key.as_str())..),
+                    None => table.range::<(u128, &str)>(..),
+                }
+                .map_err(backend)?;
+                let (mut expired, mut seen, mut last) = (Vec::new(), 0, None);
+                for entry in entries {
+                    let (key, value) = entry.map_err(backend)?;
+                    let (uaid, sort_key) = key.value();
+                    if start
+                        .as_ref()
+                        .is_some_and(|(u, k)| *u == uaid && k == sort_key)
+                    {
+                        continue;
+                    }
+                    let message: Notification =
+                        serde_json::from_slice(value.value()).map_err(corrupt)?;
+                    if message.is_expired(now) {
+                        expired.push((uaid, sort_key.to_owned()));
+                    }
+                    last = Some((uaid, sort_key.to_owned()));
+                    seen += 1;
+                    if seen == budget {
+                        break;
+                    }
+                }
+                Ok((expired, (seen == budget).then_some(last).flatten()))
+            })
+            .await?;
+        let finished_pass = next.is_none();
+        *lock(&self.message_cursor) = next;
+        if expired.is_empty() {
+            return Ok(SweepStep {
+                removed: 0,
+                finished_pass,
+            });
+        }
+        let removed = self
+            .write(move |txn| {
+                let now = now_secs();
+                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                let mut removed = 0;
+                for (uaid, sort_key) in &expired {
+                    let key = (*uaid, sort_key.as_str());
+                    // Looked again under the write lock: a newer Topic
+                    // message may have replaced the expired one meanwhile.
+                    let still_expired = match table.get(key).map_err(backend)? {
+                        Some(value) => serde_json::from_slice::<Notification>(value.value())
+                            .map_err(corrupt)?
+                            .is_expired(now),
+                        None => false,
+                    };
+                    if still_expired {
+                        table.remove(key).map_err(backend)?;
+                        removed += 1;
+                    }
+                }
+                Ok(removed)
+            })
+            .await?;
+        Ok(SweepStep {
+            removed,
+            finished_pass,
+        })
+    }
+
+    async fn drop_idle_users(&self, last_connect_before: u64, budget: usize) -> Result<SweepStep> {
+        let start = *lock(&self.user_cursor);
+        let (idle, next) = self
+            .run(move |db| {
+                let txn = db.begin_read().map_err(backend)?;
+                let users = txn.open_table(USERS).map_err(backend)?;
+                let entries = match start {
+                    Some(uaid) => users.range(uaid..),
+                    None => users.range::<u128>(..),
+                }
+                .map_err(backend)?;
+                let (mut idle, mut seen, mut last) = (Vec::new(), 0, None);
+                for entry in entries {
+                    let (key, value) = entry.map_err(backend)?;
+                    let uaid = key.value();
+                    if start == Some(uaid) {
+                        continue;
+                    }
+                    let user: User = serde_json::from_slice(value.value()).map_err(corrupt)?;
+                    if is_idle(&user, last_connect_before) {
+                        idle.push(uaid);
+                    }
+                    last = Some(uaid);
+                    seen += 1;
+                    if seen == budget {
+                        break;
+                    }
+                }
+                Ok((idle, (seen == budget).then_some(last).flatten()))
+            })
+            .await?;
+        let finished_pass = next.is_none();
+        *lock(&self.user_cursor) = next;
+        let mut removed = 0;
+        // One user per write: removing one holds the writer only briefly.
+        for uaid in idle {
+            let gone = self
+                .write(move |txn| match read_user(txn, uaid)? {
+                    // Looked again under the write lock: it may have said hello.
+                    Some(user) if is_idle(&user, last_connect_before) => {
+                        remove_user_rows(txn, uaid)?;
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                })
+                .await?;
+            removed += usize::from(gone);
+        }
+        Ok(SweepStep {
+            removed,
+            finished_pass,
+        })
     }
 
     async fn health_check(&self) -> Result<()> {
