@@ -9,6 +9,13 @@ async fn next_text(ws: &mut WsClient, sub: &Subscription) -> (serde_json::Value,
     (notif, d.text)
 }
 
+/// Close `ws`, come back as `uaid`, and find nothing left to deliver.
+async fn nothing_left(server: &Server, ws: WsClient, uaid: &str) {
+    ws.close().await;
+    let mut ws = server.reconnect(uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
 /// The client holds stored Topic message T1 unacked; T2 replaces it (stored
 /// and, the client being connected, delivered). Acking T1 must not delete T2.
 #[tokio::test]
@@ -35,9 +42,7 @@ async fn acking_an_old_topic_message_keeps_the_newer_one() {
     let (t2, text) = next_text(&mut ws, &sub).await;
     assert_eq!(text, "T2");
     ws.ack_notification(&t2).await;
-    ws.close().await;
-    let mut ws = server.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
+    nothing_left(&server, ws, &uaid).await;
 }
 
 /// The same race when T2 is stored because the client is busy (too many
@@ -224,9 +229,7 @@ async fn direct_messages_in_flight_survive_kill9() {
     }
     got.sort();
     assert_eq!(got, ["in flight 0", "in flight 1", "in flight 2"]);
-    ws.close().await;
-    let mut ws = server.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
+    nothing_left(&server, ws, &uaid).await;
 }
 
 /// With durable direct delivery off, the README's promise is narrower: a
@@ -258,9 +261,7 @@ async fn acked_direct_messages_are_not_delivered_again() {
         let (notif, _) = next_text(&mut ws, &sub).await;
         ws.ack_notification(&notif).await;
     }
-    ws.close().await;
-    let mut ws = server.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
+    nothing_left(&server, ws, &uaid).await;
 }
 
 /// `DELETE` of a Topic message's id after a newer message replaced it
