@@ -152,6 +152,32 @@ impl Server {
         &self.db
     }
 
+    /// The router key the server generated into its data dir (the first
+    /// line of `router_key`), which signs internal router API calls.
+    pub fn router_key(&self) -> String {
+        let path = self.db.join("router_key");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("no router key at {}: {e}", path.display()));
+        text.lines().next().unwrap_or_default().trim().to_string()
+    }
+
+    /// `METHOD {router_base}{path}`, signed with the server's router key.
+    pub async fn router_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> crate::HttpReply {
+        crate::http::signed(
+            method,
+            &self.router_base(),
+            path,
+            &self.router_key(),
+            body.map(|b| b.to_string().into_bytes()),
+        )
+        .await
+    }
+
     /// The current run's stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.log_path("stderr")).unwrap_or_default()

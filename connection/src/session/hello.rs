@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
+use warp::http::Method;
 
 use super::stored::store_undelivered;
 use super::{Close, Session};
@@ -169,14 +170,17 @@ fn drop_elsewhere(ctx: &Arc<NodeContext>, previous: &User) {
     let Some(node_id) = previous.node_id.clone().filter(|n| n != ctx.node_id()) else {
         return;
     };
-    let url = format!(
-        "{node_id}/notif/{}/{}",
+    let path = format!(
+        "/notif/{}/{}",
         previous.uaid.simple(),
         previous.connected_at
     );
-    let http = ctx.http.clone();
+    let nodes = ctx.nodes.clone();
     tokio::spawn(async move {
-        if let Err(e) = http.delete(&url).send().await {
+        if let Err(e) = nodes
+            .call(Method::DELETE, &node_id, &path, Vec::new())
+            .await
+        {
             warn!(node_id, error = %e, "could not reach the previous node of a reconnecting client");
         }
     });
@@ -189,7 +193,8 @@ mod tests {
     use async_trait::async_trait;
     use autopush_common::Notification;
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
-    use autopush_common::node::{LocalNode, PushOutcome};
+    use autopush_common::node::{LocalNode, NodeClient, PushOutcome};
+    use autopush_common::node_auth::NodeKeys;
     use autopush_storage::embedded::EmbeddedStore;
     use autopush_storage::{Result, Storage, StorageError};
     use tokio::sync::Notify;
@@ -269,7 +274,7 @@ mod tests {
             storage: storage.clone(),
             crypto: Arc::new(EndpointCrypto::new(&[generate_key()], "http://localhost").unwrap()),
             registry: registry.clone(),
-            http: reqwest::Client::new(),
+            nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
             open_sockets: Default::default(),
         });
         let uaid = Uuid::new_v4();
