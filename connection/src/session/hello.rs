@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use autopush_common::ids::uaid_tag;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use futures_util::SinkExt;
@@ -64,7 +65,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
         if over_limit && user.over_msg_limit {
             // Sent what fit last time and still too far behind: start over
             // rather than replay an unbounded backlog.
-            info!(uaid = %user.uaid.simple(), limit, "still over msg_limit: issuing a new UAID");
+            info!(uaid = %uaid_tag(&user.uaid), limit, "still over msg_limit: issuing a new UAID");
             ctx.storage
                 .remove_user(&user.uaid)
                 .await
@@ -72,7 +73,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
             previous = None;
             over_limit = false;
         } else if over_limit {
-            info!(uaid = %user.uaid.simple(), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
+            info!(uaid = %uaid_tag(&user.uaid), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
         }
     }
     let uaid = previous.as_ref().map_or_else(Uuid::new_v4, |u| u.uaid);
@@ -115,7 +116,7 @@ pub(super) async fn leave(
         routed.push(*notification);
     }
     if let Err(e) = store_undelivered(ctx, &uaid, routed).await {
-        warn!(uaid = %uaid.simple(), error = %e, "could not store notifications routed to a failed hello");
+        warn!(uaid = %uaid_tag(&uaid), error = %e, "could not store notifications routed to a failed hello");
     }
     ctx.registry.session_ended();
 }
@@ -145,7 +146,7 @@ pub(super) async fn accept(
         leave(ctx, uaid, connected_at, membership.inbox).await;
         return Err((sink, Close::gone()));
     }
-    info!(uaid = %uaid.simple(), "client connected");
+    info!(uaid = %uaid_tag(&uaid), "client connected");
     Ok(Session {
         ctx: ctx.clone(),
         sink,

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use autopush_common::Notification;
+use autopush_common::ids::uaid_tag;
 use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use tracing::debug;
@@ -60,7 +61,7 @@ impl Session {
             *left = left.saturating_sub(sent);
         }
         self.recheck_storage = fresh == batch && self.stored_budget != Some(0);
-        debug!(uaid = %self.uaid.simple(), count = sent, "sent stored notifications");
+        debug!(uaid = %uaid_tag(&self.uaid), count = sent, "sent stored notifications");
         Ok(())
     }
 
@@ -94,7 +95,7 @@ pub(super) async fn store_undelivered(
         return Ok(());
     }
     let unstored: Vec<_> = keep.iter().filter(|n| !n.durable).cloned().collect();
-    debug!(uaid = %uaid.simple(), count = keep.len(), written = unstored.len(), "storing unacknowledged direct notifications");
+    debug!(uaid = %uaid_tag(uaid), count = keep.len(), written = unstored.len(), "storing unacknowledged direct notifications");
     ctx.storage.save_messages(uaid, unstored).await?;
     if !LocalNode::notify(ctx.registry.as_ref(), uaid)
         && let Some(node_id) = ctx.storage.get_user(uaid).await?.and_then(|u| u.node_id)
