@@ -374,3 +374,13 @@ async fn the_webpush_router_signs_its_calls_to_other_nodes() {
     assert_eq!(d.text, "right key", "only the signed push arrives");
     ws.assert_nothing_arrives().await;
 }
+
+#[tokio::test]
+async fn bodies_over_64_kib_are_refused_before_the_signature_is_checked() {
+    let server = Server::start().await;
+    let big = json!({"data": "x".repeat(65 * 1024)});
+    let reply = server
+        .router_call(Method::PUT, &format!("/push/{}", random_uaid()), Some(&big))
+        .await;
+    reply.assert_error(413, 104);
+}
