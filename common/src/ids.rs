@@ -1,8 +1,37 @@
-//! Parsing what clients send as identifiers and keys.
+//! Parsing what clients send as identifiers and keys, and naming UAIDs in logs.
+
+use std::fmt;
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD};
+use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+/// How logs name a user: a UAID is a credential (a `hello` with it takes
+/// over the user's connection), so logs carry the first 8 hex digits of
+/// SHA-256 of its 32-digit form instead. An operator holding a UAID finds
+/// its lines with `printf %s UAID | sha256sum | cut -c1-8`.
+pub fn uaid_tag(uaid: &Uuid) -> UaidTag {
+    UaidTag(*uaid)
+}
+
+/// A UAID as logs show it; hashed only when the log line is written.
+#[derive(Clone, Copy)]
+pub struct UaidTag(Uuid);
+
+impl fmt::Display for UaidTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut buf = Uuid::encode_buffer();
+        let digest = Sha256::digest(self.0.simple().encode_lower(&mut buf).as_bytes());
+        digest[..4].iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl fmt::Debug for UaidTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
 
 /// Channel ids are lowercase dashed UUIDs, exactly as Firefox makes them.
 pub fn parse_channel_id(channel_id: &str) -> Option<Uuid> {
@@ -27,6 +56,17 @@ pub fn decode_vapid_key(key: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uaid_tags_are_a_short_hash() {
+        let uaid = Uuid::parse_str("0123456789abcdef0123456789abcdef").unwrap();
+        // printf %s 0123456789abcdef0123456789abcdef | sha256sum | cut -c1-8
+        assert_eq!(uaid_tag(&uaid).to_string(), "3eb1bd43");
+        assert_eq!(
+            format!("{:?}", uaid_tag(&uaid)),
+            uaid_tag(&uaid).to_string()
+        );
+    }
 
     #[test]
     fn channel_ids_must_be_lowercase_dashed() {

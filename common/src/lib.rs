@@ -6,11 +6,14 @@ pub mod endpoint;
 pub mod errors;
 pub mod ids;
 pub mod node;
+pub mod node_auth;
 pub mod notification;
 pub mod router;
+pub mod secret;
 pub mod time;
 pub mod user;
 
 pub use errors::{ApiError, ApiResult};
 pub use notification::{Notification, Urgency};
+pub use secret::Secret;
 pub use user::{RouterType, User};

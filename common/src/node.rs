@@ -1,9 +1,19 @@
-//! The in-process face of a connection node, so an all-in-one process can hand
-//! a notification to its own clients without an HTTP round trip.
+//! How to reach a connection node: in process ([`LocalNode`], so an
+//! all-in-one process hands a notification to its own clients without an
+//! HTTP round trip) or over its internal router API ([`NodeClient`]).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::header::{AUTHORIZATION, CONTENT_TYPE};
+use http::{Method, StatusCode};
+use tracing::warn;
 use uuid::Uuid;
 
 use crate::Notification;
+use crate::node_auth::NodeKeys;
+use crate::time::now_secs;
 
 /// What happened to a notification offered to a connection node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,4 +35,81 @@ pub trait LocalNode: Send + Sync {
     /// Ask the client `uaid`, if connected here, to check storage. Returns
     /// whether it is connected.
     fn notify(&self, uaid: &Uuid) -> bool;
+}
+
+/// Calls to other connection nodes' internal router API, signed with the
+/// shared router key (see [`crate::node_auth`]).
+#[derive(Clone)]
+pub struct NodeClient {
+    http: reqwest::Client,
+    keys: Arc<NodeKeys>,
+    /// Whether the last answer was a 401, so a key mismatch is logged once
+    /// per outage rather than once per call.
+    refused: Arc<AtomicBool>,
+}
+
+/// A node call that got no answer. Its text never holds the URL: paths
+/// carry UAIDs.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeCallError {
+    #[error("the node id is not a URL")]
+    BadNodeId,
+    #[error("{0}")]
+    Unreachable(reqwest::Error),
+}
+
+impl NodeClient {
+    pub fn new(keys: NodeKeys) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap_or_default();
+        NodeClient {
+            http,
+            keys: Arc::new(keys),
+            refused: Arc::default(),
+        }
+    }
+
+    /// The router key(s), which also check calls this node receives.
+    pub fn keys(&self) -> &NodeKeys {
+        &self.keys
+    }
+
+    /// `METHOD {node_id}{path}` with `body`, signed.
+    pub async fn call(
+        &self,
+        method: Method,
+        node_id: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<reqwest::Response, NodeCallError> {
+        let url = reqwest::Url::parse(&format!("{node_id}{path}"))
+            .map_err(|_| NodeCallError::BadNodeId)?;
+        let authorization = self
+            .keys
+            .authorization(method.as_str(), url.path(), &body, now_secs());
+        let mut request = self
+            .http
+            .request(method, url)
+            .header(AUTHORIZATION, authorization);
+        if !body.is_empty() {
+            request = request.header(CONTENT_TYPE, "application/json").body(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| NodeCallError::Unreachable(e.without_url()))?;
+        let refused = response.status() == StatusCode::UNAUTHORIZED;
+        if refused && !self.refused.swap(true, Ordering::Relaxed) {
+            warn!(
+                node_id,
+                "a connection node refused our signature: every node needs the same --router-key"
+            );
+        } else if !refused {
+            self.refused.store(false, Ordering::Relaxed);
+        }
+        Ok(response)
+    }
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::node::NodeClient;
 use autopush_storage::Storage;
 
 pub mod health;
@@ -66,8 +67,9 @@ pub struct NodeContext {
     pub storage: Arc<dyn Storage>,
     pub crypto: Arc<EndpointCrypto>,
     pub registry: Arc<ClientRegistry>,
-    /// For the internal API of other connection nodes.
-    pub http: reqwest::Client,
+    /// Signed calls to other connection nodes; its key also checks the
+    /// calls this node's router API receives.
+    pub nodes: NodeClient,
     /// Websockets open now (from the upgrade until the session ends).
     pub open_sockets: AtomicUsize,
 }

@@ -7,19 +7,107 @@
 //!   404 no such connection.
 //! * `GET /user/{uaid}`: the user record, channels and stored-message count,
 //!   for `autopush diagnose` while the embedded store is held by this process.
+//!
+//! Every call must be signed with the shared router key
+//! ([`autopush_common::node_auth`]); anything else gets 401 (errno 109).
 
 use std::sync::Arc;
 
-use autopush_common::Notification;
 use autopush_common::node::{LocalNode, PushOutcome};
+use autopush_common::node_auth::NodeAuthError;
+use autopush_common::time::now_secs;
+use autopush_common::{ApiError, Notification};
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::{Stream, StreamExt};
 use serde_json::json;
+use tracing::debug;
 use uuid::Uuid;
-use warp::Filter;
 use warp::filters::BoxedFilter;
-use warp::http::StatusCode;
+use warp::filters::path::FullPath;
+use warp::http::{Method, StatusCode};
 use warp::reply::{Reply, Response};
+use warp::{Filter, Rejection};
 
 use crate::NodeContext;
+
+/// Largest request body read: a notification with the largest payload
+/// fits many times over.
+const MAX_BODY: usize = 64 * 1024;
+
+#[derive(Debug)]
+struct Refused(NodeAuthError);
+impl warp::reject::Reject for Refused {}
+
+#[derive(Debug)]
+struct TooLarge;
+impl warp::reject::Reject for TooLarge {}
+
+fn error(error: &ApiError) -> Response {
+    warp::reply::with_status(warp::reply::json(&error.body()), error.status()).into_response()
+}
+
+/// The body of a call whose signature (over method, path, time and body)
+/// verifies; any other call is rejected with [`Refused`].
+fn signed(ctx: Arc<NodeContext>) -> impl Filter<Extract = (Bytes,), Error = Rejection> + Clone {
+    warp::method()
+        .and(warp::path::full())
+        .and(warp::header::optional::<String>("authorization"))
+        .and(warp::body::stream())
+        .and_then(
+            move |method: Method, path: FullPath, authorization: Option<String>, body| {
+                let ctx = ctx.clone();
+                async move {
+                    let body = read_bounded(body).await?;
+                    ctx.nodes
+                        .keys()
+                        .verify(
+                            method.as_str(),
+                            path.as_str(),
+                            authorization.as_deref(),
+                            &body,
+                            now_secs(),
+                        )
+                        .map(|()| body)
+                        .map_err(|e| warp::reject::custom(Refused(e)))
+                }
+            },
+        )
+}
+
+/// The whole body, refused once it grows past [`MAX_BODY`] (chunked bodies
+/// carry no length to check up front).
+async fn read_bounded(
+    body: impl Stream<Item = Result<impl Buf, warp::Error>>,
+) -> Result<Bytes, Rejection> {
+    let mut body = std::pin::pin!(body);
+    let mut out = BytesMut::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk = chunk.map_err(|_| warp::reject::custom(TooLarge))?;
+        if out.len() + chunk.remaining() > MAX_BODY {
+            return Err(warp::reject::custom(TooLarge));
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            out.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// Unsigned calls get 401, oversized ones 413; other rejections stay as warp
+/// renders them (404, 405).
+async fn refusal(rejection: Rejection) -> Result<Response, Rejection> {
+    if let Some(Refused(reason)) = rejection.find() {
+        debug!(%reason, "refused an internal router API call");
+        return Ok(error(&ApiError::InvalidAuthentication(reason.to_string())));
+    }
+    if rejection.find::<TooLarge>().is_some() {
+        return Ok(error(&ApiError::PayloadTooLarge(MAX_BODY)));
+    }
+    Err(rejection)
+}
 
 fn status(code: StatusCode) -> Response {
     warp::reply::with_status(warp::reply::json(&json!({"status": code.as_u16()})), code)
@@ -34,9 +122,13 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let registry = ctx.registry.clone();
     let push = warp::put()
         .and(warp::path!("push" / String))
-        .and(warp::body::content_length_limit(64 * 1024))
-        .and(warp::body::json::<Notification>())
-        .map(move |uaid: String, notification: Notification| {
+        .and(signed(ctx.clone()))
+        .map(move |uaid: String, body: Bytes| {
+            let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
+                return error(&ApiError::BadRequest(
+                    "the body is not a notification".into(),
+                ));
+            };
             let Some(uaid) = parse_uaid(&uaid) else {
                 return status(StatusCode::NOT_FOUND);
             };
@@ -50,26 +142,29 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let registry = ctx.registry.clone();
     let notify = warp::put()
         .and(warp::path!("notif" / String))
-        .map(
-            move |uaid: String| match parse_uaid(&uaid).filter(|u| registry.notify(u)) {
+        .and(signed(ctx.clone()))
+        .map(move |uaid: String, _: Bytes| {
+            match parse_uaid(&uaid).filter(|u| registry.notify(u)) {
                 Some(_) => status(StatusCode::OK),
                 None => status(StatusCode::NOT_FOUND),
-            },
-        );
+            }
+        });
 
     let registry = ctx.registry.clone();
-    let drop_client = warp::delete().and(warp::path!("notif" / String / u64)).map(
-        move |uaid: String, connected_at: u64| match parse_uaid(&uaid)
-            .filter(|u| registry.kick(u, connected_at))
-        {
-            Some(_) => status(StatusCode::OK),
-            None => status(StatusCode::NOT_FOUND),
-        },
-    );
+    let drop_client = warp::delete()
+        .and(warp::path!("notif" / String / u64))
+        .and(signed(ctx.clone()))
+        .map(move |uaid: String, connected_at: u64, _: Bytes| {
+            match parse_uaid(&uaid).filter(|u| registry.kick(u, connected_at)) {
+                Some(_) => status(StatusCode::OK),
+                None => status(StatusCode::NOT_FOUND),
+            }
+        });
 
     let user = warp::get()
         .and(warp::path!("user" / String))
-        .then(move |uaid: String| {
+        .and(signed(ctx.clone()))
+        .then(move |uaid: String, _: Bytes| {
             let ctx = ctx.clone();
             async move {
                 let Some(uaid) = parse_uaid(&uaid) else {
@@ -92,6 +187,8 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .or(drop_client)
         .unify()
         .or(user)
+        .unify()
+        .recover(refusal)
         .unify()
         .boxed()
 }

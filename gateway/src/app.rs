@@ -1,13 +1,14 @@
 //! Wiring: open storage, build the router registry, bind the listeners, and
 //! run the roles this process plays.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use autopush_common::RouterType;
 use autopush_common::endpoint::EndpointCrypto;
-use autopush_common::node::LocalNode;
+use autopush_common::node::{LocalNode, NodeClient};
+use autopush_common::node_auth::NodeKeys;
 use autopush_common::router::RouterRegistry;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
@@ -65,6 +66,31 @@ async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> 
     Ok(listener)
 }
 
+/// The key(s) that sign and check internal router API calls. A key
+/// generated into the data directory is known to this machine only, so a
+/// router API that other machines can reach needs a configured, shared one.
+fn router_keys(
+    settings: &Settings,
+    mode: Mode,
+    data_dir: Option<&std::path::Path>,
+) -> Result<Vec<String>, String> {
+    let host = settings.router_host.trim_matches(|c| c == '[' || c == ']');
+    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    if mode.connection() && !loopback && settings.router_key.is_none() {
+        return Err(format!(
+            "--router-host {} lets other machines call the internal router API: give every \
+             node the same --router-key (AUTOPUSH_ROUTER_KEY; make one with `autopush keygen`)",
+            settings.router_host
+        ));
+    }
+    keys::resolve(
+        Key::Router,
+        settings.router_key.as_ref(),
+        data_dir,
+        Missing::Generate,
+    )
+}
+
 /// A started service: its servers run until [`Running::wait`] returns or the
 /// value is dropped.
 pub struct Running {
@@ -86,16 +112,12 @@ pub async fn start(
     };
     let crypto_keys = keys::resolve(
         Key::Crypto,
-        settings.crypto_key.as_deref(),
+        settings.crypto_key.as_ref(),
         data_dir,
         Missing::Generate,
     )?;
     let crypto = Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?);
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(1))
-        .timeout(Duration::from_secs(3))
-        .build()
-        .map_err(|e| e.to_string())?;
+    let nodes = NodeClient::new(NodeKeys::new(&router_keys(settings, mode, data_dir)?)?);
 
     let mut servers = JoinSet::new();
     servers.spawn(autopush_storage::sweeper::run(
@@ -125,7 +147,7 @@ pub async fn start(
             storage: storage.clone(),
             crypto: crypto.clone(),
             registry,
-            http,
+            nodes: nodes.clone(),
             open_sockets: Default::default(),
         });
         let websocket = bind(&settings.host, settings.port, "websocket").await?;
@@ -146,13 +168,14 @@ pub async fn start(
             storage.clone(),
             local,
             settings.durable_direct,
+            nodes,
         ));
         let routers = RouterRegistry::default()
             .with(RouterType::WebPush, webpush)
             .extend(bridges);
         let auth_keys = keys::resolve(
             Key::Auth,
-            settings.auth_key.as_deref(),
+            settings.auth_key.as_ref(),
             data_dir,
             Missing::Generate,
         )?;

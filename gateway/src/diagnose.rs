@@ -2,8 +2,14 @@
 //!
 //! Decodes the token, then shows the user record from the store. The
 //! embedded store belongs to the running server, so when it is held the
-//! record is asked of that server's internal router API instead.
+//! record is asked of that server's internal router API instead (signed
+//! with the router key, from the settings or that server's data directory).
 
+use std::path::Path;
+
+use autopush_common::node::NodeClient;
+use autopush_common::node_auth::NodeKeys;
+use http::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -36,7 +42,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
     }
     let keys = keys::resolve(
         keys::Key::Crypto,
-        settings.crypto_key.as_deref(),
+        settings.crypto_key.as_ref(),
         data_dir,
         keys::Missing::Fail,
     )?;
@@ -51,7 +57,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         "channel_id": info.channel_id.to_string(),
         "restricted_to_key_hash": info.key_hash.map(|h| h.iter().map(|b| format!("{b:02x}")).collect::<String>()),
     });
-    out["user"] = match lookup(settings, &info.uaid).await {
+    out["user"] = match lookup(settings, data_dir, &info.uaid).await {
         Ok(Some(user)) => {
             let subscribed = user["channels"].as_array().is_some_and(|c| {
                 c.iter()
@@ -66,16 +72,32 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
     Ok(out)
 }
 
-async fn lookup(settings: &Settings, uaid: &Uuid) -> Result<Option<Value>, String> {
+async fn lookup(
+    settings: &Settings,
+    data_dir: Option<&Path>,
+    uaid: &Uuid,
+) -> Result<Option<Value>, String> {
     match open_storage(&settings.db) {
         Ok(storage) => autopush_connection::router_api::describe_user(storage.as_ref(), uaid)
             .await
             .map_err(|e| e.to_string()),
         Err(store_error) => {
-            let url = format!("{}/user/{}", settings.node_url, uaid.simple());
-            let response = reqwest::get(&url).await.map_err(|e| {
-                format!("{store_error}; and the running node at {url} did not answer: {e}")
-            })?;
+            let keys = keys::resolve(
+                keys::Key::Router,
+                settings.router_key.as_ref(),
+                data_dir,
+                keys::Missing::Fail,
+            )?;
+            let nodes = NodeClient::new(NodeKeys::new(&keys)?);
+            let node = &settings.node_url;
+            let path = format!("/user/{}", uaid.simple());
+            let url = format!("{node}{path}");
+            let response = nodes
+                .call(Method::GET, node, &path, Vec::new())
+                .await
+                .map_err(|e| {
+                    format!("{store_error}; and the running node at {url} did not answer: {e}")
+                })?;
             match response.status().as_u16() {
                 404 => Ok(None),
                 200 => response.json().await.map(Some).map_err(|e| e.to_string()),

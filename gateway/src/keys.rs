@@ -1,5 +1,5 @@
-//! The server's secret keys: the endpoint crypto key(s) and the registration
-//! auth key(s).
+//! The server's secret keys: the endpoint crypto key(s), the registration
+//! auth key(s) and the router key(s) that sign node-to-node calls.
 //!
 //! All-in-one mode works with zero configuration: without a configured key
 //! one is generated on first start and kept in the data directory, so
@@ -9,6 +9,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use autopush_common::Secret;
 use autopush_common::endpoint::{generate_key, parse_key_list};
 
 /// Which key, and the file it is kept in.
@@ -16,6 +17,7 @@ use autopush_common::endpoint::{generate_key, parse_key_list};
 pub enum Key {
     Crypto,
     Auth,
+    Router,
 }
 
 impl Key {
@@ -23,6 +25,7 @@ impl Key {
         match self {
             Key::Crypto => "crypto_key",
             Key::Auth => "auth_key",
+            Key::Router => "router_key",
         }
     }
 
@@ -30,6 +33,7 @@ impl Key {
         match self {
             Key::Crypto => "--crypto-key",
             Key::Auth => "--auth-key",
+            Key::Router => "--router-key",
         }
     }
 }
@@ -45,12 +49,12 @@ pub enum Missing {
 /// The configured keys, or the all-in-one key kept in `data_dir`.
 pub fn resolve(
     key: Key,
-    configured: Option<&str>,
+    configured: Option<&Secret>,
     data_dir: Option<&Path>,
     missing: Missing,
 ) -> Result<Vec<String>, String> {
     if let Some(configured) = configured {
-        let keys = parse_key_list(configured);
+        let keys = parse_key_list(configured.expose());
         if keys.is_empty() {
             return Err(format!("{} is empty", key.flag()));
         }
@@ -67,8 +71,10 @@ pub fn resolve(
         Ok(text) => Ok(parse_key_list(&text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing == Missing::Fail => {
             Err(format!(
-                "no crypto key at {}: give --crypto-key or the --db of an all-in-one server",
-                path.display()
+                "no {} at {}: give {} or the --db of an all-in-one server",
+                key.file(),
+                path.display(),
+                key.flag()
             ))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -110,7 +116,13 @@ mod tests {
             first
         );
         assert_eq!(
-            resolve(Key::Crypto, Some("[a,b]"), Some(dir.path()), Missing::Fail).unwrap(),
+            resolve(
+                Key::Crypto,
+                Some(&Secret::new("[a,b]")),
+                Some(dir.path()),
+                Missing::Fail
+            )
+            .unwrap(),
             vec!["a", "b"]
         );
         assert!(resolve(Key::Crypto, None, None, Missing::Generate).is_err());

@@ -3,16 +3,20 @@
 //!
 //! One struct, [`SettingsLayer`], is both the clap argument set (flags and
 //! env) and the TOML file schema, so the two can never drift apart; an
-//! unknown key in the file is an error at start-up.
+//! unknown key in the file is an error at start-up. Layers are merged
+//! through serde ([`SettingsLayer::over`]), so every field is merged without
+//! being named: a new setting is a field here, a field in [`Settings`] and
+//! its line in [`Settings::from_layer`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use autopush_common::Secret;
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// One layer of settings; `None` means "not set here".
-#[derive(Args, Debug, Default, Clone, Deserialize)]
+#[derive(Args, Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct SettingsLayer {
     /// Address the public ports (websocket, endpoint) listen on [default: 0.0.0.0]
@@ -47,11 +51,22 @@ pub struct SettingsLayer {
         global = true,
         hide_env_values = true
     )]
-    pub crypto_key: Option<String>,
+    pub crypto_key: Option<Secret>,
     /// Key(s) that sign /v1 registration secrets, comma-separated, first signs
     /// [default: generated once and kept in the data directory, all-in-one only]
     #[arg(long, env = "AUTOPUSH_AUTH_KEY", global = true, hide_env_values = true)]
-    pub auth_key: Option<String>,
+    pub auth_key: Option<Secret>,
+    /// Key(s) shared by all nodes that sign internal router API calls,
+    /// comma-separated, first signs; required when the router API listens
+    /// beyond loopback [default: generated once and kept in the data
+    /// directory, all-in-one only]
+    #[arg(
+        long,
+        env = "AUTOPUSH_ROUTER_KEY",
+        global = true,
+        hide_env_values = true
+    )]
+    pub router_key: Option<Secret>,
     /// A client with more stored messages than this gets a new UAID [default: 100]
     #[arg(long, env = "AUTOPUSH_MSG_LIMIT", global = true)]
     pub msg_limit: Option<usize>,
@@ -97,41 +112,19 @@ pub struct SettingsLayer {
     pub log_format: Option<String>,
 }
 
-/// Copy into `self` every field it leaves unset from `lower`.
-macro_rules! fill_from {
-    ($self:ident, $lower:ident, $($field:ident),*) => {
-        $( if $self.$field.is_none() { $self.$field = $lower.$field; } )*
-    };
-}
-
 impl SettingsLayer {
-    fn fill_from(&mut self, lower: SettingsLayer) {
-        fill_from!(
-            self,
-            lower,
-            host,
-            port,
-            router_host,
-            router_port,
-            node_url,
-            endpoint_port,
-            endpoint_url,
-            db,
-            crypto_key,
-            msg_limit,
-            durable_direct,
-            max_channels,
-            sweep_interval,
-            drop_idle_users_after_days,
-            max_data_bytes,
-            hello_timeout,
-            auto_ping_interval,
-            auto_ping_timeout,
-            min_ping_interval,
-            max_connections,
-            vapid_cache_size,
-            log_format
-        );
+    /// This layer over `lower`: every setting left unset here comes from
+    /// `lower`. Both layers become tables of the settings they set, so no
+    /// field can be forgotten.
+    pub fn over(self, lower: SettingsLayer) -> Result<SettingsLayer, String> {
+        let table = |layer: SettingsLayer| {
+            toml::Table::try_from(layer).map_err(|e| format!("cannot merge settings: {e}"))
+        };
+        let mut merged = table(lower)?;
+        merged.extend(table(self)?);
+        merged
+            .try_into()
+            .map_err(|e| format!("cannot merge settings: {e}"))
     }
 }
 
@@ -159,8 +152,9 @@ pub struct Settings {
     pub endpoint_port: u16,
     pub endpoint_url: String,
     pub db: Db,
-    pub crypto_key: Option<String>,
-    pub auth_key: Option<String>,
+    pub crypto_key: Option<Secret>,
+    pub auth_key: Option<Secret>,
+    pub router_key: Option<Secret>,
     pub msg_limit: usize,
     pub durable_direct: bool,
     pub max_channels: usize,
@@ -191,20 +185,27 @@ impl Settings {
         mut flags: SettingsLayer,
         config: Option<&std::path::Path>,
     ) -> Result<Settings, String> {
+        // autopush's historical name, below AUTOPUSH_CRYPTO_KEY and above the file.
         if flags.crypto_key.is_none() {
-            flags.crypto_key = std::env::var("CRYPTO_KEY").ok().filter(|k| !k.is_empty());
+            flags.crypto_key = std::env::var("CRYPTO_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(Secret::from);
         }
-        if let Some(path) = config {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let file: SettingsLayer =
-                toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-            flags.fill_from(file);
-        }
-        Settings::from_layer(flags)
+        let layer = match config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let file: SettingsLayer =
+                    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                flags.over(file)?
+            }
+            None => flags,
+        };
+        Settings::from_layer(layer)
     }
 
-    fn from_layer(l: SettingsLayer) -> Result<Settings, String> {
+    pub fn from_layer(l: SettingsLayer) -> Result<Settings, String> {
         let router_host = l.router_host.unwrap_or_else(|| "127.0.0.1".into());
         let router_port = l.router_port.unwrap_or(8081);
         let endpoint_port = l.endpoint_port.unwrap_or(8082);
@@ -241,6 +242,7 @@ impl Settings {
             db,
             crypto_key: l.crypto_key,
             auth_key: l.auth_key,
+            router_key: l.router_key,
             msg_limit: l.msg_limit.unwrap_or(100),
             durable_direct: l.durable_direct.unwrap_or(true),
             max_channels: match l.max_channels {
@@ -318,6 +320,22 @@ mod tests {
         std::fs::write(&path, "prot = 9000\n").unwrap();
         let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
         assert!(err.contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_keys() {
+        let layer = SettingsLayer {
+            crypto_key: Some(Secret::new("crypto-secret-1")),
+            auth_key: Some(Secret::new("auth-secret-2")),
+            router_key: Some(Secret::new("router-secret-3")),
+            ..Default::default()
+        };
+        let settings = Settings::from_layer(layer.clone()).unwrap();
+        let shown = format!("{layer:?} {settings:?} {settings:#?}");
+        for key in ["crypto-secret-1", "auth-secret-2", "router-secret-3"] {
+            assert!(!shown.contains(key), "{key} in {shown}");
+        }
+        assert!(shown.contains("[redacted]"), "{shown}");
     }
 
     #[test]

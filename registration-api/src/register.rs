@@ -2,6 +2,7 @@
 
 use autopush_common::ApiResult;
 use autopush_common::User;
+use autopush_common::ids::uaid_tag;
 use autopush_common::time::now_millis;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -33,6 +34,6 @@ pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value>
     if let Some(object) = reply.as_object_mut() {
         call.router.amend_endpoint_response(object, &router_data);
     }
-    tracing::info!(uaid = %uaid.simple(), router = call.router_type.as_str(), app_id = %call.app_id, "bridge user registered");
+    tracing::info!(uaid = %uaid_tag(&uaid), router = call.router_type.as_str(), app_id = %call.app_id, "bridge user registered");
     Ok(reply)
 }

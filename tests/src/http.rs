@@ -4,8 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use hmac::{Hmac, Mac};
 use reqwest::Method;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 /// A shared client that never uses a proxy.
 pub fn client() -> &'static reqwest::Client {
@@ -149,4 +151,41 @@ pub async fn put_json(url: &str, body: &Value) -> HttpReply {
         Some(body.to_string().into_bytes()),
     )
     .await
+}
+
+/// The `Authorization` value for an internal router API call, computed here
+/// from the documented scheme (not with the server's own code):
+/// `AUTOPUSH-HMAC t={t},sig={hex HMAC-SHA256(key, "{METHOD}\n{path}\n{t}\n{hex SHA-256(body)}")}`.
+pub fn router_authorization(key: &str, method: &Method, path: &str, body: &[u8], t: u64) -> String {
+    let body_hash = crate::hex_encode(&Sha256::digest(body));
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).expect("any key length");
+    mac.update(format!("{method}\n{path}\n{t}\n{body_hash}").as_bytes());
+    let sig = crate::hex_encode(&mac.finalize().into_bytes());
+    format!("AUTOPUSH-HMAC t={t},sig={sig}")
+}
+
+/// Seconds since the Unix epoch, as the signature's `t`.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// An internal router API call signed with `key` now: `base` is the router
+/// API's base URL, `path` starts with `/`.
+pub async fn signed(
+    method: Method,
+    base: &str,
+    path: &str,
+    key: &str,
+    body: Option<Vec<u8>>,
+) -> HttpReply {
+    let bytes = body.clone().unwrap_or_default();
+    let authorization = router_authorization(key, &method, path, &bytes, unix_now());
+    let mut headers = vec![("authorization", authorization.as_str())];
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
+    }
+    request(method, &format!("{base}{path}"), &headers, body).await
 }

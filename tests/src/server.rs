@@ -71,6 +71,7 @@ pub struct Server {
     router_port: u16,
     endpoint_port: u16,
     extra_args: Vec<String>,
+    extra_env: Vec<(String, String)>,
     child: Option<Child>,
     starts: u32,
 }
@@ -84,15 +85,21 @@ impl Server {
     /// Start a server in a fresh data dir with extra command-line arguments
     /// (e.g. `["--msg-limit", "3"]`).
     pub async fn start_with(args: &[&str]) -> Server {
-        Server::launch(None, args).await
+        Server::launch(None, args, &[]).await
+    }
+
+    /// Start a server in a fresh data dir with extra arguments and
+    /// environment variables (e.g. `[("RUST_LOG", "debug")]`).
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::launch(None, args, env).await
     }
 
     /// Start a server on an existing data dir (e.g. one a stopped server left).
     pub async fn start_in(dir: &Path, args: &[&str]) -> Server {
-        Server::launch(Some(dir), args).await
+        Server::launch(Some(dir), args, &[]).await
     }
 
-    async fn launch(dir: Option<&Path>, args: &[&str]) -> Server {
+    async fn launch(dir: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Server {
         let work = tempfile::Builder::new()
             .prefix("autopush-e2e-")
             .tempdir()
@@ -110,6 +117,10 @@ impl Server {
             router_port,
             endpoint_port,
             extra_args: args.iter().map(|s| s.to_string()).collect(),
+            extra_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             starts: 0,
         };
@@ -150,6 +161,32 @@ impl Server {
     /// The data dir passed as `--db`.
     pub fn data_dir(&self) -> &Path {
         &self.db
+    }
+
+    /// The router key the server generated into its data dir (the first
+    /// line of `router_key`), which signs internal router API calls.
+    pub fn router_key(&self) -> String {
+        let path = self.db.join("router_key");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("no router key at {}: {e}", path.display()));
+        text.lines().next().unwrap_or_default().trim().to_string()
+    }
+
+    /// `METHOD {router_base}{path}`, signed with the server's router key.
+    pub async fn router_call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> crate::HttpReply {
+        crate::http::signed(
+            method,
+            &self.router_base(),
+            path,
+            &self.router_key(),
+            body.map(|b| b.to_string().into_bytes()),
+        )
+        .await
     }
 
     /// The current run's stderr so far.
@@ -210,6 +247,7 @@ impl Server {
         let args = self.args();
         let child = autopush_command()
             .args(&args)
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

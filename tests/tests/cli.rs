@@ -75,3 +75,25 @@ async fn diagnose_decodes_an_endpoint() {
     );
     assert_eq!(info["channel_id"], chid.as_str(), "{info}");
 }
+
+#[tokio::test]
+async fn diagnose_asks_the_running_server_with_its_router_key() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let chid = new_channel_id();
+    let reply = ws.register(&chid, None).await;
+    let endpoint = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+
+    // The server holds the store: diagnose reads the record over the
+    // signed router API, with the key kept in the data dir.
+    let db = server.data_dir().display().to_string();
+    let node_url = server.router_base();
+    let out =
+        server::run_autopush(&["diagnose", endpoint, "--db", &db, "--node-url", &node_url]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "autopush diagnose: {stdout}");
+    let info = first_json_object(&stdout);
+    assert_eq!(info["user"]["uaid"], uaid.as_str(), "{info}");
+    assert_eq!(info["channel_subscribed"], true, "{info}");
+}

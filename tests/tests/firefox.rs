@@ -21,10 +21,10 @@ async fn wait_for_user(
     what: &str,
     pred: impl Fn(&Value) -> bool,
 ) -> Value {
-    let url = format!("{}/user/{uaid}", server.router_base());
+    let path = format!("/user/{uaid}");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let reply = http::get(&url).await;
+        let reply = server.router_call(reqwest::Method::GET, &path, None).await;
         if reply.status == 200 && pred(&reply.json) {
             return reply.json;
         }

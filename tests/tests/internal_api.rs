@@ -1,9 +1,10 @@
-//! The internal router API (router port only) and the health endpoints,
-//! called directly over HTTP.
+//! The internal router API (router port only, every call signed with the
+//! router key) and the health endpoints, called directly over HTTP.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use autopush_tests::*;
+use reqwest::Method;
 use serde_json::{Value, json};
 
 fn now() -> u64 {
@@ -60,10 +61,11 @@ async fn put_push_delivers_to_a_connected_client() {
         let text = format!("via the router API ({})", encoding.as_str());
         let enc = py::encrypt(&sub.keys, &Payload::Text(text.clone()), encoding).await;
         let version = format!("v{i}");
-        let url = format!("{}/push/{uaid}", server.router_base());
-        let reply =
-            http::put_json(&url, &router_notification(&sub.channel_id, &version, &enc)).await;
-        assert_eq!(reply.status, 200, "PUT {url}: {reply:?}");
+        let body = router_notification(&sub.channel_id, &version, &enc);
+        let reply = server
+            .router_call(Method::PUT, &format!("/push/{uaid}"), Some(&body))
+            .await;
+        assert_eq!(reply.status, 200, "PUT /push: {reply:?}");
 
         let (notif, d) = sub.receive(&mut ws).await;
         assert_eq!(d.text, text);
@@ -83,9 +85,11 @@ async fn put_push_for_a_client_not_connected_here_is_404() {
     )
     .await;
     for who in [uaid, random_uaid()] {
-        let url = format!("{}/push/{who}", server.router_base());
-        let reply = http::put_json(&url, &router_notification(&sub.channel_id, "v1", &enc)).await;
-        assert_eq!(reply.status, 404, "PUT {url}: {reply:?}");
+        let body = router_notification(&sub.channel_id, "v1", &enc);
+        let reply = server
+            .router_call(Method::PUT, &format!("/push/{who}"), Some(&body))
+            .await;
+        assert_eq!(reply.status, 404, "PUT /push/{who}: {reply:?}");
     }
 }
 
@@ -96,12 +100,16 @@ async fn put_notif_answers_200_when_connected_and_404_otherwise() {
     let uaid = ws.uaid().to_string();
     let _sub = Subscription::new(&mut ws).await;
 
-    let reply = http::put(&format!("{}/notif/{uaid}", server.router_base())).await;
+    let reply = server
+        .router_call(Method::PUT, &format!("/notif/{uaid}"), None)
+        .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     // The connection carries on.
     assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
 
-    let reply = http::put(&format!("{}/notif/{}", server.router_base(), random_uaid())).await;
+    let reply = server
+        .router_call(Method::PUT, &format!("/notif/{}", random_uaid()), None)
+        .await;
     assert_eq!(reply.status, 404, "{reply:?}");
 }
 
@@ -112,7 +120,9 @@ async fn get_user_returns_the_record() {
     let uaid = ws.uaid().to_string();
     let _sub = Subscription::new(&mut ws).await;
 
-    let reply = http::get(&format!("{}/user/{uaid}", server.router_base())).await;
+    let reply = server
+        .router_call(Method::GET, &format!("/user/{uaid}"), None)
+        .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     let record = &reply.json;
     assert_eq!(
@@ -127,7 +137,9 @@ async fn get_user_returns_the_record() {
     );
     connected_at(record);
 
-    let reply = http::get(&format!("{}/user/{}", server.router_base(), random_uaid())).await;
+    let reply = server
+        .router_call(Method::GET, &format!("/user/{}", random_uaid()), None)
+        .await;
     assert_eq!(reply.status, 404, "{reply:?}");
 }
 
@@ -137,17 +149,23 @@ async fn delete_notif_disconnects_only_the_matching_connection() {
     let mut ws = server.client().await;
     let uaid = ws.uaid().to_string();
     let _sub = Subscription::new(&mut ws).await;
-    let record = http::get(&format!("{}/user/{uaid}", server.router_base())).await;
+    let record = server
+        .router_call(Method::GET, &format!("/user/{uaid}"), None)
+        .await;
     assert_eq!(record.status, 200, "{record:?}");
     let at = connected_at(&record.json);
 
     // Another connected_at: not this connection.
     let stale = if at == "1" { "2" } else { "1" };
-    let reply = http::delete(&format!("{}/notif/{uaid}/{stale}", server.router_base())).await;
+    let reply = server
+        .router_call(Method::DELETE, &format!("/notif/{uaid}/{stale}"), None)
+        .await;
     assert_eq!(reply.status, 404, "{reply:?}");
     assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
 
-    let reply = http::delete(&format!("{}/notif/{uaid}/{at}", server.router_base())).await;
+    let reply = server
+        .router_call(Method::DELETE, &format!("/notif/{uaid}/{at}"), None)
+        .await;
     assert_eq!(reply.status, 200, "{reply:?}");
     ws.expect_closed().await;
 }
@@ -164,23 +182,205 @@ async fn the_internal_api_is_not_served_on_the_public_ports() {
         Encoding::Aes128Gcm,
     )
     .await;
-    let body = router_notification(&sub.channel_id, "v1", &enc);
+    let body = router_notification(&sub.channel_id, "v1", &enc).to_string();
+    let key = server.router_key();
     for base in [server.ws_http_base(), server.endpoint_base()] {
-        let reply = http::put_json(&format!("{base}/push/{uaid}"), &body).await;
+        let call = |method, path: String, body: Option<&str>| {
+            let (base, key) = (&base, &key);
+            let body = body.map(|b| b.as_bytes().to_vec());
+            async move { http::signed(method, base, &path, key, body).await }
+        };
+        let reply = call(Method::PUT, format!("/push/{uaid}"), Some(&body)).await;
         assert!(
             !(200..300).contains(&reply.status),
             "PUT {base}/push: {reply:?}"
         );
-        let reply = http::put(&format!("{base}/notif/{uaid}")).await;
+        let reply = call(Method::PUT, format!("/notif/{uaid}"), None).await;
         assert!(
             !(200..300).contains(&reply.status),
             "PUT {base}/notif: {reply:?}"
         );
-        let reply = http::get(&format!("{base}/user/{uaid}")).await;
+        let reply = call(Method::GET, format!("/user/{uaid}"), None).await;
         assert!(
             !(200..300).contains(&reply.status),
             "GET {base}/user: {reply:?}"
         );
     }
     ws.assert_nothing_arrives().await;
+}
+
+/// `METHOD {router_base}{path}` with exactly these headers and body.
+async fn raw_router_call(
+    server: &Server,
+    method: Method,
+    path: &str,
+    authorization: Option<&str>,
+    body: Option<&str>,
+) -> HttpReply {
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(authorization) = authorization {
+        headers.push(("authorization", authorization));
+    }
+    let url = format!("{}{path}", server.router_base());
+    http::request(method, &url, &headers, body.map(|b| b.as_bytes().to_vec())).await
+}
+
+#[tokio::test]
+async fn unsigned_or_badly_signed_calls_get_401_and_do_nothing() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    let enc = py::encrypt(
+        &sub.keys,
+        &Payload::Text("only with the key".into()),
+        Encoding::Aes128Gcm,
+    )
+    .await;
+    let body = router_notification(&sub.channel_id, "v1", &enc).to_string();
+    let key = server.router_key();
+    let push = format!("/push/{uaid}");
+    let now = http::unix_now();
+    let sign = |key: &str, path: &str, body: &str, t: u64| {
+        http::router_authorization(key, &Method::PUT, path, body.as_bytes(), t)
+    };
+    let refused = [
+        ("no Authorization", None),
+        ("another key", Some(sign("not-the-key", &push, &body, now))),
+        ("an hour old", Some(sign(&key, &push, &body, now - 3600))),
+        ("an hour ahead", Some(sign(&key, &push, &body, now + 3600))),
+        ("another body", Some(sign(&key, &push, "{}", now))),
+        (
+            "another path",
+            Some(sign(&key, &format!("/push/{}", random_uaid()), &body, now)),
+        ),
+        ("another scheme", Some(format!("Bearer {key}"))),
+    ];
+    for (what, authorization) in refused {
+        let reply = raw_router_call(
+            &server,
+            Method::PUT,
+            &push,
+            authorization.as_deref(),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(reply.status, 401, "PUT /push signed with {what}: {reply:?}");
+        reply.assert_error(401, 109);
+    }
+
+    // The other calls refuse unsigned requests too, revealing nothing.
+    let record = server
+        .router_call(Method::GET, &format!("/user/{uaid}"), None)
+        .await;
+    let at = connected_at(&record.json);
+    for (method, path) in [
+        (Method::PUT, format!("/notif/{uaid}")),
+        (Method::DELETE, format!("/notif/{uaid}/{at}")),
+        (Method::GET, format!("/user/{uaid}")),
+    ] {
+        let reply = raw_router_call(&server, method.clone(), &path, None, None).await;
+        reply.assert_error(401, 109);
+        assert!(
+            !reply.text.contains("node_id"),
+            "{method} {path}: {reply:?}"
+        );
+    }
+    ws.assert_nothing_arrives().await;
+    // Still connected: the unsigned DELETE did not kick the client.
+    assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
+
+    // The same call, signed: delivered.
+    let reply = raw_router_call(
+        &server,
+        Method::PUT,
+        &push,
+        Some(&sign(&key, &push, &body, http::unix_now())),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "only with the key");
+}
+
+#[tokio::test]
+async fn a_configured_router_key_list_verifies_with_any_key() {
+    let server = Server::start_with(&["--router-key", "new-key,old-key"]).await;
+    assert!(
+        !server.data_dir().join("router_key").exists(),
+        "a configured key is not replaced by a generated one"
+    );
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let _sub = Subscription::new(&mut ws).await;
+    let path = format!("/user/{uaid}");
+    for (key, status) in [("new-key", 200), ("old-key", 200), ("other-key", 401)] {
+        let reply = http::signed(Method::GET, &server.router_base(), &path, key, None).await;
+        assert_eq!(reply.status, status, "signed with {key}: {reply:?}");
+    }
+}
+
+/// The webpush router reaches a connection node in another process over
+/// the router API: with the node's key its pushes are delivered, without it
+/// they are refused and the router falls back to storing.
+#[tokio::test]
+async fn the_webpush_router_signs_its_calls_to_other_nodes() {
+    use autopush_common::User;
+    use autopush_common::node::NodeClient;
+    use autopush_common::node_auth::NodeKeys;
+    use autopush_common::router::{Delivery, Router};
+    use autopush_storage::embedded::EmbeddedStore;
+    use autopush_webpush::WebPushRouter;
+    use std::sync::Arc;
+
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = uuid::Uuid::parse_str(ws.uaid()).expect("uaid");
+    let sub = Subscription::new(&mut ws).await;
+    // This endpoint's own store: the node is in the user record, so a
+    // direct delivery never touches it.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let storage = Arc::new(EmbeddedStore::open(dir.path()).expect("store"));
+    let user = User::new_webpush(uaid, &server.router_base(), 1);
+    let notification = |text: &str| {
+        let text = text.to_string();
+        let keys = sub.keys.clone();
+        let chid = sub.channel_id.clone();
+        async move {
+            let enc = py::encrypt(&keys, &Payload::Text(text), Encoding::Aes128Gcm).await;
+            serde_json::from_value(router_notification(&chid, &new_channel_id(), &enc))
+                .expect("a notification")
+        }
+    };
+
+    for (key, text, expected) in [
+        (
+            "a-key-the-node-does-not-have",
+            "wrong key",
+            Delivery::Stored,
+        ),
+        (server.router_key().as_str(), "right key", Delivery::Direct),
+    ] {
+        let nodes = NodeClient::new(NodeKeys::new(&[key.to_string()]).expect("keys"));
+        let router = WebPushRouter::new(storage.clone(), None, false, nodes);
+        let delivery = router
+            .route_notification(notification(text).await, &user)
+            .await
+            .expect("routed");
+        assert_eq!(delivery, expected, "{text}");
+    }
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "right key", "only the signed push arrives");
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn bodies_over_64_kib_are_refused_before_the_signature_is_checked() {
+    let server = Server::start().await;
+    let big = json!({"data": "x".repeat(65 * 1024)});
+    let reply = server
+        .router_call(Method::PUT, &format!("/push/{}", random_uaid()), Some(&big))
+        .await;
+    reply.assert_error(413, 104);
 }

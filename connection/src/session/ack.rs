@@ -7,6 +7,7 @@
 //! as in the seeds: the message is logged, not sent again in this session,
 //! and offered again at the client's next connection until its TTL runs out.
 
+use autopush_common::ids::uaid_tag;
 use std::sync::atomic::Ordering;
 
 use tracing::{debug, info};
@@ -36,7 +37,7 @@ impl Session {
             .map(|u| (u.version, u.code.or(code)))
             .chain(version.map(|v| (v, code)));
         for (version, code) in versions {
-            info!(uaid = %self.uaid.simple(), code, "client could not process a notification; kept for its next connection");
+            info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
             if self.unacked_direct.contains_key(&version) {
                 // Stays in `unacked_direct`: stored when the session ends.
                 continue;
@@ -61,7 +62,7 @@ impl Session {
             self.recently_settled.push_back(version.to_owned());
             Some(stored)
         } else {
-            debug!(uaid = %self.uaid.simple(), "ack for an unknown version");
+            debug!(uaid = %uaid_tag(&self.uaid), "ack for an unknown version");
             None
         };
         if let Some(message) = stored {

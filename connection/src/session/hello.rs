@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use autopush_common::ids::uaid_tag;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use futures_util::SinkExt;
@@ -10,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
+use warp::http::Method;
 
 use super::stored::store_undelivered;
 use super::{Close, Session};
@@ -63,7 +65,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
         if over_limit && user.over_msg_limit {
             // Sent what fit last time and still too far behind: start over
             // rather than replay an unbounded backlog.
-            info!(uaid = %user.uaid.simple(), limit, "still over msg_limit: issuing a new UAID");
+            info!(uaid = %uaid_tag(&user.uaid), limit, "still over msg_limit: issuing a new UAID");
             ctx.storage
                 .remove_user(&user.uaid)
                 .await
@@ -71,7 +73,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
             previous = None;
             over_limit = false;
         } else if over_limit {
-            info!(uaid = %user.uaid.simple(), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
+            info!(uaid = %uaid_tag(&user.uaid), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
         }
     }
     let uaid = previous.as_ref().map_or_else(Uuid::new_v4, |u| u.uaid);
@@ -114,7 +116,7 @@ pub(super) async fn leave(
         routed.push(*notification);
     }
     if let Err(e) = store_undelivered(ctx, &uaid, routed).await {
-        warn!(uaid = %uaid.simple(), error = %e, "could not store notifications routed to a failed hello");
+        warn!(uaid = %uaid_tag(&uaid), error = %e, "could not store notifications routed to a failed hello");
     }
     ctx.registry.session_ended();
 }
@@ -144,7 +146,7 @@ pub(super) async fn accept(
         leave(ctx, uaid, connected_at, membership.inbox).await;
         return Err((sink, Close::gone()));
     }
-    info!(uaid = %uaid.simple(), "client connected");
+    info!(uaid = %uaid_tag(&uaid), "client connected");
     Ok(Session {
         ctx: ctx.clone(),
         sink,
@@ -169,14 +171,17 @@ fn drop_elsewhere(ctx: &Arc<NodeContext>, previous: &User) {
     let Some(node_id) = previous.node_id.clone().filter(|n| n != ctx.node_id()) else {
         return;
     };
-    let url = format!(
-        "{node_id}/notif/{}/{}",
+    let path = format!(
+        "/notif/{}/{}",
         previous.uaid.simple(),
         previous.connected_at
     );
-    let http = ctx.http.clone();
+    let nodes = ctx.nodes.clone();
     tokio::spawn(async move {
-        if let Err(e) = http.delete(&url).send().await {
+        if let Err(e) = nodes
+            .call(Method::DELETE, &node_id, &path, Vec::new())
+            .await
+        {
             warn!(node_id, error = %e, "could not reach the previous node of a reconnecting client");
         }
     });
@@ -189,7 +194,8 @@ mod tests {
     use async_trait::async_trait;
     use autopush_common::Notification;
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
-    use autopush_common::node::{LocalNode, PushOutcome};
+    use autopush_common::node::{LocalNode, NodeClient, PushOutcome};
+    use autopush_common::node_auth::NodeKeys;
     use autopush_storage::embedded::EmbeddedStore;
     use autopush_storage::{Result, Storage, StorageError};
     use tokio::sync::Notify;
@@ -269,7 +275,7 @@ mod tests {
             storage: storage.clone(),
             crypto: Arc::new(EndpointCrypto::new(&[generate_key()], "http://localhost").unwrap()),
             registry: registry.clone(),
-            http: reqwest::Client::new(),
+            nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
             open_sockets: Default::default(),
         });
         let uaid = Uuid::new_v4();

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use autopush_common::Notification;
+use autopush_common::ids::uaid_tag;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
@@ -270,10 +271,10 @@ impl Session {
                 .insert(notification.version.clone(), *notification);
         }
         if let Err(e) = self.store_unacked_direct().await {
-            warn!(uaid = %self.uaid, error = %e, "could not store unacknowledged notifications");
+            warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not store unacknowledged notifications");
         }
         let close_with = outcome.err().unwrap_or_else(Close::gone);
-        info!(uaid = %self.uaid.simple(), code = close_with.code, reason = %close_with.reason, "client disconnected");
+        info!(uaid = %uaid_tag(&self.uaid), code = close_with.code, reason = %close_with.reason, "client disconnected");
         close(&mut self.sink, close_with, None).await;
         self.ctx.registry.session_ended();
     }

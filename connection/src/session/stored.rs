@@ -4,10 +4,12 @@
 use std::sync::Arc;
 
 use autopush_common::Notification;
+use autopush_common::ids::uaid_tag;
 use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use tracing::debug;
 use uuid::Uuid;
+use warp::http::Method;
 
 use super::{Close, Flow, Session};
 use crate::NodeContext;
@@ -59,7 +61,7 @@ impl Session {
             *left = left.saturating_sub(sent);
         }
         self.recheck_storage = fresh == batch && self.stored_budget != Some(0);
-        debug!(uaid = %self.uaid.simple(), count = sent, "sent stored notifications");
+        debug!(uaid = %uaid_tag(&self.uaid), count = sent, "sent stored notifications");
         Ok(())
     }
 
@@ -93,16 +95,16 @@ pub(super) async fn store_undelivered(
         return Ok(());
     }
     let unstored: Vec<_> = keep.iter().filter(|n| !n.durable).cloned().collect();
-    debug!(uaid = %uaid.simple(), count = keep.len(), written = unstored.len(), "storing unacknowledged direct notifications");
+    debug!(uaid = %uaid_tag(uaid), count = keep.len(), written = unstored.len(), "storing unacknowledged direct notifications");
     ctx.storage.save_messages(uaid, unstored).await?;
     if !LocalNode::notify(ctx.registry.as_ref(), uaid)
         && let Some(node_id) = ctx.storage.get_user(uaid).await?.and_then(|u| u.node_id)
         && node_id != ctx.node_id()
     {
+        let path = format!("/notif/{}", uaid.simple());
         let _ = ctx
-            .http
-            .put(format!("{node_id}/notif/{}", uaid.simple()))
-            .send()
+            .nodes
+            .call(Method::PUT, &node_id, &path, Vec::new())
             .await;
     }
     Ok(())

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use autopush_common::ApiResult;
+use autopush_common::ids::uaid_tag;
 use tracing::debug;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
@@ -19,6 +20,6 @@ pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<
         .storage
         .remove_message(&message.uaid, &message.sort_key(), &message_id)
         .await?;
-    debug!(uaid = %message.uaid.simple(), existed, "message cancelled");
+    debug!(uaid = %uaid_tag(&message.uaid), existed, "message cancelled");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
+use autopush_common::ids::uaid_tag;
 use autopush_common::router::Delivery;
 use autopush_common::time::{now_secs, unique_micros};
 use autopush_common::{ApiError, ApiResult, Notification, User};
@@ -56,7 +57,7 @@ pub async fn send(
         other => other?,
     };
     debug!(
-        uaid = %subscription.uaid.simple(),
+        uaid = %uaid_tag(&subscription.uaid),
         ?delivery,
         sender = sender.as_ref().and_then(|s| s.sub.as_deref()).unwrap_or("-"),
         "push routed"
@@ -70,7 +71,7 @@ pub async fn send(
         out.insert("location", location);
     }
     if delivery == Delivery::Dropped {
-        debug!(uaid = %subscription.uaid.simple(), "TTL 0 and client not connected: dropped");
+        debug!(uaid = %uaid_tag(&subscription.uaid), "TTL 0 and client not connected: dropped");
     }
     Ok(response)
 }

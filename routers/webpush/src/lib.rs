@@ -13,19 +13,20 @@
 //! ack, and is written to storage only if the session ends without one.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use autopush_common::node::{LocalNode, PushOutcome};
+use autopush_common::node::{LocalNode, NodeClient, PushOutcome};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_storage::Storage;
+use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
 pub struct WebPushRouter {
     storage: Arc<dyn Storage>,
-    http: reqwest::Client,
+    /// Other connection nodes, over their signed router API.
+    nodes: NodeClient,
     /// The connection node in this process, reached without HTTP.
     local: Option<Arc<dyn LocalNode>>,
     /// Store every message before delivering it directly.
@@ -37,15 +38,11 @@ impl WebPushRouter {
         storage: Arc<dyn Storage>,
         local: Option<Arc<dyn LocalNode>>,
         durable_direct: bool,
+        nodes: NodeClient,
     ) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(3))
-            .build()
-            .unwrap_or_default();
         WebPushRouter {
             storage,
-            http,
+            nodes,
             local,
             durable_direct,
         }
@@ -67,8 +64,9 @@ impl WebPushRouter {
         if let Some(local) = self.local_for(node_id) {
             return local.push(uaid, notification.clone());
         }
-        let url = format!("{node_id}/push/{}", uaid.simple());
-        match self.http.put(&url).json(notification).send().await {
+        let path = format!("/push/{}", uaid.simple());
+        let body = serde_json::to_vec(notification).unwrap_or_default();
+        match self.nodes.call(Method::PUT, node_id, &path, body).await {
             Ok(response) => match response.status().as_u16() {
                 200 => PushOutcome::Delivered,
                 503 => PushOutcome::Busy,
@@ -88,8 +86,12 @@ impl WebPushRouter {
             local.notify(uaid);
             return;
         }
-        let url = format!("{node_id}/notif/{}", uaid.simple());
-        if let Err(e) = self.http.put(&url).send().await {
+        let path = format!("/notif/{}", uaid.simple());
+        if let Err(e) = self
+            .nodes
+            .call(Method::PUT, node_id, &path, Vec::new())
+            .await
+        {
             warn!(node_id, error = %e, "could not notify connection node");
         }
     }

@@ -1,0 +1,358 @@
+//! Every setting from every source (flag, `AUTOPUSH_*` environment variable,
+//! TOML file) and their precedence: flag > env > file > default.
+//!
+//! The cases are generated from one table, and the table is checked against
+//! the settings the binary actually has, so a new setting without a row
+//! fails here. Settings are parsed exactly as the binary parses them: clap
+//! over `SettingsLayer` (flags and env), then `Settings::resolve` with the
+//! file.
+//!
+//! Environment variables are process-global: this file is its own test
+//! process, and every test in it holds [`ENV`] while it sets them.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use autopush_gateway::settings::{Db, LogFormat, Settings, SettingsLayer};
+use clap::{Args, Command, FromArgMatches};
+
+/// One setting: its name (field and TOML key), two distinct non-default
+/// sample values as a user types them, and how to read it back.
+struct Case {
+    name: &'static str,
+    a: &'static str,
+    b: &'static str,
+    read: fn(&Settings) -> String,
+}
+
+const fn case(
+    name: &'static str,
+    a: &'static str,
+    b: &'static str,
+    read: fn(&Settings) -> String,
+) -> Case {
+    Case { name, a, b, read }
+}
+
+fn secret(s: &Option<autopush_common::Secret>) -> String {
+    s.as_ref()
+        .map(|s| s.expose().to_owned())
+        .unwrap_or_default()
+}
+
+const CASES: &[Case] = &[
+    case("host", "127.0.0.2", "127.0.0.3", |s| s.host.clone()),
+    case("port", "7001", "7002", |s| s.port.to_string()),
+    case("router_host", "127.0.0.4", "127.0.0.5", |s| {
+        s.router_host.clone()
+    }),
+    case("router_port", "7003", "7004", |s| s.router_port.to_string()),
+    case("node_url", "http://node-a:1", "http://node-b:2", |s| {
+        s.node_url.clone()
+    }),
+    case("endpoint_port", "7005", "7006", |s| {
+        s.endpoint_port.to_string()
+    }),
+    case(
+        "endpoint_url",
+        "https://a.example",
+        "https://b.example",
+        |s| s.endpoint_url.clone(),
+    ),
+    case("db", "/srv/db-a", "/srv/db-b", |s| match &s.db {
+        Db::Embedded(dir) => dir.display().to_string(),
+        Db::DynamoDb => "dynamodb".into(),
+    }),
+    case("crypto_key", "crypto-a", "crypto-b", |s| {
+        secret(&s.crypto_key)
+    }),
+    case("auth_key", "auth-a", "auth-b", |s| secret(&s.auth_key)),
+    case("router_key", "router-a", "router-b", |s| {
+        secret(&s.router_key)
+    }),
+    case("msg_limit", "7", "8", |s| s.msg_limit.to_string()),
+    case("durable_direct", "false", "true", |s| {
+        s.durable_direct.to_string()
+    }),
+    case("max_channels", "5", "6", |s| s.max_channels.to_string()),
+    case("sweep_interval", "1.5", "2.5", |s| {
+        s.sweep_interval.as_secs_f64().to_string()
+    }),
+    case("drop_idle_users_after_days", "2", "3", |s| {
+        s.drop_idle_users_after
+            .map_or(0.0, |d| d.as_secs_f64() / 86_400.0)
+            .to_string()
+    }),
+    case("max_data_bytes", "4000", "4001", |s| {
+        s.max_data_bytes.to_string()
+    }),
+    case("hello_timeout", "1.5", "2.5", |s| {
+        s.hello_timeout.as_secs_f64().to_string()
+    }),
+    case("auto_ping_interval", "3.5", "4.5", |s| {
+        s.auto_ping_interval.as_secs_f64().to_string()
+    }),
+    case("auto_ping_timeout", "5.5", "6.5", |s| {
+        s.auto_ping_timeout.as_secs_f64().to_string()
+    }),
+    case("min_ping_interval", "7.5", "8.5", |s| {
+        s.min_ping_interval.as_secs_f64().to_string()
+    }),
+    case("max_connections", "11", "12", |s| {
+        s.max_connections.map(|n| n.to_string()).unwrap_or_default()
+    }),
+    case("vapid_cache_size", "13", "14", |s| {
+        s.vapid_cache_size.to_string()
+    }),
+    case("log_format", "json", "human", |s| match s.log_format {
+        LogFormat::Json => "json".into(),
+        LogFormat::Human => "human".into(),
+    }),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Source {
+    Flag,
+    Env,
+    File,
+}
+
+static ENV: Mutex<()> = Mutex::new(());
+
+/// Hold the environment and clear every variable the settings read.
+fn lock_env() -> MutexGuard<'static, ()> {
+    let guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("AUTOPUSH_") || key == "CRYPTO_KEY" {
+            // SAFETY: every test in this process holds ENV, and nothing else
+            // in it reads the environment.
+            unsafe { std::env::remove_var(&*key) };
+        }
+    }
+    guard
+}
+
+fn set_env(key: &str, value: &str) {
+    // SAFETY: as in lock_env; callers hold ENV.
+    unsafe { std::env::set_var(key, value) };
+}
+
+/// The settings as clap declares them: (field, --flag, env var).
+fn declared() -> Vec<(String, String, String)> {
+    SettingsLayer::augment_args(Command::new("autopush"))
+        .get_arguments()
+        .map(|arg| {
+            (
+                arg.get_id().to_string(),
+                arg.get_long().unwrap_or_default().to_owned(),
+                arg.get_env()
+                    .map(|e| e.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn parse_layer(args: &[String]) -> Result<SettingsLayer, String> {
+    let matches = SettingsLayer::augment_args(Command::new("autopush"))
+        .try_get_matches_from(std::iter::once("autopush".to_owned()).chain(args.iter().cloned()))
+        .map_err(|e| e.to_string())?;
+    SettingsLayer::from_arg_matches(&matches).map_err(|e| e.to_string())
+}
+
+fn flag(name: &str) -> String {
+    format!("--{}", name.replace('_', "-"))
+}
+
+fn env_var(name: &str) -> String {
+    format!("AUTOPUSH_{}", name.to_ascii_uppercase())
+}
+
+/// `name = value` as a user writes it in the file, whatever the setting's
+/// type: the value as the flag parses it, written back as TOML.
+fn toml_line(name: &str, value: &str) -> String {
+    let layer = parse_layer(&[flag(name), value.to_owned()])
+        .unwrap_or_else(|e| panic!("{name}={value:?} does not parse as a flag: {e}"));
+    let table = toml::Table::try_from(layer).expect("a layer serializes");
+    let value = table
+        .get(name)
+        .unwrap_or_else(|| panic!("{name} missing from the serialized layer"));
+    let mut line = toml::Table::new();
+    line.insert(name.to_owned(), value.clone());
+    toml::to_string(&line).expect("TOML")
+}
+
+/// Resolve settings with each `(source, setting, value)` set, nothing else.
+fn resolve(dir: &Path, sets: &[(Source, &str, &str)]) -> Result<Settings, String> {
+    let mut file = String::new();
+    for (source, name, value) in sets {
+        if *source == Source::File {
+            file.push_str(&toml_line(name, value));
+        }
+    }
+    let mut args = Vec::new();
+    for (source, name, value) in sets {
+        match source {
+            Source::Flag => args.extend([flag(name), value.to_string()]),
+            Source::Env => set_env(&env_var(name), value),
+            Source::File => {}
+        }
+    }
+    let path = dir.join("autopush.toml");
+    std::fs::write(&path, file).expect("write the settings file");
+    let result = parse_layer(&args).and_then(|layer| Settings::resolve(layer, Some(&path)));
+    for (source, name, _) in sets {
+        if *source == Source::Env {
+            // SAFETY: as in lock_env; callers hold ENV.
+            unsafe { std::env::remove_var(env_var(name)) };
+        }
+    }
+    result
+}
+
+/// What `case` reads back after setting `sets`, or the error.
+fn read(dir: &Path, case: &Case, sets: &[(Source, &str)]) -> String {
+    let sets: Vec<_> = sets.iter().map(|(s, v)| (*s, case.name, *v)).collect();
+    match resolve(dir, &sets) {
+        Ok(settings) => (case.read)(&settings),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+#[test]
+fn every_setting_has_a_case_a_flag_and_an_env_var() {
+    let declared = declared();
+    let mut problems = Vec::new();
+    for (name, long, env) in &declared {
+        if !CASES.iter().any(|c| c.name == *name) {
+            problems.push(format!("{name}: no row in CASES"));
+        }
+        if flag(name) != format!("--{long}") {
+            problems.push(format!("{name}: flag --{long}, expected {}", flag(name)));
+        }
+        if *env != env_var(name) {
+            problems.push(format!("{name}: env {env:?}, expected {}", env_var(name)));
+        }
+    }
+    for case in CASES {
+        if !declared.iter().any(|(name, _, _)| name == case.name) {
+            problems.push(format!("{}: a row for no setting", case.name));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn every_setting_is_honoured_from_each_source_alone() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let defaults = resolve(dir.path(), &[]).expect("defaults resolve");
+    let mut problems = Vec::new();
+    for case in CASES {
+        assert_ne!(
+            (case.read)(&defaults),
+            case.a,
+            "{}: the sample must differ from the default",
+            case.name
+        );
+        for source in [Source::Flag, Source::Env, Source::File] {
+            let got = read(dir.path(), case, &[(source, case.a)]);
+            if got != case.a {
+                problems.push(format!(
+                    "{} set only by {source:?} to {:?}: got {got:?}",
+                    case.name, case.a
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn flag_beats_env_beats_file() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let mut problems = Vec::new();
+    for case in CASES {
+        for (high, low) in [
+            (Source::Flag, Source::Env),
+            (Source::Env, Source::File),
+            (Source::Flag, Source::File),
+        ] {
+            // Both ways round, so a value cannot win by being the default.
+            for (win, lose) in [(case.a, case.b), (case.b, case.a)] {
+                let got = read(dir.path(), case, &[(high, win), (low, lose)]);
+                if got != win {
+                    problems.push(format!(
+                        "{}: {high:?}={win:?} over {low:?}={lose:?} gave {got:?}",
+                        case.name
+                    ));
+                }
+            }
+        }
+        let got = read(
+            dir.path(),
+            case,
+            &[
+                (Source::Flag, case.a),
+                (Source::Env, case.b),
+                (Source::File, case.b),
+            ],
+        );
+        if got != case.a {
+            problems.push(format!(
+                "{}: flag over env and file gave {got:?}",
+                case.name
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn crypto_key_is_also_read_from_crypto_key_below_autopush_crypto_key() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let crypto_key = |sets: &[(Source, &str, &str)], legacy: Option<&str>| {
+        if let Some(value) = legacy {
+            set_env("CRYPTO_KEY", value);
+        }
+        let got = resolve(dir.path(), sets).map(|s| {
+            s.crypto_key
+                .map(|k| k.expose().to_owned())
+                .unwrap_or_default()
+        });
+        // SAFETY: as in lock_env; this test holds ENV.
+        unsafe { std::env::remove_var("CRYPTO_KEY") };
+        got.unwrap()
+    };
+    assert_eq!(crypto_key(&[], Some("legacy")), "legacy");
+    assert_eq!(
+        crypto_key(&[(Source::File, "crypto_key", "file")], Some("legacy")),
+        "legacy"
+    );
+    assert_eq!(
+        crypto_key(&[(Source::Env, "crypto_key", "env")], Some("legacy")),
+        "env"
+    );
+    assert_eq!(
+        crypto_key(&[(Source::Flag, "crypto_key", "flag")], Some("legacy")),
+        "flag"
+    );
+}
+
+#[test]
+fn unknown_and_mistyped_file_keys_are_errors_naming_them() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("autopush.toml");
+    for (text, named) in [
+        ("auth_kye = \"x\"\n", "auth_kye"),
+        ("port = \"eighty\"\n", "port"),
+    ] {
+        std::fs::write(&path, text).unwrap();
+        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+        assert!(err.contains(named), "{text}: {err}");
+    }
+}
