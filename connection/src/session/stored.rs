@@ -34,7 +34,7 @@ impl Session {
             }
             self.unacked_stored
                 .insert(message.version.clone(), message.clone());
-            self.send(&ServerMessage::Notification(message)).await?;
+            self.send(&ServerMessage::notification(&message)).await?;
         }
         Ok(())
     }
