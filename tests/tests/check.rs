@@ -111,6 +111,9 @@ async fn the_url_must_be_the_websocket() {
     let (out, stdout) = check(&[&server.endpoint_base()]).await;
     assert_eq!(out.status.code(), Some(1), "{stdout}");
     assert!(stdout.contains("is not a websocket URL"), "{stdout}");
+    let (out, stdout) = check(&["wss://127.0.0.1:1/"]).await;
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("no TLS yet"), "{stdout}");
     let endpoint_port_as_ws = server.endpoint_base().replace("http://", "ws://") + "/";
     let (out, stdout) = check(&[&endpoint_port_as_ws]).await;
     assert_eq!(out.status.code(), Some(1), "{stdout}");

@@ -31,6 +31,12 @@ impl Agent {
                  as Firefox's dom.push.serverURL holds it"
             ));
         }
+        if url.starts_with("wss://") {
+            return Err(format!(
+                "{url}: this build of autopush check has no TLS yet; check the service's \
+                 ws:// port from inside its network"
+            ));
+        }
         let mut request = url
             .into_client_request()
             .map_err(|e| format!("{url} is not a websocket URL: {e}"))?;
