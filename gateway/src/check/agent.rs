@@ -44,7 +44,10 @@ impl Agent {
             "sec-websocket-protocol",
             HeaderValue::from_static("push-notification"),
         );
-        let (ws, _) = timeout(wait, tokio_tungstenite::connect_async(request))
+        // Without TCP_NODELAY a message right after one the server does not
+        // answer (an ack, then unregister) would wait ~40 ms for its TCP ack.
+        let connecting = tokio_tungstenite::connect_async_with_config(request, None, true);
+        let (ws, _) = timeout(wait, connecting)
             .await
             .map_err(|_| format!("{url} did not complete the websocket handshake in {wait:?}"))?
             .map_err(|e| match e {
