@@ -2,16 +2,13 @@
 //! a signed token reused for every push (as real senders do), aes128gcm-shaped
 //! bodies, and bare HTTP/1.1 keep-alive connections to the endpoint.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use autopush_crypto::vapid::VapidKey;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use p256::ecdsa::signature::Signer;
-use p256::ecdsa::{Signature, SigningKey};
 use tokio::net::TcpStream;
 
 use crate::client::BenchError;
@@ -20,7 +17,7 @@ use crate::client::BenchError;
 pub const BODY_BYTES: usize = 2048;
 
 pub struct AppServer {
-    key: SigningKey,
+    key: VapidKey,
     authorization: String,
 }
 
@@ -28,11 +25,11 @@ impl AppServer {
     /// A sender whose tokens name `audience` (the endpoint's origin). The key
     /// is fixed so that runs are comparable.
     pub fn new(audience: &str) -> AppServer {
-        let key = match SigningKey::from_slice(&[0x42; 32]) {
+        let key = match VapidKey::from_bytes(&[0x42; 32]) {
             Ok(key) => key,
             Err(error) => panic!("fixed benchmark key rejected: {error}"),
         };
-        let authorization = vapid_authorization(&key, audience);
+        let authorization = key.authorization(audience, "mailto:bench@example.com");
         AppServer { key, authorization }
     }
 
@@ -45,29 +42,8 @@ impl AppServer {
     /// The public key a client registers with (`key` in `register`), which
     /// binds its endpoint to this sender.
     pub fn public_key(&self) -> String {
-        let point = self.key.verifying_key().to_encoded_point(false);
-        URL_SAFE_NO_PAD.encode(point.as_bytes())
+        autopush_crypto::b64(self.key.public_key())
     }
-}
-
-/// A signed RFC 8292 `Authorization` value for `audience`.
-pub fn vapid_authorization(key: &SigningKey, audience: &str) -> String {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
-    let header = URL_SAFE_NO_PAD.encode(r#"{"typ":"JWT","alg":"ES256"}"#);
-    let claims = URL_SAFE_NO_PAD.encode(format!(
-        r#"{{"aud":"{audience}","exp":{},"sub":"mailto:bench@example.com"}}"#,
-        now + 12 * 3600
-    ));
-    let signing_input = format!("{header}.{claims}");
-    let signature: Signature = key.sign(signing_input.as_bytes());
-    let public_key = key.verifying_key().to_encoded_point(false);
-    format!(
-        "vapid t={signing_input}.{}, k={}",
-        URL_SAFE_NO_PAD.encode(signature.to_bytes()),
-        URL_SAFE_NO_PAD.encode(public_key.as_bytes())
-    )
 }
 
 /// Bodies laid out as aes128gcm (RFC 8188) with random "ciphertext". The

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-/// One notification, as stored, as passed between nodes, and (with
-/// `messageType` added) as sent to the websocket client.
+/// One notification, as stored and as passed between nodes. The websocket
+/// client gets only the protocol's fields of it (the connection node's
+/// `ClientNotification`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Notification {
     #[serde(rename = "channelID")]

@@ -1,6 +1,8 @@
 //! The websocket push protocol (see the seeds' "User Agent Protocol Overview"):
 //! client messages in, server messages out, as JSON text frames.
 
+use std::collections::BTreeMap;
+
 use autopush_common::Notification;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -137,10 +139,45 @@ pub enum ServerMessage {
         #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
-    Notification(Notification),
+    Notification(ClientNotification),
+}
+
+/// A notification as the user agent sees it: only the protocol's fields. The
+/// stored and inter-node form ([`Notification`]) carries more (timestamps,
+/// sort keys, urgency) that stays inside the service.
+#[derive(Debug, Serialize)]
+pub struct ClientNotification {
+    #[serde(rename = "channelID")]
+    pub channel_id: uuid::Uuid,
+    pub version: String,
+    pub ttl: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+impl From<&Notification> for ClientNotification {
+    fn from(n: &Notification) -> Self {
+        ClientNotification {
+            channel_id: n.channel_id,
+            version: n.version.clone(),
+            ttl: n.ttl,
+            topic: n.topic.clone(),
+            data: n.data.clone(),
+            headers: n.headers.clone(),
+        }
+    }
 }
 
 impl ServerMessage {
+    /// The message that delivers `notification` to the user agent.
+    pub fn notification(notification: &Notification) -> Self {
+        ServerMessage::Notification(notification.into())
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| error_json("error", 500, &e.to_string()))
     }
@@ -209,21 +246,31 @@ mod tests {
     }
 
     #[test]
-    fn notification_carries_message_type() {
+    fn notification_carries_only_protocol_fields() {
         let n = Notification {
             channel_id: uuid::Uuid::nil(),
             version: "v".into(),
             ttl: 5,
             timestamp: 1,
-            topic: None,
-            sortkey_timestamp: None,
-            data: None,
-            headers: None,
-            urgency: None,
+            topic: Some("t".into()),
+            sortkey_timestamp: Some(7),
+            data: Some("ZGF0YQ".into()),
+            headers: Some(BTreeMap::from([("encoding".into(), "aes128gcm".into())])),
+            urgency: Some(autopush_common::notification::Urgency::High),
             durable: false,
         };
-        let v: Value = serde_json::from_str(&ServerMessage::Notification(n).to_json()).unwrap();
-        assert_eq!(v["messageType"], "notification");
-        assert_eq!(v["channelID"], "00000000-0000-0000-0000-000000000000");
+        let v: Value = serde_json::from_str(&ServerMessage::notification(&n).to_json()).unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "messageType": "notification",
+                "channelID": "00000000-0000-0000-0000-000000000000",
+                "version": "v",
+                "ttl": 5,
+                "topic": "t",
+                "data": "ZGF0YQ",
+                "headers": {"encoding": "aes128gcm"},
+            })
+        );
     }
 }

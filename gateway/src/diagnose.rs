@@ -1,9 +1,12 @@
 //! `autopush diagnose URL`: what an endpoint URL points at.
 //!
-//! Decodes the token, then shows the user record from the store. The
-//! embedded store belongs to the running server, so when it is held the
-//! record is asked of that server's internal router API instead (signed
-//! with the router key, from the settings or that server's data directory).
+//! Decodes the token, then shows the user record from the store. It reads
+//! the same settings as the service (flags, `AUTOPUSH_*`, `--config`), so
+//! it finds the same data directory and keys; the report and every error
+//! name the directory it looked in. The embedded store belongs to the
+//! running server, so when it is held the record is asked of that server's
+//! internal router API instead (signed with the router key, from the
+//! settings or that server's data directory).
 
 use std::path::Path;
 
@@ -16,6 +19,10 @@ use uuid::Uuid;
 use crate::app::open_storage;
 use crate::keys;
 use crate::settings::{Db, Settings};
+
+/// How to point `diagnose` at the right store, for its error messages.
+const POINT_ELSEWHERE: &str = "Give the service's data directory with --db DIR (or AUTOPUSH_DB), \
+     or the service's own settings file with --config FILE";
 
 pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
     let path = url
@@ -31,33 +38,42 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         ));
     };
     let data_dir = match &settings.db {
-        Db::Embedded(dir) => Some(dir.as_path()),
+        Db::Embedded(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
         Db::DynamoDb => None,
     };
-    if let Some(dir) = data_dir.filter(|d| !d.is_dir()) {
+    if let Some(dir) = data_dir.as_ref().filter(|d| !d.is_dir()) {
         return Err(format!(
-            "no data directory at {} (give --db)",
+            "no data directory at {}. {POINT_ELSEWHERE}",
             dir.display()
         ));
     }
     let keys = keys::resolve(
         keys::Key::Crypto,
         settings.crypto_key.as_ref(),
-        data_dir,
+        data_dir.as_deref(),
         keys::Missing::Fail,
-    )?;
+    )
+    .map_err(|e| format!("{e}. {POINT_ELSEWHERE}"))?;
     let crypto = autopush_common::endpoint::EndpointCrypto::new(&keys, &settings.endpoint_url)?;
-    let info = crypto
-        .parse_token(version, token)
-        .map_err(|_| "the token does not decrypt with the configured key(s)".to_string())?;
+    let info = crypto.parse_token(version, token).map_err(|_| {
+        match (&settings.crypto_key, &data_dir) {
+            (None, Some(dir)) => format!(
+                "the token does not decrypt with the crypto key kept in {}: is that the data \
+                 directory of the service that issued it? {POINT_ELSEWHERE}",
+                dir.display()
+            ),
+            _ => "the token does not decrypt with the configured --crypto-key".to_string(),
+        }
+    })?;
 
     let mut out = json!({
+        "data_dir": data_dir.as_ref().map(|d| d.display().to_string()),
         "endpoint_version": version,
         "uaid": info.uaid.simple().to_string(),
         "channel_id": info.channel_id.to_string(),
         "restricted_to_key_hash": info.key_hash.map(|h| h.iter().map(|b| format!("{b:02x}")).collect::<String>()),
     });
-    out["user"] = match lookup(settings, data_dir, &info.uaid).await {
+    out["user"] = match lookup(settings, data_dir.as_deref(), &info.uaid).await {
         Ok(Some(user)) => {
             let subscribed = user["channels"].as_array().is_some_and(|c| {
                 c.iter()

@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::settings::{Settings, SettingsLayer};
-use autopush_gateway::{diagnose, logging};
+use autopush_gateway::{check, diagnose, logging};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -36,6 +37,19 @@ enum Command {
     Keygen,
     /// Decode a push endpoint URL and show the subscription behind it
     Diagnose { url: String },
+    /// Test a running service end to end, as a user agent and an application
+    /// server: subscribe, push in both encodings, decrypt, offline delivery, 410
+    Check {
+        /// The service's websocket URL, as Firefox's dom.push.serverURL holds it
+        /// (e.g. ws://localhost:8080/)
+        url: String,
+        /// Seconds any single wait may take before its check fails
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
+        /// The VAPID `sub` claim (a contact) of the test pushes
+        #[arg(long, default_value = "mailto:autopush-check@example.com")]
+        vapid_sub: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -44,6 +58,14 @@ fn main() -> ExitCode {
     if let Command::Keygen = command {
         println!("{}", autopush_common::endpoint::generate_key());
         return ExitCode::SUCCESS;
+    }
+    if let Command::Check {
+        url,
+        timeout,
+        vapid_sub,
+    } = command
+    {
+        return run_check(url, timeout, vapid_sub);
     }
     let settings = match Settings::resolve(cli.settings, cli.config.as_deref()) {
         Ok(settings) => settings,
@@ -71,7 +93,7 @@ fn main() -> ExitCode {
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
             }),
-            Command::Keygen => Ok(()),
+            Command::Keygen | Command::Check { .. } => Ok(()),
         }
     });
     match result {
@@ -80,5 +102,30 @@ fn main() -> ExitCode {
             eprintln!("autopush: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `autopush check`: needs no settings of its own service, only the URL.
+fn run_check(url: String, timeout: f64, vapid_sub: String) -> ExitCode {
+    let Ok(wait) = Duration::try_from_secs_f64(timeout) else {
+        eprintln!("autopush check: --timeout must be a positive number of seconds");
+        return ExitCode::from(2);
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("autopush: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let options = check::Options {
+        url,
+        wait,
+        vapid_sub,
+    };
+    if runtime.block_on(check::run(&options)) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }

@@ -217,25 +217,23 @@ impl Server {
             .join(format!("server-{}.{stream}.log", self.starts))
     }
 
+    /// The command line: our ports, endpoint URL and data dir, then the extra
+    /// arguments, which may replace any of those (e.g. `--endpoint-url`).
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "all",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &self.ws_port.to_string(),
-            "--router-port",
-            &self.router_port.to_string(),
-            "--endpoint-port",
-            &self.endpoint_port.to_string(),
-            "--endpoint-url",
-            &self.endpoint_base(),
-            "--db",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        args.push(self.db.display().to_string());
+        let defaults = [
+            ("--host", "127.0.0.1".to_string()),
+            ("--port", self.ws_port.to_string()),
+            ("--router-port", self.router_port.to_string()),
+            ("--endpoint-port", self.endpoint_port.to_string()),
+            ("--endpoint-url", self.endpoint_base()),
+            ("--db", self.db.display().to_string()),
+        ];
+        let mut args = vec!["all".to_string()];
+        for (flag, value) in defaults {
+            if !self.extra_args.iter().any(|a| a == flag) {
+                args.extend([flag.to_string(), value]);
+            }
+        }
         args.extend(self.extra_args.iter().cloned());
         args
     }

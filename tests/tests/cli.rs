@@ -97,3 +97,61 @@ async fn diagnose_asks_the_running_server_with_its_router_key() {
     assert_eq!(info["user"]["uaid"], uaid.as_str(), "{info}");
     assert_eq!(info["channel_subscribed"], true, "{info}");
 }
+
+/// `diagnose` takes the service's own settings file, and says where it looked.
+#[tokio::test]
+async fn diagnose_reads_the_services_config_file() {
+    let mut server = Server::start().await;
+    let mut ws = server.client().await;
+    let chid = new_channel_id();
+    let reply = ws.register(&chid, None).await;
+    let endpoint = reply["pushEndpoint"]
+        .as_str()
+        .expect("pushEndpoint")
+        .to_string();
+    ws.close().await;
+    server.kill9();
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("autopush.toml");
+    let db = server.data_dir().display().to_string();
+    std::fs::write(&config, format!("db = {db:?}\n")).expect("write config");
+    let out = server::run_autopush(&[
+        "diagnose",
+        &endpoint,
+        "--config",
+        &config.display().to_string(),
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "autopush diagnose --config: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = first_json_object(&stdout);
+    assert_eq!(info["channel_id"], chid.as_str(), "{info}");
+    assert_eq!(info["data_dir"], db.as_str(), "{info}");
+}
+
+#[tokio::test]
+async fn diagnose_names_the_directory_it_looked_in() {
+    let cwd = tempfile::tempdir().expect("temp dir");
+    let out = server::autopush_command()
+        .args(["diagnose", "http://localhost:8082/wpush/v1/gAAAAtoken"])
+        .current_dir(cwd.path())
+        .output()
+        .expect("run autopush diagnose");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let looked_in = cwd.path().join("autopush-data");
+    assert!(
+        stderr.contains(&format!("no data directory at {}", looked_in.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--db DIR") && stderr.contains("--config FILE"),
+        "{stderr}"
+    );
+}

@@ -272,3 +272,70 @@ async fn stored_messages_up_to_the_limit_keep_the_uaid() {
         (0..3).map(|i| format!("message {i}")).collect()
     );
 }
+
+/// What a user agent receives holds the protocol's fields and nothing of the
+/// service's own bookkeeping (sort keys, timestamps, urgency), whether it
+/// was delivered live or from storage.
+#[tokio::test]
+async fn notifications_carry_only_protocol_fields_live_and_stored() {
+    const PROTOCOL_FIELDS: [&str; 7] = [
+        "messageType",
+        "channelID",
+        "version",
+        "ttl",
+        "topic",
+        "data",
+        "headers",
+    ];
+    let body = opaque_body(64);
+    let push_headers = [
+        ("ttl", "60"),
+        ("content-encoding", "aes128gcm"),
+        ("urgency", "high"),
+    ];
+    let check = |how: &str, notif: &serde_json::Value| {
+        let fields = notif.as_object().expect("a JSON object");
+        let extra: Vec<_> = fields
+            .keys()
+            .filter(|k| !PROTOCOL_FIELDS.contains(&k.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "{how}: internal fields {extra:?} in {notif}"
+        );
+        assert_eq!(notif["ttl"], 60, "{how}: {notif}");
+        assert!(notif["version"].is_string(), "{how}: {notif}");
+        assert_eq!(notif["headers"]["encoding"], "aes128gcm", "{how}: {notif}");
+    };
+
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    http::post_push(&sub.endpoint, &push_headers, Some(body.clone()))
+        .await
+        .assert_created();
+    let live = ws.recv_notification().await;
+    check("live", &live);
+    ws.ack_notification(&live).await;
+
+    let uaid = ws.uaid().to_string();
+    ws.close().await;
+    let mut topical = push_headers.to_vec();
+    topical.push(("topic", "weather"));
+    http::post_push(&sub.endpoint, &push_headers, Some(body.clone()))
+        .await
+        .assert_created();
+    http::post_push(&sub.endpoint, &topical, Some(body))
+        .await
+        .assert_created();
+    let mut ws = server.reconnect(&uaid).await;
+    let stored = ws.recv_notifications(2).await;
+    for notif in &stored {
+        check("stored", notif);
+        ws.ack_notification(notif).await;
+    }
+    assert!(
+        stored.iter().any(|n| n["topic"] == "weather"),
+        "the topic reaches the client: {stored:?}"
+    );
+}

@@ -256,9 +256,10 @@ impl Session {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }
+        let message = ServerMessage::notification(&notification);
         self.unacked_direct
-            .insert(notification.version.clone(), notification.clone());
-        self.send(&ServerMessage::Notification(notification)).await
+            .insert(notification.version.clone(), notification);
+        self.send(&message).await
     }
 
     /// Leave the registry, store what the client never acknowledged, close.

@@ -54,7 +54,7 @@ impl Session {
             }
             self.unacked_stored
                 .insert(message.version.clone(), message.clone());
-            self.send(&ServerMessage::Notification(message)).await?;
+            self.send(&ServerMessage::notification(&message)).await?;
             sent += 1;
         }
         if let Some(left) = &mut self.stored_budget {
