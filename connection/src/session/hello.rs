@@ -66,7 +66,6 @@ pub(super) async fn accept(
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
         ctx.registry.disconnect(&uaid, connected_at);
-        ctx.registry.session_ended();
         return Err((sink, Close::server(e.to_string())));
     }
     if let Some(prev) = previous {
@@ -81,7 +80,6 @@ pub(super) async fn accept(
     };
     if sink.send(Message::text(reply.to_json())).await.is_err() {
         ctx.registry.disconnect(&uaid, connected_at);
-        ctx.registry.session_ended();
         return Err((sink, Close::gone()));
     }
     info!(uaid = %uaid.simple(), "client connected");
@@ -92,6 +90,7 @@ pub(super) async fn accept(
         connected_at,
         inbox: membership.inbox,
         signals: membership.signals,
+        _live: membership.live,
         unacked_direct: Default::default(),
         unacked_stored: Default::default(),
         recheck_storage: false,

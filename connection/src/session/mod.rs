@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
-use crate::registry::Signals;
+use crate::registry::{LiveSession, Signals};
 use crate::server::Socket;
 
 /// Why a session ends; becomes the websocket close frame.
@@ -127,7 +127,9 @@ async fn close(sink: &mut SplitSink<Socket, Message>, close_with: Close, answeri
         )))
         .await;
     let mut reason = close_with.reason;
-    reason.truncate(120); // a close frame's reason is at most 123 bytes
+    // A close frame's reason is at most 123 bytes; the reason may quote
+    // client text, so cut at a character boundary.
+    reason.truncate(reason.floor_char_boundary(120));
     let _ = sink
         .send(Message::Close(Some(CloseFrame {
             code: close_with.code.into(),
@@ -151,6 +153,8 @@ pub(crate) struct Session {
     /// Storage may hold more than was sent: look again once all are acked.
     recheck_storage: bool,
     last_client_ping: Option<Instant>,
+    /// Dropped last, after the clean-up below (or on a panic).
+    _live: LiveSession,
 }
 
 impl Session {
@@ -260,6 +264,5 @@ impl Session {
         let close_with = outcome.err().unwrap_or_else(Close::gone);
         info!(uaid = %self.uaid.simple(), code = close_with.code, reason = %close_with.reason, "client disconnected");
         close(&mut self.sink, close_with, None).await;
-        self.ctx.registry.session_ended();
     }
 }
