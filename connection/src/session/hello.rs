@@ -4,18 +4,13 @@ use std::sync::Arc;
 
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
-use futures_util::SinkExt;
-use futures_util::stream::SplitSink;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use super::{Close, Session};
+use super::{Close, Session, Sink};
 use crate::NodeContext;
 use crate::protocol::ServerMessage;
-use crate::server::Socket;
-
-type Sink = SplitSink<Socket, Message>;
 
 /// A UAID the client offers is honoured only if it names a webpush user we
 /// know; anything else (empty, malformed, unknown) gets a fresh UAID.
@@ -78,9 +73,10 @@ pub(super) async fn accept(
         use_webpush: true,
         broadcasts: serde_json::Map::new(),
     };
-    if sink.send(Message::text(reply.to_json())).await.is_err() {
+    let reply = Message::text(reply.to_json());
+    if let Err(gone) = super::send_within(&mut sink, ctx.settings.send_timeout, reply).await {
         ctx.registry.disconnect(&uaid, connected_at);
-        return Err((sink, Close::gone()));
+        return Err((sink, gone));
     }
     info!(uaid = %uaid.simple(), "client connected");
     Ok(Session {
