@@ -216,8 +216,9 @@ struct Watched {
     cycle: Arc<Cycle>,
     /// Since a write found the socket full, due by then; cleared by a flush.
     write_due: Option<Instant>,
-    timer: Pin<Box<Sleep>>,
-    timer_at: Option<Instant>,
+    /// Wakes the connection at the earliest deadline; dropped once upgraded
+    /// (a websocket keeps this socket for hours).
+    timer: Option<(Pin<Box<Sleep>>, Instant)>,
 }
 
 impl Watched {
@@ -226,8 +227,7 @@ impl Watched {
             io,
             cycle,
             write_due: None,
-            timer: Box::pin(sleep_until(Instant::now())),
-            timer_at: None,
+            timer: None,
         }
     }
 
@@ -237,16 +237,22 @@ impl Watched {
         let phase_due = match self.cycle.phase() {
             Phase::Head(at) | Phase::Idle(at) => Some(at),
             Phase::Busy => None,
-            Phase::Upgraded => return Poll::Pending,
+            Phase::Upgraded => {
+                self.timer = None;
+                return Poll::Pending;
+            }
         };
         let Some(due) = phase_due.into_iter().chain(self.write_due).min() else {
             return Poll::Pending;
         };
-        if self.timer_at != Some(due) {
-            self.timer.as_mut().reset(due);
-            self.timer_at = Some(due);
+        let (timer, at) = self
+            .timer
+            .get_or_insert_with(|| (Box::pin(sleep_until(due)), due));
+        if *at != due {
+            timer.as_mut().reset(due);
+            *at = due;
         }
-        ready!(self.timer.as_mut().poll(cx));
+        ready!(timer.as_mut().poll(cx));
         Poll::Ready(io::Error::new(
             io::ErrorKind::TimedOut,
             "the client was too slow",
