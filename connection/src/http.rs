@@ -98,6 +98,13 @@ where
             }
             continue;
         };
+        if open.available_permits() == 0 {
+            warn!(
+                port,
+                max_http_connections = limits.max_connections,
+                "the port is full: new HTTP connections get 503 until some close"
+            );
+        }
         let service = service.clone();
         tokio::spawn(async move {
             let cycle = Arc::new(Cycle::new(limits));
@@ -211,8 +218,8 @@ impl Cycle {
 
 /// A socket that fails its reads and writes once the connection is past a
 /// deadline of its [`Cycle`], which makes hyper close it.
-struct Watched {
-    io: TcpStream,
+struct Watched<T> {
+    io: T,
     cycle: Arc<Cycle>,
     /// Since a write found the socket full, due by then; cleared by a flush.
     write_due: Option<Instant>,
@@ -221,8 +228,8 @@ struct Watched {
     timer: Option<(Pin<Box<Sleep>>, Instant)>,
 }
 
-impl Watched {
-    fn new(io: TcpStream, cycle: Arc<Cycle>) -> Self {
+impl<T: AsyncRead + AsyncWrite + Unpin> Watched<T> {
+    fn new(io: T, cycle: Arc<Cycle>) -> Self {
         Watched {
             io,
             cycle,
@@ -259,11 +266,11 @@ impl Watched {
         ))
     }
 
-    fn on_write<T>(
+    fn on_write<R>(
         &mut self,
         cx: &mut Context<'_>,
-        written: Poll<io::Result<T>>,
-    ) -> Poll<io::Result<T>> {
+        written: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
         if written.is_ready() {
             return written;
         }
@@ -274,7 +281,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -295,7 +302,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -449,5 +456,76 @@ impl Body for TimedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, duplex};
+
+    use super::*;
+
+    const LIMITS: HttpLimits = HttpLimits {
+        header_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(75),
+        body_timeout: Duration::from_secs(30),
+        max_connections: 1,
+    };
+
+    /// A socket of this module, the cycle moving it, and the client's end.
+    fn socket() -> (
+        Watched<tokio::io::DuplexStream>,
+        Arc<Cycle>,
+        tokio::io::DuplexStream,
+    ) {
+        let (server, client) = duplex(64);
+        let cycle = Arc::new(Cycle::new(LIMITS));
+        (Watched::new(server, cycle.clone()), cycle, client)
+    }
+
+    fn timed_out<T: std::fmt::Debug>(result: io::Result<T>) -> bool {
+        result.is_err_and(|e| e.kind() == io::ErrorKind::TimedOut)
+    }
+
+    // Paused clocks: tokio jumps to the next timer whenever nothing else can run.
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_never_comes_fails_the_read() {
+        let (mut socket, _cycle, mut client) = socket();
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert!(socket.read(&mut buf).await.is_ok_and(|n| n > 0));
+        assert!(timed_out(socket.read(&mut buf).await));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_fails_the_read_and_a_new_request_starts_a_head() {
+        let (mut socket, cycle, mut client) = socket();
+        cycle.set(Phase::Busy);
+        cycle.responded();
+        assert!(matches!(cycle.phase(), Phase::Idle(_)));
+        client.write_all(b"G").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert!(socket.read(&mut buf).await.is_ok());
+        assert!(matches!(cycle.phase(), Phase::Head(_)));
+        assert!(timed_out(socket.read(&mut buf).await));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_the_client_does_not_take_fails_the_write() {
+        let (mut socket, cycle, _client) = socket();
+        cycle.set(Phase::Busy);
+        assert!(timed_out(socket.write_all(&[0u8; 1024]).await));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_or_upgraded_connection_reads_without_a_deadline() {
+        for phase in [Phase::Busy, Phase::Upgraded] {
+            let (mut socket, cycle, _client) = socket();
+            cycle.set(phase);
+            let mut buf = [0u8; 64];
+            let read = tokio::time::timeout(Duration::from_secs(86_400), socket.read(&mut buf));
+            assert!(read.await.is_err(), "{phase:?}: the read ended");
+        }
     }
 }
