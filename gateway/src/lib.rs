@@ -4,6 +4,7 @@
 pub mod app;
 pub mod diagnose;
 pub mod endpoint;
+pub mod fuzzing;
 pub mod keys;
 pub mod limits;
 pub mod logging;
