@@ -41,9 +41,10 @@ pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>, limit
         .and(warp::ext::optional::<OnUpgrade>())
         .and(ctx_filter)
         .and_then(|headers: HeaderMap, on_upgrade, ctx| async move {
-            match asks_websocket(&headers) {
-                true => Ok(upgrade(&headers, on_upgrade, ctx)),
-                false => Err(warp::reject::not_found()),
+            if asks_websocket(&headers) {
+                Ok(upgrade(&headers, on_upgrade, ctx))
+            } else {
+                Err(warp::reject::not_found())
             }
         });
     let not_found = warp::any().map(|| {
