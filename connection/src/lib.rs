@@ -7,6 +7,7 @@
 //! * [`registry`] maps connected UAIDs to their sessions.
 //! * [`router_api`] is the internal HTTP API (`/push`, `/notif`, `/user`).
 //! * [`health`] is shared by every public HTTP port.
+//! * [`http`] serves HTTP on every port, with timeouts and a connection cap.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -17,6 +18,7 @@ use autopush_common::node::NodeClient;
 use autopush_storage::Storage;
 
 pub mod health;
+pub mod http;
 pub mod protocol;
 pub mod registry;
 pub mod router_api;
@@ -44,6 +46,8 @@ pub struct ConnectionSettings {
     pub max_message_size: usize,
     /// Most websockets open at once; upgrades beyond are refused with 503.
     pub max_connections: usize,
+    /// A client that does not take a message within this time is closed.
+    pub send_timeout: Duration,
 }
 
 impl Default for ConnectionSettings {
@@ -57,6 +61,7 @@ impl Default for ConnectionSettings {
             max_channels: 1000,
             max_message_size: 32 * 1024,
             max_connections: 10_000,
+            send_timeout: Duration::from_secs(5),
         }
     }
 }

@@ -34,13 +34,26 @@ struct ClientHandle {
 pub struct Membership {
     pub inbox: mpsc::Receiver<Box<Notification>>,
     pub signals: Arc<Signals>,
+    /// Counts the session as live until dropped.
+    pub live: LiveSession,
+}
+
+/// One session counted in [`ClientRegistry::live_sessions`] until this is
+/// dropped: when the session finishes its clean-up, or when its task unwinds
+/// from a panic, so shutdown never waits for a session that is gone.
+pub struct LiveSession(Arc<AtomicUsize>);
+
+impl Drop for LiveSession {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 pub struct ClientRegistry {
     node_id: String,
     clients: RwLock<HashMap<Uuid, ClientHandle>>,
     /// Sessions that joined and have not finished their clean-up yet.
-    live_sessions: AtomicUsize,
+    live_sessions: Arc<AtomicUsize>,
 }
 
 impl ClientRegistry {
@@ -49,7 +62,7 @@ impl ClientRegistry {
         ClientRegistry {
             node_id,
             clients: RwLock::new(HashMap::new()),
-            live_sessions: AtomicUsize::new(0),
+            live_sessions: Arc::default(),
         }
     }
 
@@ -76,11 +89,16 @@ impl ClientRegistry {
             signals: signals.clone(),
         };
         self.live_sessions.fetch_add(1, Ordering::AcqRel);
+        let live = LiveSession(self.live_sessions.clone());
         let previous = self.write().insert(uaid, handle);
         if let Some(previous) = previous {
             previous.signals.kick.notify_one();
         }
-        Membership { inbox, signals }
+        Membership {
+            inbox,
+            signals,
+            live,
+        }
     }
 
     /// Remove the session of `uaid` that connected at `connected_at` (a newer
@@ -95,12 +113,7 @@ impl ClientRegistry {
         }
     }
 
-    /// A session has finished its clean-up (stored what was unacknowledged).
-    pub fn session_ended(&self) {
-        self.live_sessions.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// Sessions still running or cleaning up.
+    /// Sessions still running or cleaning up (see [`LiveSession`]).
     pub fn live_sessions(&self) -> usize {
         self.live_sessions.load(Ordering::Acquire)
     }
@@ -169,5 +182,23 @@ impl LocalNode for ClientRegistry {
             }
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_session_that_panics_is_no_longer_live() {
+        let registry = ClientRegistry::new("http://127.0.0.1:8081".into());
+        let membership = registry.connect(Uuid::new_v4(), 1);
+        assert_eq!(registry.live_sessions(), 1);
+        let session = tokio::spawn(async move {
+            let _membership = membership;
+            panic!("a bug in a session");
+        });
+        assert!(session.await.is_err_and(|e| e.is_panic()));
+        assert_eq!(registry.live_sessions(), 0);
     }
 }

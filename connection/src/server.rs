@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use autopush_common::ApiError;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -12,9 +13,10 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tracing::{debug, warn};
 use warp::Filter;
-use warp::http::{HeaderValue, StatusCode, header};
+use warp::http::{HeaderMap, HeaderValue, StatusCode, header};
 use warp::reply::Reply;
 
+use crate::http::{self, HttpLimits};
 use crate::{NodeContext, health, router_api, session};
 
 /// A client's websocket, after the HTTP upgrade.
@@ -28,41 +30,73 @@ const SUBPROTOCOL: &str = "push-notification";
 /// this much buffer.
 const READ_BUFFER: usize = 1024;
 
-/// Serve websockets at `/` and health routes on `listener`.
-pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>) {
+/// Serve websockets at `/` and health routes on `listener`; anything else
+/// is 404.
+pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>, limits: HttpLimits) {
     let health = health::routes(ctx.storage.clone());
     let ctx_filter = warp::any().map(move || ctx.clone());
     let websocket = warp::path::end()
         .and(warp::get())
-        .and(warp::header::<String>("connection"))
-        .and(warp::header::exact_ignore_case("upgrade", "websocket"))
-        .and(warp::header::exact("sec-websocket-version", "13"))
-        .and(warp::header::<String>("sec-websocket-key"))
-        .and(warp::header::optional::<String>("sec-websocket-protocol"))
+        .and(warp::header::headers_cloned())
         .and(warp::ext::optional::<OnUpgrade>())
         .and(ctx_filter)
-        .map(upgrade);
-    warp::serve(websocket.or(health))
-        .incoming(listener)
-        .run()
-        .await;
+        .and_then(|headers: HeaderMap, on_upgrade, ctx| async move {
+            if asks_websocket(&headers) {
+                Ok(upgrade(&headers, on_upgrade, ctx))
+            } else {
+                Err(warp::reject::not_found())
+            }
+        });
+    let not_found = warp::any().map(|| {
+        let error = ApiError::NotFound;
+        warp::reply::with_status(warp::reply::json(&error.body()), error.status()).into_response()
+    });
+    let routes = websocket.or(health).unify().or(not_found).unify();
+    http::serve(listener, warp::service(routes), limits).await;
+}
+
+/// Whether a request asks to become a websocket (`Upgrade: websocket`
+/// with `Connection: upgrade`); it may still get the handshake wrong.
+fn asks_websocket(headers: &HeaderMap) -> bool {
+    let has = |name, token: &str| {
+        headers.get_all(name).iter().any(|value| {
+            value
+                .to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::UPGRADE, "websocket") && has(header::CONNECTION, "upgrade")
 }
 
 /// Answer the handshake (101) and, once hyper hands over the connection,
 /// run the session on it.
 fn upgrade(
-    connection: String,
-    key: String,
-    offered: Option<String>,
+    headers: &HeaderMap,
     on_upgrade: Option<OnUpgrade>,
     ctx: Arc<NodeContext>,
 ) -> warp::reply::Response {
-    let asks_upgrade = connection
-        .split(',')
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
-    let Some(on_upgrade) = on_upgrade.filter(|_| asks_upgrade) else {
-        return StatusCode::BAD_REQUEST.into_response();
+    let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    if header(header::SEC_WEBSOCKET_VERSION) != Some("13") {
+        // RFC 6455 4.4: name the version this server speaks.
+        let mut reply = warp::reply::with_status(
+            "this server speaks websocket version 13",
+            StatusCode::UPGRADE_REQUIRED,
+        )
+        .into_response();
+        reply.headers_mut().insert(
+            header::SEC_WEBSOCKET_VERSION,
+            HeaderValue::from_static("13"),
+        );
+        return reply;
+    }
+    let (Some(key), Some(on_upgrade)) = (header(header::SEC_WEBSOCKET_KEY), on_upgrade) else {
+        return warp::reply::with_status(
+            "a websocket handshake needs a Sec-WebSocket-Key",
+            StatusCode::BAD_REQUEST,
+        )
+        .into_response();
     };
+    let offered = header(header::SEC_WEBSOCKET_PROTOCOL);
     let Some(slot) = SocketSlot::take(&ctx) else {
         debug!("refusing a websocket: the node is full");
         let mut refused = warp::reply::with_status(
@@ -142,9 +176,6 @@ impl Drop for SocketSlot {
 }
 
 /// Serve the internal router API on `listener`.
-pub async fn serve_router_api(listener: TcpListener, ctx: Arc<NodeContext>) {
-    warp::serve(router_api::routes(ctx))
-        .incoming(listener)
-        .run()
-        .await;
+pub async fn serve_router_api(listener: TcpListener, ctx: Arc<NodeContext>, limits: HttpLimits) {
+    http::serve(listener, warp::service(router_api::routes(ctx)), limits).await;
 }

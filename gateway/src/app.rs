@@ -142,6 +142,7 @@ pub async fn start(
                 max_connections: settings
                     .max_connections
                     .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
+                send_timeout: settings.ws_send_timeout,
                 ..ConnectionSettings::default()
             },
             storage: storage.clone(),
@@ -157,8 +158,12 @@ pub async fn start(
             "internal router API",
         )
         .await?;
-        servers.spawn(server::serve_websocket(websocket, ctx.clone()));
-        servers.spawn(server::serve_router_api(router_api, ctx));
+        servers.spawn(server::serve_websocket(
+            websocket,
+            ctx.clone(),
+            settings.http,
+        ));
+        servers.spawn(server::serve_router_api(router_api, ctx, settings.http));
     }
     if mode.endpoint() {
         // In all-in-one mode the webpush router hands notifications to the
@@ -195,12 +200,12 @@ pub async fn start(
             max_data_bytes: settings.max_data_bytes,
         });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
-        servers.spawn(async move {
-            warp::serve(endpoint::routes(state))
-                .incoming(listener)
-                .run()
-                .await;
-        });
+        let routes = warp::service(endpoint::routes(state));
+        servers.spawn(autopush_connection::http::serve(
+            listener,
+            routes,
+            settings.http,
+        ));
     }
     info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
     Ok(Running { servers, clients })

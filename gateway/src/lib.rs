@@ -5,6 +5,7 @@ pub mod app;
 pub mod check;
 pub mod diagnose;
 pub mod endpoint;
+pub mod fuzzing;
 pub mod keys;
 pub mod limits;
 pub mod logging;

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use autopush_common::Secret;
+use autopush_connection::http::HttpLimits;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +105,25 @@ pub struct SettingsLayer {
     /// some leave [default: the open-file limit less 256]
     #[arg(long, env = "AUTOPUSH_MAX_CONNECTIONS", global = true)]
     pub max_connections: Option<usize>,
+    /// Seconds a websocket client has to take a message; a client that stops
+    /// reading is disconnected and its unacknowledged messages stored [default: 5]
+    #[arg(long, env = "AUTOPUSH_WS_SEND_TIMEOUT", global = true)]
+    pub ws_send_timeout: Option<f64>,
+    /// Seconds an HTTP client has to send a request head, from connecting or
+    /// from its first byte, on every port [default: 10]
+    #[arg(long, env = "AUTOPUSH_HTTP_HEADER_TIMEOUT", global = true)]
+    pub http_header_timeout: Option<f64>,
+    /// Seconds an HTTP keep-alive connection may sit idle between requests [default: 75]
+    #[arg(long, env = "AUTOPUSH_HTTP_IDLE_TIMEOUT", global = true)]
+    pub http_idle_timeout: Option<f64>,
+    /// Seconds an HTTP client has to send a request body, and to take a
+    /// response once its socket is full [default: 30]
+    #[arg(long, env = "AUTOPUSH_HTTP_BODY_TIMEOUT", global = true)]
+    pub http_body_timeout: Option<f64>,
+    /// Most HTTP connections open at once on each port (websockets count
+    /// only during their handshake); more are answered 503 [default: 1024]
+    #[arg(long, env = "AUTOPUSH_MAX_HTTP_CONNECTIONS", global = true)]
+    pub max_http_connections: Option<usize>,
     /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
     #[arg(long, env = "AUTOPUSH_VAPID_CACHE_SIZE", global = true)]
     pub vapid_cache_size: Option<usize>,
@@ -168,6 +188,9 @@ pub struct Settings {
     pub min_ping_interval: Duration,
     /// `None`: decided at start-up from the open-file limit.
     pub max_connections: Option<usize>,
+    pub ws_send_timeout: Duration,
+    /// Timeouts and connection cap of every HTTP port.
+    pub http: HttpLimits,
     pub vapid_cache_size: usize,
     pub log_format: LogFormat,
 }
@@ -176,6 +199,14 @@ fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, Str
     let value = value.unwrap_or(default);
     Duration::try_from_secs_f64(value)
         .map_err(|_| format!("{name} must be a non-negative number of seconds"))
+}
+
+/// A timeout that cannot be zero (it would close every connection at once).
+fn timeout(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
+    match seconds(name, value, default)? {
+        d if d.is_zero() => Err(format!("{name} must be more than 0 seconds")),
+        d => Ok(d),
+    }
 }
 
 impl Settings {
@@ -268,6 +299,16 @@ impl Settings {
                 Some(0) => return Err("max_connections must be at least 1".into()),
                 other => other,
             },
+            ws_send_timeout: timeout("ws_send_timeout", l.ws_send_timeout, 5.0)?,
+            http: HttpLimits {
+                header_timeout: timeout("http_header_timeout", l.http_header_timeout, 10.0)?,
+                idle_timeout: timeout("http_idle_timeout", l.http_idle_timeout, 75.0)?,
+                body_timeout: timeout("http_body_timeout", l.http_body_timeout, 30.0)?,
+                max_connections: match l.max_http_connections {
+                    Some(0) => return Err("max_http_connections must be at least 1".into()),
+                    other => other.unwrap_or(1024),
+                },
+            },
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             log_format,
         })
@@ -336,6 +377,29 @@ mod tests {
             assert!(!shown.contains(key), "{key} in {shown}");
         }
         assert!(shown.contains("[redacted]"), "{shown}");
+    }
+
+    #[test]
+    fn http_limits_refuse_zero() {
+        for layer in [
+            SettingsLayer {
+                http_header_timeout: Some(0.0),
+                ..Default::default()
+            },
+            SettingsLayer {
+                max_http_connections: Some(0),
+                ..Default::default()
+            },
+            SettingsLayer {
+                ws_send_timeout: Some(0.0),
+                ..Default::default()
+            },
+        ] {
+            let err = Settings::from_layer(layer).unwrap_err();
+            assert!(err.contains("must be"), "{err}");
+        }
+        let s = Settings::from_layer(SettingsLayer::default()).unwrap();
+        assert_eq!(s.http.max_connections, 1024);
     }
 
     #[test]

@@ -83,6 +83,21 @@ const CASES: &[Case] = &[
             .map_or(0.0, |d| d.as_secs_f64() / 86_400.0)
             .to_string()
     }),
+    case("ws_send_timeout", "1.5", "2.5", |s| {
+        s.ws_send_timeout.as_secs_f64().to_string()
+    }),
+    case("http_header_timeout", "1.5", "2.5", |s| {
+        s.http.header_timeout.as_secs_f64().to_string()
+    }),
+    case("http_idle_timeout", "1.5", "2.5", |s| {
+        s.http.idle_timeout.as_secs_f64().to_string()
+    }),
+    case("http_body_timeout", "1.5", "2.5", |s| {
+        s.http.body_timeout.as_secs_f64().to_string()
+    }),
+    case("max_http_connections", "5", "6", |s| {
+        s.http.max_connections.to_string()
+    }),
     case("max_data_bytes", "4000", "4001", |s| {
         s.max_data_bytes.to_string()
     }),

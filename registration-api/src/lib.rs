@@ -87,14 +87,19 @@ pub async fn handle(
     }
 }
 
+/// A request body as registration input; an empty body is `{}`.
+pub fn parse_body(body: &[u8]) -> ApiResult<RouterDataInput> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(RouterDataInput::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
+}
+
 impl Call {
     /// The body as registration input; an empty body is `{}`.
     pub fn input(&self) -> ApiResult<RouterDataInput> {
-        if self.body.iter().all(u8::is_ascii_whitespace) {
-            return Ok(RouterDataInput::default());
-        }
-        serde_json::from_slice(&self.body)
-            .map_err(|e| ApiError::BadRequest(format!("the body is not valid JSON: {e}")))
+        parse_body(&self.body)
     }
 
     /// Authenticate the caller for `uaid` and load its record, which must

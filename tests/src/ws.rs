@@ -63,6 +63,48 @@ impl WsClient {
             .unwrap_or_else(|e| panic!("websocket connect to {url}: {e}"))
     }
 
+    /// Connect (offering the subprotocol) with a socket receive buffer of a
+    /// few KiB, so that the server's sends block as soon as this client stops
+    /// reading, as they would over a slow or stalled network.
+    pub async fn connect_small_buffer(url: &str) -> WsClient {
+        let addr = url
+            .trim_start_matches("ws://")
+            .trim_end_matches('/')
+            .parse::<std::net::SocketAddr>()
+            .unwrap_or_else(|e| panic!("{url}: not ws://IP:PORT/: {e}"));
+        let socket = tokio::net::TcpSocket::new_v4().expect("TCP socket");
+        socket
+            .set_recv_buffer_size(4096)
+            .expect("set the receive buffer size");
+        let stream = tokio::time::timeout(HANG_GUARD, socket.connect(addr))
+            .await
+            .unwrap_or_else(|_| panic!("TCP connect to {url} hung"))
+            .unwrap_or_else(|e| panic!("TCP connect to {url}: {e}"));
+        let mut request = url.into_client_request().expect("websocket request");
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+        let (ws, response) = tokio::time::timeout(
+            HANG_GUARD,
+            tokio_tungstenite::client_async(request, MaybeTlsStream::Plain(stream)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("websocket handshake with {url} hung"))
+        .unwrap_or_else(|e| panic!("websocket handshake with {url}: {e}"));
+        let subprotocol = response
+            .headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        WsClient {
+            ws,
+            subprotocol,
+            uaid: None,
+            pending: VecDeque::new(),
+        }
+    }
+
     /// Connect, offering `subprotocol` if given.
     pub async fn try_connect(
         url: &str,

@@ -5,22 +5,16 @@ use std::sync::Arc;
 use autopush_common::ids::uaid_tag;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
-use futures_util::SinkExt;
-use futures_util::stream::SplitSink;
-use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{info, warn};
 use uuid::Uuid;
 use warp::http::Method;
 
 use super::stored::store_undelivered;
-use super::{Close, Session};
+use super::{Close, Session, Sink};
 use crate::NodeContext;
 use crate::protocol::ServerMessage;
 use crate::registry::Membership;
-use crate::server::Socket;
-
-type Sink = SplitSink<Socket, Message>;
 
 /// A UAID the client offers is honoured only if it names a webpush user we
 /// know; anything else (empty, malformed, unknown) gets a fresh UAID.
@@ -87,7 +81,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
         user.router_data = prev.router_data.clone();
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
-        leave(ctx, uaid, connected_at, membership.inbox).await;
+        leave(ctx, uaid, connected_at, membership).await;
         return Err(Close::server(e.to_string()));
     }
     if let Some(prev) = previous {
@@ -102,14 +96,18 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
 }
 
 /// Leave the registry after a failed `hello`, storing whatever endpoints
-/// routed into the inbox meanwhile (they answered 201 for it).
+/// routed into the inbox meanwhile (they answered 201 for it). The session
+/// stops counting as live only once that is done.
 pub(super) async fn leave(
     ctx: &Arc<NodeContext>,
     uaid: Uuid,
     connected_at: u64,
-    mut inbox: mpsc::Receiver<Box<autopush_common::Notification>>,
+    membership: Membership,
 ) {
     ctx.registry.disconnect(&uaid, connected_at);
+    let Membership {
+        mut inbox, live, ..
+    } = membership;
     inbox.close();
     let mut routed = Vec::new();
     while let Ok(notification) = inbox.try_recv() {
@@ -118,7 +116,7 @@ pub(super) async fn leave(
     if let Err(e) = store_undelivered(ctx, &uaid, routed).await {
         warn!(uaid = %uaid_tag(&uaid), error = %e, "could not store notifications routed to a failed hello");
     }
-    ctx.registry.session_ended();
+    drop(live);
 }
 
 pub(super) async fn accept(
@@ -142,9 +140,10 @@ pub(super) async fn accept(
         use_webpush: true,
         broadcasts: serde_json::Map::new(),
     };
-    if sink.send(Message::text(reply.to_json())).await.is_err() {
-        leave(ctx, uaid, connected_at, membership.inbox).await;
-        return Err((sink, Close::gone()));
+    let reply = Message::text(reply.to_json());
+    if let Err(gone) = super::send_within(&mut sink, ctx.settings.send_timeout, reply).await {
+        leave(ctx, uaid, connected_at, membership).await;
+        return Err((sink, gone));
     }
     info!(uaid = %uaid_tag(&uaid), "client connected");
     Ok(Session {
@@ -154,6 +153,7 @@ pub(super) async fn accept(
         connected_at,
         inbox: membership.inbox,
         signals: membership.signals,
+        _live: membership.live,
         unacked_direct: Default::default(),
         unacked_stored: Default::default(),
         recheck_storage: false,

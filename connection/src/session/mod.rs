@@ -16,6 +16,7 @@ mod unregister;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
@@ -30,7 +31,7 @@ use uuid::Uuid;
 
 use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
-use crate::registry::Signals;
+use crate::registry::{LiveSession, Signals};
 use crate::server::Socket;
 
 /// Why a session ends; becomes the websocket close frame.
@@ -71,22 +72,28 @@ type Flow = Result<(), Close>;
 /// Serve one websocket until it closes.
 pub async fn run(ctx: Arc<NodeContext>, socket: Socket) {
     let (mut sink, mut stream) = socket.split();
+    let limit = ctx.settings.send_timeout;
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
         Ok(Ok(_)) => {
             return close(
                 &mut sink,
+                limit,
                 Close::protocol("the first message must be hello"),
                 Some("hello"),
             )
             .await;
         }
-        Ok(Err(close_with)) => return close(&mut sink, close_with, None).await,
-        Err(_) => return close(&mut sink, Close::protocol("no hello in time"), None).await,
+        Ok(Err(close_with)) => return close(&mut sink, limit, close_with, None).await,
+        Err(_) => {
+            return close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+        }
     };
     let mut session = match hello::accept(&ctx, hello.as_deref(), sink).await {
         Ok(session) => session,
-        Err((mut sink, close_with)) => return close(&mut sink, close_with, Some("hello")).await,
+        Err((mut sink, close_with)) => {
+            return close(&mut sink, limit, close_with, Some("hello")).await;
+        }
     };
     let outcome = session.serve(&mut stream).await;
     session.finish(outcome).await;
@@ -113,34 +120,56 @@ async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage
     }
 }
 
+/// Send one message to the client, or give up on a client that does not take
+/// it within `limit`: one that stops reading must not hold its session (and
+/// with it pings, kicks and shutdown) hostage. A frame may be half written
+/// then, so nothing more can be sent: the connection is just dropped.
+async fn send_within(sink: &mut Sink, limit: Duration, message: Message) -> Flow {
+    match timeout(limit, sink.send(message)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(Close::gone()),
+        Err(_) => {
+            debug!(
+                ?limit,
+                "the client is not taking messages; dropping the connection"
+            );
+            Err(Close::gone())
+        }
+    }
+}
+
 /// Send an error message (when there is one to answer) and the close frame.
-async fn close(sink: &mut SplitSink<Socket, Message>, close_with: Close, answering: Option<&str>) {
+async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: Option<&str>) {
     if close_with.reason.is_empty() {
         return;
     }
     debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
     let status = if close_with.code == 1011 { 500 } else { 401 };
-    let _ = sink
-        .send(Message::text(error_json(
-            answering.unwrap_or("error"),
-            status,
-            &close_with.reason,
-        )))
-        .await;
+    let error = error_json(answering.unwrap_or("error"), status, &close_with.reason);
+    if send_within(sink, limit, Message::text(error))
+        .await
+        .is_err()
+    {
+        return;
+    }
     let mut reason = close_with.reason;
-    reason.truncate(120); // a close frame's reason is at most 123 bytes
-    let _ = sink
-        .send(Message::Close(Some(CloseFrame {
-            code: close_with.code.into(),
-            reason: reason.into(),
-        })))
-        .await;
-    let _ = sink.close().await;
+    // A close frame's reason is at most 123 bytes; the reason may quote
+    // client text, so cut at a character boundary.
+    reason.truncate(reason.floor_char_boundary(120));
+    let frame = Message::Close(Some(CloseFrame {
+        code: close_with.code.into(),
+        reason: reason.into(),
+    }));
+    if send_within(sink, limit, frame).await.is_ok() {
+        let _ = timeout(limit, sink.close()).await;
+    }
 }
+
+type Sink = SplitSink<Socket, Message>;
 
 pub(crate) struct Session {
     ctx: Arc<NodeContext>,
-    sink: SplitSink<Socket, Message>,
+    sink: Sink,
     uaid: Uuid,
     connected_at: u64,
     inbox: mpsc::Receiver<Box<Notification>>,
@@ -161,6 +190,8 @@ pub(crate) struct Session {
     /// The last stored messages settled, so a durable direct copy of one
     /// that arrives late is not delivered twice.
     recently_settled: VecDeque<String>,
+    /// Dropped last, after the clean-up below (or on a panic).
+    _live: LiveSession,
 }
 
 impl Session {
@@ -191,7 +222,7 @@ impl Session {
                     return Err(Close { code: 4000, reason: "closed by the server (replaced by a newer connection, or shutting down)".into() });
                 }
                 _ = sleep_until(next_ping), if pong_due.is_none() => {
-                    self.sink.send(Message::Ping(Default::default())).await.map_err(|_| Close::gone())?;
+                    self.send_message(Message::Ping(Default::default())).await?;
                     pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
                 }
                 _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
@@ -235,10 +266,11 @@ impl Session {
     }
 
     async fn send_text(&mut self, text: String) -> Flow {
-        self.sink
-            .send(Message::text(text))
-            .await
-            .map_err(|_| Close::gone())
+        self.send_message(Message::text(text)).await
+    }
+
+    async fn send_message(&mut self, message: Message) -> Flow {
+        send_within(&mut self.sink, self.ctx.settings.send_timeout, message).await
     }
 
     async fn send(&mut self, message: &ServerMessage) -> Flow {
@@ -276,7 +308,12 @@ impl Session {
         }
         let close_with = outcome.err().unwrap_or_else(Close::gone);
         info!(uaid = %uaid_tag(&self.uaid), code = close_with.code, reason = %close_with.reason, "client disconnected");
-        close(&mut self.sink, close_with, None).await;
-        self.ctx.registry.session_ended();
+        close(
+            &mut self.sink,
+            self.ctx.settings.send_timeout,
+            close_with,
+            None,
+        )
+        .await;
     }
 }
