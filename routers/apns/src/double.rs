@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::ApnsRouter;
 use crate::sender::{ApnsRequest, ApnsResponse, ApnsSender, TransportError};
@@ -21,6 +21,8 @@ pub enum Outcome {
     Fail(TransportError),
     /// Never answer (until the router gives up).
     Hang,
+    /// Answer 200 once the test calls `notify_one` on it.
+    HoldUntil(Arc<Notify>),
 }
 
 impl Outcome {
@@ -125,6 +127,10 @@ impl ApnsDouble {
             Some(Outcome::Answer(response)) => Ok(response),
             Some(Outcome::Fail(error)) => Err(error),
             Some(Outcome::Hang) => std::future::pending().await,
+            Some(Outcome::HoldUntil(release)) => {
+                release.notified().await;
+                Ok(ApnsResponse::accepted())
+            }
         }
     }
 }
