@@ -42,6 +42,8 @@ pub struct Recorded {
 #[derive(Default)]
 pub struct ApnsDouble {
     delay: Duration,
+    /// Count requests without keeping them (for load tests).
+    count_only: bool,
     scripts: Mutex<HashMap<String, VecDeque<Outcome>>>,
     recorded: Mutex<Vec<Recorded>>,
     count: watch::Sender<usize>,
@@ -64,6 +66,21 @@ impl ApnsDouble {
             delay,
             ..ApnsDouble::default()
         })
+    }
+
+    /// A double for load: every request answered 200 after `delay`, counted
+    /// but not kept.
+    pub fn counting(delay: Duration) -> Arc<ApnsDouble> {
+        Arc::new(ApnsDouble {
+            delay,
+            count_only: true,
+            ..ApnsDouble::default()
+        })
+    }
+
+    /// How many requests have arrived.
+    pub fn count(&self) -> usize {
+        *self.count.borrow()
     }
 
     /// The next answers to requests for `device_token`.
@@ -111,10 +128,12 @@ impl ApnsDouble {
         channel: &str,
         request: &ApnsRequest,
     ) -> Result<ApnsResponse, TransportError> {
-        lock(&self.recorded).push(Recorded {
-            channel: channel.to_owned(),
-            request: request.clone(),
-        });
+        if !self.count_only {
+            lock(&self.recorded).push(Recorded {
+                channel: channel.to_owned(),
+                request: request.clone(),
+            });
+        }
         self.count.send_modify(|n| *n += 1);
         let outcome = lock(&self.scripts)
             .get_mut(&request.device_token)

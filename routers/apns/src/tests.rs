@@ -228,3 +228,76 @@ async fn a_payload_over_apples_limit_is_never_sent() {
     assert_eq!((err.status().as_u16(), err.errno()), (413, 104));
     assert!(double.recorded().is_empty());
 }
+
+/// Log lines written while it is alive, on this thread.
+struct CapturedLogs {
+    lines: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl CapturedLogs {
+    fn start() -> CapturedLogs {
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(sink.clone()))
+            .finish();
+        CapturedLogs {
+            lines,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        let text = String::from_utf8_lossy(&self.lines.lock().unwrap()).into_owned();
+        text.lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn refused_credentials_are_logged_once_per_outage_naming_the_channel() {
+    let logs = CapturedLogs::start();
+    let double = ApnsDouble::new();
+    let router = router(&double);
+    let user = user(&router, TOKEN, "firefox");
+    let refused = Outcome::refused(403, "ExpiredProviderToken");
+    double.script(TOKEN, [refused.clone(), refused.clone(), refused.clone()]);
+    for _ in 0..3 {
+        push(&router, &user).await.unwrap_err();
+    }
+    let alarm = "refused our credentials";
+    assert_eq!(logs.count(alarm), 1);
+    assert_eq!(logs.count("app=\"firefox\""), 1);
+    // Accepted again, then refused again: a new outage, a new line.
+    push(&router, &user).await.unwrap();
+    double.script(TOKEN, [refused]);
+    push(&router, &user).await.unwrap_err();
+    assert_eq!(logs.count(alarm), 2);
+}
+
+#[tokio::test]
+async fn unknown_reasons_are_logged_with_the_reason_but_not_the_token() {
+    let logs = CapturedLogs::start();
+    let double = ApnsDouble::new();
+    let router = router(&double);
+    double.script(TOKEN, [Outcome::refused(400, "ANewReasonAppleAdded")]);
+    push(&router, &user(&router, TOKEN, "beta"))
+        .await
+        .unwrap_err();
+    assert_eq!(logs.count("ANewReasonAppleAdded"), 1);
+    assert_eq!(logs.count(TOKEN), 0);
+}
