@@ -109,6 +109,23 @@ impl Connection {
         Ok(Connection { sender, authority })
     }
 
+    /// POST a JSON body to `path` (e.g. a `/v1` registration); returns the
+    /// status and the response body.
+    pub async fn post_json(
+        &mut self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<(u16, Bytes), BenchError> {
+        let request = hyper::Request::post(path)
+            .header("host", &self.authority)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))?;
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        Ok((status, response.into_body().collect().await?.to_bytes()))
+    }
+
     /// POST one push to `endpoint`; returns the status.
     pub async fn push(
         &mut self,

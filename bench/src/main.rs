@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use autopush_bench::scenario::{direct, drain, idle};
+use autopush_bench::scenario::{apns, direct, drain, idle};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -60,6 +60,25 @@ enum Scenario {
         per_client: usize,
         #[arg(long, default_value_t = 32)]
         connections: usize,
+    },
+    /// Pushes through the APNs bridge to a double for Apple answering after
+    /// a fixed delay (the service runs in this process): throughput and latency
+    Apns {
+        #[arg(long, default_value_t = 1000)]
+        devices: usize,
+        /// HTTP/1.1 connections the application server pushes over, each
+        /// waiting for its 201 before the next push
+        #[arg(long, default_value_t = 256)]
+        connections: usize,
+        /// Simulated Apple latencies in milliseconds, one step each
+        #[arg(long, value_delimiter = ',', default_value = "1,50")]
+        latencies: Vec<u64>,
+        /// Seconds per step
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// The channel's cap on pushes in flight to Apple
+        #[arg(long, default_value_t = 1000)]
+        max_in_flight: usize,
     },
     /// A worker process of `idle` (not run by hand)
     #[command(hide = true)]
@@ -126,6 +145,25 @@ async fn main() {
                 connections,
             };
             drain::run(&options, &cli.server_log).await;
+        }
+        Scenario::Apns {
+            devices,
+            connections,
+            latencies,
+            seconds,
+            max_in_flight,
+        } => {
+            let options = apns::Options {
+                devices,
+                connections,
+                latencies,
+                seconds,
+                max_in_flight,
+            };
+            if !apns::run(&options).await {
+                eprintln!("some pushes were refused or never reached the double");
+                std::process::exit(1);
+            }
         }
         Scenario::IdleWorker { url, source, count } => idle::worker(url, source, count).await,
     }

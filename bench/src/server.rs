@@ -106,7 +106,8 @@ fn server_binary() -> PathBuf {
     me.with_file_name("autopush")
 }
 
-fn free_ports() -> [u16; 3] {
+/// Three free loopback ports.
+pub fn free_ports() -> [u16; 3] {
     let listeners: Vec<TcpListener> = (0..3)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("a free port"))
         .collect();

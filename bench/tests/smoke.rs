@@ -65,3 +65,20 @@ fn drain_stores_and_delivers_every_message() {
     );
     assert!(out.contains("| store"), "{out}");
 }
+
+#[test]
+fn apns_pushes_reach_the_double_at_each_latency() {
+    let out = bench(&[
+        "apns",
+        "--devices",
+        "5",
+        "--connections",
+        "2",
+        "--latencies",
+        "1,5",
+        "--seconds",
+        "1",
+    ]);
+    assert!(out.contains("| 1 |"), "{out}");
+    assert!(out.contains("| 5 |"), "{out}");
+}

@@ -49,7 +49,8 @@ pub enum RouterError {
     /// The bridge says the device is gone for good.
     #[error("the bridge reports the device is gone")]
     DeviceGone,
-    /// The bridge's payload limit is smaller than this message.
+    /// The bridge's payload limit is smaller than this message; carries
+    /// how many bytes of encrypted body would have fitted.
     #[error("the message is too large for this bridge: at most {0} bytes")]
     TooMuchData(usize),
     #[error("the bridge refused our credentials")]
@@ -72,7 +73,7 @@ impl From<RouterError> for ApiError {
             RouterError::InvalidRegistration(m) => ApiError::BadRequest(m),
             RouterError::UnknownApp(_) => ApiError::InvalidRouterType,
             RouterError::DeviceGone => ApiError::DeviceGone,
-            RouterError::TooMuchData(max) => ApiError::PayloadTooLarge(max),
+            RouterError::TooMuchData(max) => ApiError::BridgePayloadTooLarge(max),
             RouterError::Authentication => ApiError::BridgeAuthentication,
             RouterError::Connect(m) => ApiError::BridgeConnect(m),
             RouterError::Timeout => ApiError::BridgeTimeout,

@@ -211,6 +211,9 @@ pub async fn describe_user(
     channels.sort();
     let mut body = serde_json::to_value(&user).unwrap_or_default();
     body["uaid"] = json!(uaid.simple().to_string());
+    if let Some(data) = &user.router_data {
+        body["router_data"] = autopush_common::bridge::masked_router_data(data);
+    }
     body["channels"] = json!(channels);
     body["stored_messages"] = json!(storage.count_messages(uaid, usize::MAX).await?);
     Ok(Some(body))

@@ -5,6 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use autopush_apns::ApnsRouter;
 use autopush_common::RouterType;
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::node::{LocalNode, NodeClient};
@@ -91,6 +92,16 @@ fn router_keys(
     )
 }
 
+/// The bridge routers the settings configure, clients built and key
+/// material checked; a bridge with nothing configured is not served.
+fn configured_bridges(settings: &Settings) -> Result<RouterRegistry, String> {
+    let mut bridges = RouterRegistry::default();
+    if !settings.apns.channels.is_empty() {
+        bridges = bridges.with(RouterType::Apns, Arc::new(ApnsRouter::new(&settings.apns)?));
+    }
+    Ok(bridges)
+}
+
 /// A started service: its servers run until [`Running::wait`] returns or the
 /// value is dropped.
 pub struct Running {
@@ -99,12 +110,13 @@ pub struct Running {
 }
 
 /// Start the roles of `mode`. `bridges` adds routers for bridge router types
-/// (the webpush router is always present).
+/// over those the settings configure (the webpush router is always present).
 pub async fn start(
     mode: Mode,
     settings: &Settings,
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
+    let bridges = configured_bridges(settings)?.extend(bridges);
     let storage = open_storage(&settings.db)?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),

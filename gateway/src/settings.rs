@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use autopush_apns::settings::ApnsSettings;
 use autopush_common::Secret;
 use autopush_connection::http::HttpLimits;
 use clap::Args;
@@ -130,6 +131,43 @@ pub struct SettingsLayer {
     /// Log format: `human` or `json` [default: human]
     #[arg(long, env = "AUTOPUSH_LOG_FORMAT", global = true)]
     pub log_format: Option<String>,
+    /// APNs release channels as one JSON object, `{"NAME": {"topic": ..., "key": ...,
+    /// "key_id": ..., "team_id": ..., "sandbox": ...}, ...}`; in the file,
+    /// `[apns.channels.NAME]` tables [default: none, APNs not served]
+    #[arg(
+        long = "apns-channels",
+        env = "AUTOPUSH_APNS_CHANNELS",
+        global = true,
+        hide_env_values = true,
+        value_parser = ApnsChannelsParser
+    )]
+    pub apns: Option<ApnsSettings>,
+}
+
+/// Parses `--apns-channels` / `AUTOPUSH_APNS_CHANNELS` without echoing the
+/// value in errors, as clap would: it may hold inline private keys.
+#[derive(Clone)]
+struct ApnsChannelsParser;
+
+impl clap::builder::TypedValueParser for ApnsChannelsParser {
+    type Value = ApnsSettings;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<ApnsSettings, clap::Error> {
+        let error = |message: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!("AUTOPUSH_APNS_CHANNELS (--apns-channels): {message}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| error("not UTF-8".into()))?;
+        ApnsSettings::from_json(text).map_err(error)
+    }
 }
 
 impl SettingsLayer {
@@ -193,6 +231,7 @@ pub struct Settings {
     pub http: HttpLimits,
     pub vapid_cache_size: usize,
     pub log_format: LogFormat,
+    pub apns: ApnsSettings,
 }
 
 fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
@@ -311,6 +350,7 @@ impl Settings {
             },
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             log_format,
+            apns: l.apns.unwrap_or_default(),
         })
     }
 
@@ -400,6 +440,42 @@ mod tests {
         }
         let s = Settings::from_layer(SettingsLayer::default()).unwrap();
         assert_eq!(s.http.max_connections, 1024);
+    }
+
+    #[test]
+    fn apns_channels_from_file_tables_or_env_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(
+            &path,
+            "[apns.channels.firefox]\ncert = \"c.pem\"\nkey = \"k.pem\"\ntopic = \"org.example.app\"\nsandbox = true\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+        assert!(s.apns.channels["firefox"].sandbox);
+        // The environment's JSON replaces the file's channels.
+        let flags = SettingsLayer {
+            apns: Some(
+                ApnsSettings::from_json(
+                    r#"{"beta": {"key": "k.p8", "key_id": "K", "team_id": "T", "topic": "t"}}"#,
+                )
+                .unwrap(),
+            ),
+            ..Default::default()
+        };
+        let s = Settings::resolve(flags, Some(&path)).unwrap();
+        assert_eq!(s.apns.channels.keys().collect::<Vec<_>>(), ["beta"]);
+
+        std::fs::write(
+            &path,
+            "[apns.channels.firefox]\ncert = \"c.pem\"\nkey = \"k.pem\"\ntopic = \"t\"\nkeyid = \"K\"\n",
+        )
+        .unwrap();
+        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+        assert!(
+            err.contains("\"firefox\"") && err.contains("keyid"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! the real PyPI libraries (pywebpush, py_vapid, http_ece via
 //! `tests/py/webpush_tool.py`, see [`py`]) or with raw requests ([`http`]).
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
-//! and the `web-push` npm package ([`node`]).
+//! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
+//! with a recording double for Apple ([`apns`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
@@ -19,6 +20,7 @@
 //! `scripts/test` sets up Python, the binary and `node_modules`; `.ci/run` also installs
 //! Firefox.
 
+pub mod apns;
 pub mod bridge;
 pub mod firefox;
 pub mod http;

@@ -1,6 +1,7 @@
 //! One module per measurement; each starts its own server and prints a
 //! Markdown table.
 
+pub mod apns;
 pub mod direct;
 pub mod drain;
 pub mod idle;

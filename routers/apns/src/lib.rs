@@ -1,0 +1,191 @@
+//! The APNs bridge: delivers Web Push messages to iOS apps through Apple
+//! Push Notification service.
+//!
+//! * [`settings`]: one channel per release channel (`app_id`), with its
+//!   topic, environment and credentials.
+//! * [`payload`]: what a registration stores and what Apple is sent.
+//! * [`sender`]: the boundary with Apple, [`client`] its a2 implementation.
+//! * [`ApnsRouter`]: the [`Router`]: per-channel clients, deadline, retries,
+//!   in-flight cap and the reading of Apple's answers.
+
+pub mod client;
+#[cfg(any(test, feature = "test-double"))]
+pub mod double;
+pub mod payload;
+pub mod sender;
+pub mod settings;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use autopush_common::bridge::{Attempt, CredentialAlarm, InFlight, RetryPolicy, with_retries};
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
+use autopush_common::{ApiResult, Notification, User};
+use tracing::warn;
+
+use crate::client::A2Sender;
+use crate::payload::RouterData;
+use crate::sender::{ApnsRequest, ApnsResponse, ApnsSender, TransportError};
+use crate::settings::{ApnsChannel, ApnsSettings};
+
+/// `Retry-After` for a sender refused because the channel's in-flight cap
+/// is reached.
+pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// `Retry-After` for a sender whose push Apple kept refusing with 429 or 503.
+pub const UPSTREAM_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// Apple's answers that mean the device token is dead for this app.
+const GONE: [&str; 3] = ["BadDeviceToken", "Unregistered", "DeviceTokenNotForTopic"];
+
+/// Apple's answers that mean our credentials are refused.
+const REFUSED_CREDENTIALS: [&str; 5] = [
+    "ExpiredProviderToken",
+    "InvalidProviderToken",
+    "MissingProviderToken",
+    "BadCertificate",
+    "BadCertificateEnvironment",
+];
+
+/// One release channel: its client and its share of the node.
+struct Channel {
+    name: String,
+    topic: String,
+    sender: Arc<dyn ApnsSender>,
+    retry: RetryPolicy,
+    in_flight: InFlight,
+    alarm: CredentialAlarm,
+}
+
+pub struct ApnsRouter {
+    channels: BTreeMap<String, Channel>,
+}
+
+impl ApnsRouter {
+    /// A router with an a2 client per channel. Bad key material is an error
+    /// naming the channel and the field.
+    pub fn new(settings: &ApnsSettings) -> Result<ApnsRouter, String> {
+        ApnsRouter::with_senders(settings, |_, channel| {
+            Ok(Arc::new(A2Sender::new(channel)?) as Arc<dyn ApnsSender>)
+        })
+    }
+
+    /// A router whose channels send through what `sender` makes for each
+    /// (name, settings): the a2 client, or a test double.
+    pub fn with_senders<F>(settings: &ApnsSettings, mut sender: F) -> Result<ApnsRouter, String>
+    where
+        F: FnMut(&str, &ApnsChannel) -> Result<Arc<dyn ApnsSender>, String>,
+    {
+        let mut channels = BTreeMap::new();
+        for (name, channel) in &settings.channels {
+            let sender =
+                sender(name, channel).map_err(|e| format!("apns channel {name:?}: {e}"))?;
+            let retry = RetryPolicy {
+                deadline: channel.timeout(),
+                ..RetryPolicy::default()
+            };
+            channels.insert(
+                name.clone(),
+                Channel {
+                    name: name.clone(),
+                    topic: channel.topic.clone(),
+                    sender,
+                    retry,
+                    in_flight: InFlight::new(channel.max_in_flight, BUSY_RETRY_AFTER),
+                    alarm: CredentialAlarm::default(),
+                },
+            );
+        }
+        Ok(ApnsRouter { channels })
+    }
+}
+
+#[async_trait]
+impl Router for ApnsRouter {
+    fn register(
+        &self,
+        input: &RouterDataInput,
+        app_id: &str,
+    ) -> Result<serde_json::Value, RouterError> {
+        if !self.channels.contains_key(app_id) {
+            return Err(RouterError::UnknownApp(app_id.to_owned()));
+        }
+        payload::register(input, app_id)
+    }
+
+    async fn route_notification(
+        &self,
+        notification: Notification,
+        user: &User,
+    ) -> ApiResult<Delivery> {
+        let data = RouterData::of(user)?;
+        let channel = self
+            .channels
+            .get(data.channel)
+            .ok_or_else(|| RouterError::UnknownApp(data.channel.to_owned()))?;
+        let request = payload::request(&notification, &data, &channel.topic)?;
+        let _slot = channel.in_flight.try_acquire()?;
+        with_retries(&channel.retry, |_| channel.attempt(&request)).await?;
+        Ok(Delivery::Direct)
+    }
+}
+
+impl Channel {
+    async fn attempt(&self, request: &ApnsRequest) -> Attempt<()> {
+        match self.sender.send(request).await {
+            Ok(response) if response.status == 200 => {
+                self.alarm.clear("apns", &self.name);
+                Attempt::Done(())
+            }
+            Ok(response) => self.refused(response),
+            Err(TransportError::Connect(e)) => Attempt::Retry {
+                error: RouterError::Connect(format!("APNs: {e}")),
+                retry_after: None,
+            },
+            Err(TransportError::Timeout) => Attempt::Fail(RouterError::Timeout),
+            Err(TransportError::Request(e)) => {
+                warn!(channel = %self.name, error = %e, "APNs request could not be sent");
+                Attempt::Fail(RouterError::Upstream(format!("APNs request failed: {e}")))
+            }
+        }
+    }
+
+    /// Read a refusal: a dead token, our credentials, a busy or failing
+    /// Apple (retried), or anything else (logged).
+    fn refused(&self, response: ApnsResponse) -> Attempt<()> {
+        let status = response.status;
+        let reason = response.reason.as_deref().unwrap_or("");
+        if status == 410 || GONE.contains(&reason) {
+            return Attempt::Fail(RouterError::DeviceGone);
+        }
+        if status == 403 || REFUSED_CREDENTIALS.contains(&reason) {
+            self.alarm
+                .raise("apns", &self.name, &format!("{status} {reason}"));
+            return Attempt::Fail(RouterError::Authentication);
+        }
+        let busy = RouterError::Unavailable {
+            retry_after: UPSTREAM_RETRY_AFTER,
+        };
+        let error = match (status, reason) {
+            (429, _) | (_, "TooManyRequests") => busy,
+            (503, _) | (_, "ServiceUnavailable" | "Shutdown") => busy,
+            (500, _) | (_, "InternalServerError") => {
+                RouterError::Upstream(format!("APNs answered {status} {reason}"))
+            }
+            _ => {
+                warn!(channel = %self.name, status, reason, "APNs refused the notification");
+                return Attempt::Fail(RouterError::Upstream(format!(
+                    "APNs refused the notification: {status} {reason}"
+                )));
+            }
+        };
+        Attempt::Retry {
+            error,
+            retry_after: None,
+        }
+    }
+}
