@@ -20,6 +20,12 @@ pub enum ApiError {
     NoUser,
     #[error("Data payload too large: at most {0} bytes")]
     PayloadTooLarge(usize),
+    #[error(
+        "Data payload too large for this subscription's bridge: at most {0} bytes. The device \
+         is reached through a bridge (APNs or FCM) whose messages carry the body base64-encoded \
+         with the encryption headers, so they hold less than a Web Push message"
+    )]
+    BridgePayloadTooLarge(usize),
     #[error("No such subscription")]
     NoSubscription,
     #[error("Invalid router type")]
@@ -61,7 +67,7 @@ impl ApiError {
             InvalidToken | InvalidMessageId | NotFound => StatusCode::NOT_FOUND,
             NoUser | NoSubscription | DeviceGone => StatusCode::GONE,
             BridgeAuthentication | BridgeConnect(_) | BridgeTimeout => StatusCode::BAD_GATEWAY,
-            PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            PayloadTooLarge(_) | BridgePayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             InvalidRouterType | InvalidEncryption(_) | MissingTtl | InvalidTtl(_)
             | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
@@ -75,7 +81,7 @@ impl ApiError {
         match self {
             InvalidToken | InvalidMessageId | NotFound => 102,
             NoUser => 103,
-            PayloadTooLarge(_) => 104,
+            PayloadTooLarge(_) | BridgePayloadTooLarge(_) => 104,
             NoSubscription | DeviceGone => 106,
             BridgeAuthentication => 901,
             BridgeConnect(_) => 902,
