@@ -79,7 +79,9 @@ impl From<RouterError> for ApiError {
             RouterError::UnknownApp(_) => ApiError::InvalidRouterType,
             RouterError::DeviceGone => ApiError::DeviceGone,
             RouterError::TooMuchData(max) => ApiError::BridgePayloadTooLarge(max),
-            RouterError::Refused(m) => ApiError::BadRequest(format!("the bridge refused the message: {m}")),
+            RouterError::Refused(m) => {
+                ApiError::BadRequest(format!("the bridge refused the message: {m}"))
+            }
             RouterError::Authentication => ApiError::BridgeAuthentication,
             RouterError::Connect(m) => ApiError::BridgeConnect(m),
             RouterError::Timeout => ApiError::BridgeTimeout,
@@ -133,9 +135,7 @@ pub fn mask_tokens(data: &serde_json::Value) -> serde_json::Value {
             map.iter()
                 .map(|(key, value)| {
                     let shown = match value {
-                        Value::String(token) if key == "token" => {
-                            Value::String(mask_token(token))
-                        }
+                        Value::String(token) if key == "token" => Value::String(mask_token(token)),
                         other => mask_tokens(other),
                     };
                     (key.clone(), shown)
@@ -187,6 +187,12 @@ mod tests {
         assert!(!shown.to_string().contains(token), "{shown}");
         assert_eq!(shown["token"], mask_token(token));
         assert_eq!(shown["creds"]["token"], mask_token(token));
-        assert_eq!((shown["app_id"].as_str(), shown["creds"]["senderID"].as_str()), (Some("app1"), Some("1234")));
+        assert_eq!(
+            (
+                shown["app_id"].as_str(),
+                shown["creds"]["senderID"].as_str()
+            ),
+            (Some("app1"), Some("1234"))
+        );
     }
 }

@@ -186,12 +186,28 @@ impl Running {
     }
 }
 
+/// The bridge routers `settings` configure. Bad bridge settings are an
+/// error naming the app.
+pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
+    let mut bridges = RouterRegistry::default();
+    // FCM and GCM apps naming the same Firebase project share its client and tokens.
+    let google = autopush_fcm::Projects::default();
+    if let Some(fcm) = autopush_fcm::FcmRouter::configured(&settings.fcm, &google)? {
+        bridges = bridges.with(RouterType::Fcm, fcm);
+    }
+    if let Some(gcm) = autopush_gcm::GcmRouter::configured(&settings.gcm, &google)? {
+        bridges = bridges.with(RouterType::Gcm, gcm);
+    }
+    Ok(bridges)
+}
+
 /// Run until the process is stopped.
 pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
-    start(mode, &settings, RouterRegistry::default())
-        .await?
-        .wait()
-        .await
+    let bridges = match mode.endpoint() {
+        true => bridges(&settings)?,
+        false => RouterRegistry::default(),
+    };
+    start(mode, &settings, bridges).await?.wait().await
 }
 
 /// Close every websocket and give sessions a moment to store what their

@@ -4,6 +4,8 @@
 //! embedded store belongs to the running server, so when it is held the
 //! record is asked of that server's internal router API instead.
 
+use autopush_common::RouterType;
+use autopush_common::router::mask_tokens;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -52,7 +54,8 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         "restricted_to_key_hash": info.key_hash.map(|h| h.iter().map(|b| format!("{b:02x}")).collect::<String>()),
     });
     out["user"] = match lookup(settings, &info.uaid).await {
-        Ok(Some(user)) => {
+        Ok(Some(mut user)) => {
+            user["router_data"] = describe_router_data(settings, &user);
             let subscribed = user["channels"].as_array().is_some_and(|c| {
                 c.iter()
                     .any(|c| c.as_str() == Some(&info.channel_id.to_string()))
@@ -64,6 +67,21 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         Err(e) => json!({"error": e}),
     };
     Ok(out)
+}
+
+/// A bridge user's `router_data` as its router shows it (device tokens
+/// masked); as stored, tokens masked, when the router is not configured here.
+fn describe_router_data(settings: &Settings, user: &Value) -> Value {
+    let data = &user["router_data"];
+    if data.is_null() {
+        return Value::Null;
+    }
+    let router_type = serde_json::from_value::<RouterType>(user["router_type"].clone()).ok();
+    let bridges = crate::app::bridges(settings).unwrap_or_default();
+    match router_type.and_then(|t| bridges.get(t)) {
+        Some(router) => router.describe(data),
+        None => mask_tokens(data),
+    }
 }
 
 async fn lookup(settings: &Settings, uaid: &Uuid) -> Result<Option<Value>, String> {

@@ -5,9 +5,11 @@
 //! env) and the TOML file schema, so the two can never drift apart; an
 //! unknown key in the file is an error at start-up.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use autopush_fcm::settings::{AppSettings, BridgeSection, apps_from_json};
 use clap::Args;
 use serde::Deserialize;
 
@@ -80,6 +82,32 @@ pub struct SettingsLayer {
     /// Log format: `human` or `json` [default: human]
     #[arg(long, env = "AUTOPUSH_LOG_FORMAT", global = true)]
     pub log_format: Option<String>,
+    /// FCM apps as one JSON object: {"APP": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [fcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_FCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    #[serde(skip)]
+    pub fcm_credentials: Option<String>,
+    /// GCM sender ids as one JSON object: {"SENDER_ID": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [gcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_GCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    #[serde(skip)]
+    pub gcm_credentials: Option<String>,
+    /// The settings file's `[fcm.apps.NAME]` tables.
+    #[arg(skip)]
+    pub fcm: Option<BridgeSection>,
+    /// The settings file's `[gcm.apps.SENDER_ID]` tables.
+    #[arg(skip)]
+    pub gcm: Option<BridgeSection>,
 }
 
 /// Copy into `self` every field it leaves unset from `lower`.
@@ -111,7 +139,11 @@ impl SettingsLayer {
             min_ping_interval,
             max_connections,
             vapid_cache_size,
-            log_format
+            log_format,
+            fcm_credentials,
+            gcm_credentials,
+            fcm,
+            gcm
         );
     }
 }
@@ -152,6 +184,23 @@ pub struct Settings {
     pub max_connections: Option<usize>,
     pub vapid_cache_size: usize,
     pub log_format: LogFormat,
+    /// FCM apps by name.
+    pub fcm: BTreeMap<String, AppSettings>,
+    /// GCM apps by sender id.
+    pub gcm: BTreeMap<String, AppSettings>,
+}
+
+/// A bridge's apps: the environment's (or flag's) JSON object if given,
+/// else the settings file's tables.
+fn bridge_apps(
+    variable: &str,
+    json: Option<&str>,
+    file: Option<BridgeSection>,
+) -> Result<BTreeMap<String, AppSettings>, String> {
+    match json {
+        Some(json) => apps_from_json(variable, json),
+        None => Ok(file.unwrap_or_default().apps),
+    }
 }
 
 fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
@@ -229,6 +278,16 @@ impl Settings {
             },
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             log_format,
+            fcm: bridge_apps(
+                "AUTOPUSH_FCM_CREDENTIALS",
+                l.fcm_credentials.as_deref(),
+                l.fcm,
+            )?,
+            gcm: bridge_apps(
+                "AUTOPUSH_GCM_CREDENTIALS",
+                l.gcm_credentials.as_deref(),
+                l.gcm,
+            )?,
         })
     }
 
@@ -279,6 +338,40 @@ mod tests {
         std::fs::write(&path, "prot = 9000\n").unwrap();
         let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
         assert!(err.contains("prot"), "{err}");
+    }
+
+    #[test]
+    fn bridge_apps_come_from_the_file_or_the_environment_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(
+            &path,
+            "[fcm.apps.myapp]\nproject_id = \"p1\"\ncredential = \"/etc/sa.json\"\ntimeout = 2.5\n\
+             [gcm.apps.123456]\nproject_id = \"p2\"\ncredential = \"/etc/sa2.json\"\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+        assert_eq!(s.fcm["myapp"].project_id, "p1");
+        assert_eq!(s.fcm["myapp"].timeout, Some(2.5));
+        assert_eq!(s.gcm["123456"].project_id, "p2");
+
+        let flags = SettingsLayer {
+            fcm_credentials: Some(r#"{"other": {"project_id": "p3", "credential": "{}"}}"#.into()),
+            ..Default::default()
+        };
+        let s = Settings::resolve(flags, Some(&path)).unwrap();
+        assert_eq!(s.fcm.keys().collect::<Vec<_>>(), ["other"]);
+        assert_eq!(s.gcm["123456"].project_id, "p2");
+
+        std::fs::write(&path, "[fcm.apps.myapp]\nproject = \"p1\"\n").unwrap();
+        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+        assert!(err.contains("project"), "{err}");
+        let flags = SettingsLayer {
+            gcm_credentials: Some("not json".into()),
+            ..Default::default()
+        };
+        let err = Settings::resolve(flags, None).unwrap_err();
+        assert!(err.contains("AUTOPUSH_GCM_CREDENTIALS"), "{err}");
     }
 
     #[test]

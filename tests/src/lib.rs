@@ -21,6 +21,7 @@
 
 pub mod bridge;
 pub mod firefox;
+pub mod google;
 pub mod http;
 pub mod node;
 pub mod py;

@@ -108,7 +108,10 @@ impl AccessTokens {
             renew_at: started + renew_in,
             expires_at: started + lifetime,
         };
-        tracing::debug!(lifetime_secs = lifetime.as_secs(), "FCM access token fetched");
+        tracing::debug!(
+            lifetime_secs = lifetime.as_secs(),
+            "FCM access token fetched"
+        );
         let fresh = current.token.clone();
         if let Ok(mut slot) = self.current.write() {
             *slot = Some(current);

@@ -119,8 +119,14 @@ pub fn find_app<'a>(
 ) -> Result<&'a App, RouterError> {
     let app_id = app_id.unwrap_or_default();
     apps.get(app_id).ok_or_else(|| {
-        tracing::error!(bridge, app_id, "a registration names an app this server has no settings for");
-        RouterError::Upstream(format!("no {bridge} app {app_id:?} is configured on this server"))
+        tracing::error!(
+            bridge,
+            app_id,
+            "a registration names an app this server has no settings for"
+        );
+        RouterError::Upstream(format!(
+            "no {bridge} app {app_id:?} is configured on this server"
+        ))
     })
 }
 
@@ -151,7 +157,10 @@ mod tests {
 
     #[test]
     fn a_registration_without_a_token_is_gone() {
-        assert_eq!(stored_token(&json!({"app_id": "a"})), Err(RouterError::DeviceGone));
+        assert_eq!(
+            stored_token(&json!({"app_id": "a"})),
+            Err(RouterError::DeviceGone)
+        );
         assert_eq!(stored_token(&json!({"token": "t"})), Ok("t"));
     }
 }

@@ -101,10 +101,7 @@ impl AppSettings {
 
 /// Parse the environment's JSON object `{"APP": {"project_id", "credential", ...}}`.
 /// `variable` names it in errors.
-pub fn apps_from_json(
-    variable: &str,
-    json: &str,
-) -> Result<BTreeMap<String, AppSettings>, String> {
+pub fn apps_from_json(variable: &str, json: &str) -> Result<BTreeMap<String, AppSettings>, String> {
     serde_json::from_str(json).map_err(|e| {
         format!(
             "{variable} must be a JSON object {{\"APP\": {{\"project_id\": ..., \"credential\": ...}}}}: {e}"
@@ -138,9 +135,13 @@ mod tests {
             r#"{"dev": {"project_id": "p1", "credential": "x", "projectid": "p"}}"#,
         )
         .unwrap_err();
-        assert!(err.contains("projectid") && err.contains("AUTOPUSH_FCM_CREDENTIALS"), "{err}");
+        assert!(
+            err.contains("projectid") && err.contains("AUTOPUSH_FCM_CREDENTIALS"),
+            "{err}"
+        );
         let app: AppSettings =
-            serde_json::from_str(r#"{"project_id": "p", "credential": "x", "timeout": 0}"#).unwrap();
+            serde_json::from_str(r#"{"project_id": "p", "credential": "x", "timeout": 0}"#)
+                .unwrap();
         assert!(app.timeout().is_err());
         let err = app.credential_json().unwrap_err();
         assert!(err.contains("service-account file x"), "{err}");

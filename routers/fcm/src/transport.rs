@@ -239,7 +239,12 @@ impl Alarm<'_> {
     }
 
     /// FCM's answer (see <https://firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode>).
-    fn judge(&self, status: StatusCode, retry_after: Option<Duration>, reply: &Value) -> Attempt<()> {
+    fn judge(
+        &self,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        reply: &Value,
+    ) -> Attempt<()> {
         let error = FcmError::read(reply);
         match status.as_u16() {
             200..=299 => Attempt::Done(()),
@@ -281,7 +286,10 @@ impl FcmError {
     fn read(reply: &Value) -> FcmError {
         let error = &reply["error"];
         let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        let details = error["details"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        let details = error["details"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
         FcmError {
             status: text(&error["status"]),
             code: details
@@ -303,7 +311,10 @@ impl FcmError {
     /// not (or no longer) valid.
     fn names_the_token(&self) -> bool {
         self.fields.iter().any(|f| f == "message.token")
-            || self.message.to_ascii_lowercase().contains("registration token")
+            || self
+                .message
+                .to_ascii_lowercase()
+                .contains("registration token")
     }
 
     fn reason(&self) -> String {
@@ -338,7 +349,10 @@ mod tests {
             "message": "Invalid value at 'message.android.ttl'"}});
         let other = FcmError::read(&other);
         assert!(!other.names_the_token());
-        assert_eq!(other.reason(), "INVALID_ARGUMENT: Invalid value at 'message.android.ttl'");
+        assert_eq!(
+            other.reason(),
+            "INVALID_ARGUMENT: Invalid value at 'message.android.ttl'"
+        );
         assert_eq!(FcmError::read(&Value::Null).reason(), "no reason given");
     }
 }

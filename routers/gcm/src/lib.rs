@@ -97,7 +97,10 @@ mod tests {
 
     #[test]
     fn the_sender_id_is_read_from_either_shape() {
-        assert_eq!(sender_id(&json!({"token": "t", "app_id": "123"})), Some("123"));
+        assert_eq!(
+            sender_id(&json!({"token": "t", "app_id": "123"})),
+            Some("123")
+        );
         let older = json!({"token": "t", "creds": {"senderID": "456", "auth": "x"}});
         assert_eq!(sender_id(&older), Some("456"));
         assert_eq!(sender_id(&json!({"token": "t"})), None);
