@@ -13,6 +13,11 @@ impl Latencies {
         self.micros.push(latency.as_micros() as u64);
     }
 
+    /// Add every sample of `other`.
+    pub fn extend(&mut self, other: Latencies) {
+        self.micros.extend(other.micros);
+    }
+
     pub fn len(&self) -> usize {
         self.micros.len()
     }

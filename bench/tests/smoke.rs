@@ -65,3 +65,22 @@ fn drain_stores_and_delivers_every_message() {
     );
     assert!(out.contains("| store"), "{out}");
 }
+
+#[test]
+fn fcm_reaches_google_with_one_token() {
+    let out = bench(&[
+        "fcm",
+        "--devices",
+        "3",
+        "--connections",
+        "2",
+        "--delays-ms",
+        "1",
+        "--rates",
+        "50,max",
+        "--seconds",
+        "1",
+    ]);
+    assert!(out.contains("| 1 | 50 |"), "{out}");
+    assert!(out.contains("| 1 | max |"), "{out}");
+}

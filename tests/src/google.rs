@@ -99,6 +99,9 @@ struct State {
     /// Every answer of `messages:send` waits this long first.
     delay_micros: AtomicU64,
     received: Mutex<Vec<Received>>,
+    /// Keep each request (tests) or only count them (load generators).
+    keep: AtomicBool,
+    received_count: AtomicU64,
     arrivals: tokio::sync::Notify,
 }
 
@@ -160,6 +163,8 @@ impl Google {
             scripts: Mutex::new(HashMap::new()),
             delay_micros: AtomicU64::new(0),
             received: Mutex::new(Vec::new()),
+            keep: AtomicBool::new(true),
+            received_count: AtomicU64::new(0),
             arrivals: tokio::sync::Notify::new(),
         });
         let token_state = state.clone();
@@ -243,6 +248,16 @@ impl Google {
         self.state
             .delay_micros
             .store(delay.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Count requests without keeping them (for load: bodies add up).
+    pub fn count_only(&self) {
+        self.state.keep.store(false, Ordering::Relaxed);
+    }
+
+    /// `messages:send` requests with a valid bearer token so far.
+    pub fn received_count(&self) -> u64 {
+        self.state.received_count.load(Ordering::Relaxed)
     }
 
     /// Token requests so far (refused ones included).
@@ -430,7 +445,10 @@ impl State {
             at: Instant::now(),
         };
         let token = received.token().to_owned();
-        self.received.lock().unwrap().push(received);
+        self.received_count.fetch_add(1, Ordering::Relaxed);
+        if self.keep.load(Ordering::Relaxed) {
+            self.received.lock().unwrap().push(received);
+        }
         self.arrivals.notify_waiters();
         let reply = self
             .scripts

@@ -3,4 +3,5 @@
 
 pub mod direct;
 pub mod drain;
+pub mod fcm;
 pub mod idle;
