@@ -164,7 +164,9 @@ async fn main() {
                 seconds,
             };
             if !fcm::run(&options, &cli.server_log).await {
-                eprintln!("some pushes were refused, never reached FCM, or needed more than one token");
+                eprintln!(
+                    "some pushes were refused, never reached FCM, or needed more than one token"
+                );
                 std::process::exit(1);
             }
         }

@@ -399,36 +399,36 @@ impl State {
         path: &str,
         headers: &HeaderMap,
         body: Bytes,
-    ) -> Result<(String, Reply), warp::reply::Response> {
+    ) -> Result<(String, Reply), Box<warp::reply::Response>> {
         let Some(project) = path
             .strip_prefix("/v1/projects/")
             .and_then(|rest| rest.strip_suffix("/messages:send"))
         else {
-            return Err(error(
+            return Err(Box::new(error(
                 StatusCode::NOT_FOUND,
                 "NOT_FOUND",
                 &format!("no such path {path}"),
                 json!([]),
-            ));
+            )));
         };
         if !self.authorized(headers) {
             self.unauthenticated.fetch_add(1, Ordering::Relaxed);
-            return Err(error(
+            return Err(Box::new(error(
                 StatusCode::UNAUTHORIZED,
                 "UNAUTHENTICATED",
                 "Request had invalid authentication credentials.",
                 json!([]),
-            ));
+            )));
         }
         let body: Value = match serde_json::from_slice(&body) {
             Ok(body) => body,
-            Err(e) => return Err(invalid(&format!("the body is not JSON: {e}"))),
+            Err(e) => return Err(Box::new(invalid(&format!("the body is not JSON: {e}")))),
         };
         if headers.get("content-type").and_then(|v| v.to_str().ok()) != Some("application/json") {
-            return Err(invalid("Content-Type must be application/json"));
+            return Err(Box::new(invalid("Content-Type must be application/json")));
         }
         if let Err(why) = check_message(&body) {
-            return Err(invalid(&why));
+            return Err(Box::new(invalid(&why)));
         }
         let received = Received {
             project: project.to_owned(),
@@ -474,7 +474,7 @@ async fn handle_send(
     let received = state.receive(&path, &headers, body);
     match received {
         Ok((project, reply)) => answer(project, reply).await,
-        Err(response) => response,
+        Err(response) => *response,
     }
 }
 

@@ -111,9 +111,9 @@ async fn register(server: &Server, count: usize) -> Vec<String> {
             Some(body.into_bytes()),
         )
         .await;
-        let endpoint = reply.json["endpoint"].as_str().unwrap_or_else(|| {
-            panic!("registration failed: {} {}", reply.status, reply.text)
-        });
+        let endpoint = reply.json["endpoint"]
+            .as_str()
+            .unwrap_or_else(|| panic!("registration failed: {} {}", reply.status, reply.text));
         endpoints.push(endpoint.to_owned());
     }
     endpoints
@@ -176,7 +176,11 @@ async fn run_step(
                 }
                 let target = next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
                 let status = connection
-                    .push(&endpoints[target], sender.authorization(), bodies.stamped(0))
+                    .push(
+                        &endpoints[target],
+                        sender.authorization(),
+                        bodies.stamped(0),
+                    )
                     .await
                     .unwrap_or(0);
                 *statuses.entry(status).or_default() += 1;
