@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use autopush_bench::scenario::{apns, direct, drain, idle};
+use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -79,6 +79,23 @@ enum Scenario {
         /// The channel's cap on pushes in flight to Apple
         #[arg(long, default_value_t = 1000)]
         max_in_flight: usize,
+    },
+    /// Pushes to FCM devices through a local stand-in for Google: throughput,
+    /// latency, token fetches
+    Fcm {
+        #[arg(long, default_value_t = 1000)]
+        devices: usize,
+        #[arg(long, default_value_t = 64)]
+        connections: usize,
+        /// Milliseconds the stand-in takes to answer each message, one run each
+        #[arg(long, value_delimiter = ',', default_value = "1,50")]
+        delays_ms: Vec<u64>,
+        /// Offered pushes per second, in order; `max` is a closed loop
+        #[arg(long, value_delimiter = ',', default_value = "max,500,1000")]
+        rates: Vec<String>,
+        /// Seconds per rate
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
     },
     /// A worker process of `idle` (not run by hand)
     #[command(hide = true)]
@@ -162,6 +179,37 @@ async fn main() {
             };
             if !apns::run(&options).await {
                 eprintln!("some pushes were refused or never reached the double");
+                std::process::exit(1);
+            }
+        }
+        Scenario::Fcm {
+            devices,
+            connections,
+            delays_ms,
+            rates,
+            seconds,
+        } => {
+            let rates = rates
+                .iter()
+                .map(|rate| match rate.as_str() {
+                    "max" => 0,
+                    n => n.parse().unwrap_or_else(|_| {
+                        eprintln!("--rates: {n} is not a number or max");
+                        std::process::exit(2);
+                    }),
+                })
+                .collect();
+            let options = fcm::Options {
+                devices,
+                connections,
+                delays_ms,
+                rates,
+                seconds,
+            };
+            if !fcm::run(&options, &cli.server_log).await {
+                eprintln!(
+                    "some pushes were refused, never reached FCM, or needed more than one token"
+                );
                 std::process::exit(1);
             }
         }

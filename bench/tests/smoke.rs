@@ -82,3 +82,22 @@ fn apns_pushes_reach_the_double_at_each_latency() {
     assert!(out.contains("| 1 |"), "{out}");
     assert!(out.contains("| 5 |"), "{out}");
 }
+
+#[test]
+fn fcm_reaches_google_with_one_token() {
+    let out = bench(&[
+        "fcm",
+        "--devices",
+        "3",
+        "--connections",
+        "2",
+        "--delays-ms",
+        "1",
+        "--rates",
+        "50,max",
+        "--seconds",
+        "1",
+    ]);
+    assert!(out.contains("| 1 | 50 |"), "{out}");
+    assert!(out.contains("| 1 | max |"), "{out}");
+}

@@ -9,7 +9,7 @@
 //! * [`CredentialAlarm`]: one loud log line when an upstream refuses our
 //!   credentials, not one per push.
 //! * [`mask_token`]: how a device token may appear in logs and `diagnose`;
-//!   [`masked_router_data`] a bridge user's `router_data` as shown there.
+//!   [`crate::router::mask_tokens`] applies it to a bridge user's `router_data`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -174,19 +174,6 @@ pub fn mask_token(token: &str) -> String {
     format!("{head}…{tail} ({} chars)", chars.len())
 }
 
-/// A bridge user's `router_data` as `diagnose` and the internal API show
-/// it: the bridge's fields (release channel, app id, ...) with the device
-/// `token` masked.
-pub fn masked_router_data(router_data: &serde_json::Value) -> serde_json::Value {
-    let mut shown = router_data.clone();
-    if let Some(token) = shown.get_mut("token")
-        && let Some(text) = token.as_str()
-    {
-        *token = mask_token(text).into();
-    }
-    shown
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -324,17 +311,5 @@ mod tests {
         assert!(masked.starts_with("a1b2") && masked.contains("8f90"));
         assert!(!masked.contains("c3d4e5f6"));
         assert_eq!(mask_token("short"), "*****");
-    }
-
-    #[test]
-    fn router_data_is_shown_with_its_token_masked() {
-        let data =
-            serde_json::json!({"token": "a1b2c3d4e5f60718293a4b5c6d7e8f90", "rel_channel": "beta"});
-        let shown = masked_router_data(&data);
-        assert_eq!(shown["rel_channel"], "beta");
-        assert_eq!(
-            shown["token"],
-            mask_token("a1b2c3d4e5f60718293a4b5c6d7e8f90")
-        );
     }
 }

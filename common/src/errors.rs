@@ -20,11 +20,10 @@ pub enum ApiError {
     NoUser,
     #[error("Data payload too large: at most {0} bytes")]
     PayloadTooLarge(usize),
-    /// A bridge carries less than a direct push: the body travels
-    /// base64-encoded inside the bridge's own size limit.
     #[error(
-        "Data payload too large for this bridge: bridged messages hold less than direct ones, \
-         this one at most {0} bytes of encrypted body"
+        "Data payload too large for this subscription's bridge: at most {0} bytes. The device \
+         is reached through a bridge (APNs or FCM) whose messages carry the body base64-encoded \
+         with the encryption headers, so they hold less than a Web Push message"
     )]
     BridgePayloadTooLarge(usize),
     #[error("No such subscription")]

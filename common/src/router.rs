@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::Deserialize;
 
+use crate::bridge::mask_token;
 use crate::{ApiError, ApiResult, Notification, RouterType, User};
 
 /// How a router disposed of a notification.
@@ -49,10 +50,14 @@ pub enum RouterError {
     /// The bridge says the device is gone for good.
     #[error("the bridge reports the device is gone")]
     DeviceGone,
-    /// The bridge's payload limit is smaller than this message; carries
-    /// how many bytes of encrypted body would have fitted.
+    /// The bridge's payload limit is smaller than this message: it holds at
+    /// most this many bytes of encrypted body.
     #[error("the message is too large for this bridge: at most {0} bytes")]
     TooMuchData(usize),
+    /// The bridge refused this message for a reason of its own (e.g. FCM's
+    /// `INVALID_ARGUMENT`); retrying the same message cannot help.
+    #[error("the bridge refused the message: {0}")]
+    Refused(String),
     #[error("the bridge refused our credentials")]
     Authentication,
     #[error("could not connect to the bridge: {0}")]
@@ -74,6 +79,9 @@ impl From<RouterError> for ApiError {
             RouterError::UnknownApp(_) => ApiError::InvalidRouterType,
             RouterError::DeviceGone => ApiError::DeviceGone,
             RouterError::TooMuchData(max) => ApiError::BridgePayloadTooLarge(max),
+            RouterError::Refused(m) => {
+                ApiError::BadRequest(format!("the bridge refused the message: {m}"))
+            }
             RouterError::Authentication => ApiError::BridgeAuthentication,
             RouterError::Connect(m) => ApiError::BridgeConnect(m),
             RouterError::Timeout => ApiError::BridgeTimeout,
@@ -112,6 +120,27 @@ pub trait Router: Send + Sync {
     ) -> ApiResult<Delivery>;
 }
 
+/// `data` with the value of every `token` key, at any depth, masked with
+/// [`mask_token`].
+pub fn mask_tokens(data: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match data {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, value)| {
+                    let shown = match value {
+                        Value::String(token) if key == "token" => Value::String(mask_token(token)),
+                        other => mask_tokens(other),
+                    };
+                    (key.clone(), shown)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(mask_tokens).collect()),
+        other => other.clone(),
+    }
+}
+
 /// One router per router type; a type without an entry is not served here.
 #[derive(Default, Clone)]
 pub struct RouterRegistry {
@@ -133,5 +162,31 @@ impl RouterRegistry {
     pub fn extend(mut self, other: RouterRegistry) -> Self {
         self.routers.extend(other.routers);
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_masked_at_any_depth() {
+        let token = "dGVzdC1yZWdpc3RyYXRpb24tdG9rZW4tZm9yLWZjbQ";
+        let data = serde_json::json!({
+            "token": token,
+            "app_id": "app1",
+            "creds": {"token": token, "senderID": "1234"},
+        });
+        let shown = mask_tokens(&data);
+        assert!(!shown.to_string().contains(token), "{shown}");
+        assert_eq!(shown["token"], mask_token(token));
+        assert_eq!(shown["creds"]["token"], mask_token(token));
+        assert_eq!(
+            (
+                shown["app_id"].as_str(),
+                shown["creds"]["senderID"].as_str()
+            ),
+            (Some("app1"), Some("1234"))
+        );
     }
 }

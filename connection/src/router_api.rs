@@ -212,7 +212,7 @@ pub async fn describe_user(
     let mut body = serde_json::to_value(&user).unwrap_or_default();
     body["uaid"] = json!(uaid.simple().to_string());
     if let Some(data) = &user.router_data {
-        body["router_data"] = autopush_common::bridge::masked_router_data(data);
+        body["router_data"] = autopush_common::router::mask_tokens(data);
     }
     body["channels"] = json!(channels);
     body["stored_messages"] = json!(storage.count_messages(uaid, usize::MAX).await?);

@@ -92,16 +92,6 @@ fn router_keys(
     )
 }
 
-/// The bridge routers the settings configure, clients built and key
-/// material checked; a bridge with nothing configured is not served.
-fn configured_bridges(settings: &Settings) -> Result<RouterRegistry, String> {
-    let mut bridges = RouterRegistry::default();
-    if !settings.apns.channels.is_empty() {
-        bridges = bridges.with(RouterType::Apns, Arc::new(ApnsRouter::new(&settings.apns)?));
-    }
-    Ok(bridges)
-}
-
 /// A started service: its servers run until [`Running::wait`] returns or the
 /// value is dropped.
 pub struct Running {
@@ -116,7 +106,7 @@ pub async fn start(
     settings: &Settings,
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
-    let bridges = configured_bridges(settings)?.extend(bridges);
+    let bridges = self::bridges(settings)?.extend(bridges);
     let storage = open_storage(&settings.db)?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
@@ -237,6 +227,26 @@ impl Running {
             }
         }
     }
+}
+
+/// The bridge routers `settings` configure, clients built and key material
+/// checked; a bridge with nothing configured is not served. Bad bridge
+/// settings are an error naming the channel or app. Adding a bridge is one
+/// line here.
+pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
+    let mut bridges = RouterRegistry::default();
+    if !settings.apns.channels.is_empty() {
+        bridges = bridges.with(RouterType::Apns, Arc::new(ApnsRouter::new(&settings.apns)?));
+    }
+    // FCM and GCM apps naming the same Firebase project share its client and tokens.
+    let google = autopush_fcm::Projects::default();
+    if let Some(fcm) = autopush_fcm::FcmRouter::configured(&settings.fcm, &google)? {
+        bridges = bridges.with(RouterType::Fcm, fcm);
+    }
+    if let Some(gcm) = autopush_gcm::GcmRouter::configured(&settings.gcm, &google)? {
+        bridges = bridges.with(RouterType::Gcm, gcm);
+    }
+    Ok(bridges)
 }
 
 /// Run until the process is stopped.

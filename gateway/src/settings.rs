@@ -8,12 +8,14 @@
 //! being named: a new setting is a field here, a field in [`Settings`] and
 //! its line in [`Settings::from_layer`].
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use autopush_apns::settings::ApnsSettings;
 use autopush_common::Secret;
 use autopush_connection::http::HttpLimits;
+use autopush_fcm::settings::{AppSettings, BridgeSection, apps_from_json};
 use clap::Args;
 use serde::{Deserialize, Serialize};
 
@@ -142,6 +144,30 @@ pub struct SettingsLayer {
         value_parser = ApnsChannelsParser
     )]
     pub apns: Option<ApnsSettings>,
+    /// FCM apps as one JSON object: {"APP": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [fcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_FCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub fcm_credentials: Option<String>,
+    /// GCM sender ids as one JSON object: {"SENDER_ID": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [gcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_GCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub gcm_credentials: Option<String>,
+    /// The settings file's `[fcm.apps.NAME]` tables.
+    #[arg(skip)]
+    pub fcm: Option<BridgeSection>,
+    /// The settings file's `[gcm.apps.SENDER_ID]` tables.
+    #[arg(skip)]
+    pub gcm: Option<BridgeSection>,
 }
 
 /// Parses `--apns-channels` / `AUTOPUSH_APNS_CHANNELS` without echoing the
@@ -232,6 +258,23 @@ pub struct Settings {
     pub vapid_cache_size: usize,
     pub log_format: LogFormat,
     pub apns: ApnsSettings,
+    /// FCM apps by name.
+    pub fcm: BTreeMap<String, AppSettings>,
+    /// GCM apps by sender id.
+    pub gcm: BTreeMap<String, AppSettings>,
+}
+
+/// A bridge's apps: the environment's (or flag's) JSON object if given,
+/// else the settings file's tables.
+fn bridge_apps(
+    variable: &str,
+    json: Option<&str>,
+    file: Option<BridgeSection>,
+) -> Result<BTreeMap<String, AppSettings>, String> {
+    match json {
+        Some(json) => apps_from_json(variable, json),
+        None => Ok(file.unwrap_or_default().apps),
+    }
 }
 
 fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
@@ -351,6 +394,16 @@ impl Settings {
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             log_format,
             apns: l.apns.unwrap_or_default(),
+            fcm: bridge_apps(
+                "AUTOPUSH_FCM_CREDENTIALS",
+                l.fcm_credentials.as_deref(),
+                l.fcm,
+            )?,
+            gcm: bridge_apps(
+                "AUTOPUSH_GCM_CREDENTIALS",
+                l.gcm_credentials.as_deref(),
+                l.gcm,
+            )?,
         })
     }
 
@@ -476,6 +529,40 @@ mod tests {
             err.contains("\"firefox\"") && err.contains("keyid"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn bridge_apps_come_from_the_file_or_the_environment_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(
+            &path,
+            "[fcm.apps.myapp]\nproject_id = \"p1\"\ncredential = \"/etc/sa.json\"\ntimeout = 2.5\n\
+             [gcm.apps.123456]\nproject_id = \"p2\"\ncredential = \"/etc/sa2.json\"\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+        assert_eq!(s.fcm["myapp"].project_id, "p1");
+        assert_eq!(s.fcm["myapp"].timeout, Some(2.5));
+        assert_eq!(s.gcm["123456"].project_id, "p2");
+
+        let flags = SettingsLayer {
+            fcm_credentials: Some(r#"{"other": {"project_id": "p3", "credential": "{}"}}"#.into()),
+            ..Default::default()
+        };
+        let s = Settings::resolve(flags, Some(&path)).unwrap();
+        assert_eq!(s.fcm.keys().collect::<Vec<_>>(), ["other"]);
+        assert_eq!(s.gcm["123456"].project_id, "p2");
+
+        std::fs::write(&path, "[fcm.apps.myapp]\nproject = \"p1\"\n").unwrap();
+        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+        assert!(err.contains("project"), "{err}");
+        let flags = SettingsLayer {
+            gcm_credentials: Some("not json".into()),
+            ..Default::default()
+        };
+        let err = Settings::resolve(flags, None).unwrap_err();
+        assert!(err.contains("AUTOPUSH_GCM_CREDENTIALS"), "{err}");
     }
 
     #[test]

@@ -158,7 +158,19 @@ fn set_env(key: &str, value: &str) {
 /// Mozilla's autopush-rs names them so operators' settings carry over, and
 /// tables in the file. Their own tests (in the gateway's settings module)
 /// cover each source.
-const BRIDGES: &[(&str, &str, &str)] = &[("apns", "apns-channels", "AUTOPUSH_APNS_CHANNELS")];
+const BRIDGES: &[(&str, &str, &str)] = &[
+    ("apns", "apns-channels", "AUTOPUSH_APNS_CHANNELS"),
+    (
+        "fcm_credentials",
+        "fcm-credentials",
+        "AUTOPUSH_FCM_CREDENTIALS",
+    ),
+    (
+        "gcm_credentials",
+        "gcm-credentials",
+        "AUTOPUSH_GCM_CREDENTIALS",
+    ),
+];
 
 fn declared() -> Vec<(String, String, String)> {
     SettingsLayer::augment_args(Command::new("autopush"))

@@ -128,6 +128,8 @@ def cmd_send(args) -> None:
     headers = dict(vapid_headers(args))
     if args.topic is not None:
         headers["Topic"] = args.topic
+    if args.urgency is not None:
+        headers["Urgency"] = args.urgency
     session = requests.Session()
     session.trust_env = False  # never route loopback traffic through a proxy
     pusher = WebPusher(subscription_info(args), requests_session=session)
@@ -249,6 +251,7 @@ def main() -> None:
     add_payload_args(p)
     p.add_argument("--ttl", type=int, default=0)
     p.add_argument("--topic")
+    p.add_argument("--urgency")
     p.add_argument("--vapid-pem")
     p.add_argument("--vapid-sub", default="mailto:test@example.com")
     p.add_argument("--vapid-aud")

@@ -23,6 +23,7 @@
 pub mod apns;
 pub mod bridge;
 pub mod firefox;
+pub mod google;
 pub mod http;
 pub mod node;
 pub mod py;

@@ -218,6 +218,7 @@ pub struct SendOptions {
     pub encoding: Encoding,
     pub ttl: u64,
     pub topic: Option<String>,
+    pub urgency: Option<String>,
     pub vapid: Option<VapidKey>,
     pub vapid_sub: Option<String>,
     pub vapid_aud: Option<String>,
@@ -232,6 +233,7 @@ impl SendOptions {
             encoding: Encoding::Aes128Gcm,
             ttl: 60,
             topic: None,
+            urgency: None,
             vapid: None,
             vapid_sub: None,
             vapid_aud: None,
@@ -275,6 +277,12 @@ impl SendOptions {
         self
     }
 
+    /// The `Urgency` header (RFC 8030: very-low, low, normal, high).
+    pub fn urgency(mut self, urgency: &str) -> SendOptions {
+        self.urgency = Some(urgency.to_string());
+        self
+    }
+
     /// Sign with this VAPID key (claims: `sub` mailto:test@example.com, `aud`
     /// the endpoint's origin, `exp` py_vapid's default).
     pub fn vapid(mut self, key: &VapidKey) -> SendOptions {
@@ -310,6 +318,9 @@ impl SendOptions {
         ]);
         if let Some(t) = &self.topic {
             args.push(opt("topic", t));
+        }
+        if let Some(u) = &self.urgency {
+            args.push(opt("urgency", u));
         }
         if let Some(k) = &self.vapid {
             args.push(opt("vapid-pem", k.pem.display()));

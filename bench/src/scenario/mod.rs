@@ -4,4 +4,5 @@
 pub mod apns;
 pub mod direct;
 pub mod drain;
+pub mod fcm;
 pub mod idle;

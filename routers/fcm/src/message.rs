@@ -1,0 +1,140 @@
+//! The FCM HTTP v1 message a Web Push notification becomes:
+//!
+//! ```json
+//! {"message": {"token": "...", "android": {"ttl": "60s", "priority": "high",
+//!   "collapse_key": "topic", "data": {"chid": "...", "ver": "...", "body": "...",
+//!   "con": "aes128gcm"}}}}
+//! ```
+
+use std::collections::BTreeMap;
+
+use autopush_common::Notification;
+use autopush_common::router::RouterError;
+use serde_json::{Value, json};
+
+/// FCM keeps a message at most 28 days.
+pub const MAX_TTL: u64 = 28 * 24 * 60 * 60;
+
+/// FCM's limit on a message's data, keys and values together.
+pub const MAX_DATA_BYTES: usize = 4096;
+
+/// The data keys every Web Push notification carries to the app: `body`
+/// (the ciphertext, base64url) with the encryption headers it needs, `con`
+/// (`Content-Encoding`), `enc` (`Encryption`) and `cryptokey`
+/// (`Crypto-Key`), when the notification has a body. The caller adds its
+/// own identification keys (`chid`, ...).
+pub fn payload_data(notification: &Notification) -> BTreeMap<&'static str, String> {
+    let mut data = BTreeMap::new();
+    if let Some(body) = &notification.data {
+        data.insert("body", body.clone());
+        let headers = notification.headers.as_ref();
+        let header = |name: &str| headers.and_then(|h| h.get(name)).cloned();
+        for (key, header_name) in [
+            ("con", "encoding"),
+            ("enc", "encryption"),
+            ("cryptokey", "crypto_key"),
+        ] {
+            if let Some(value) = header(header_name) {
+                data.insert(key, value);
+            }
+        }
+    }
+    data
+}
+
+/// The `messages:send` body for `token`, or [`RouterError::TooMuchData`]
+/// when `data` is over FCM's limit.
+pub fn android_message(
+    token: &str,
+    notification: &Notification,
+    data: &BTreeMap<&'static str, String>,
+) -> Result<Value, RouterError> {
+    check_size(data)?;
+    let priority = match notification.urgency {
+        Some(urgency) if urgency.is_low() => "normal",
+        _ => "high",
+    };
+    let mut android = json!({
+        "ttl": format!("{}s", notification.ttl.min(MAX_TTL)),
+        "priority": priority,
+        "data": data,
+    });
+    if let Some(topic) = &notification.topic {
+        android["collapse_key"] = json!(topic);
+    }
+    Ok(json!({"message": {"token": token, "android": android}}))
+}
+
+/// Refuse data over FCM's limit before sending, telling the sender how
+/// much encrypted body (before base64) would have fit.
+fn check_size(data: &BTreeMap<&'static str, String>) -> Result<(), RouterError> {
+    let total: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total <= MAX_DATA_BYTES {
+        return Ok(());
+    }
+    let body = data.get("body").map_or(0, String::len);
+    let room_for_body = MAX_DATA_BYTES.saturating_sub(total - body);
+    Err(RouterError::TooMuchData(room_for_body / 4 * 3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopush_common::Urgency;
+
+    fn notification() -> Notification {
+        Notification {
+            channel_id: uuid::Uuid::nil(),
+            version: "msgid".into(),
+            ttl: 90,
+            timestamp: 1,
+            topic: None,
+            sortkey_timestamp: None,
+            data: Some("AAEC".into()),
+            headers: Some(
+                [("encoding".to_string(), "aes128gcm".to_string())]
+                    .into_iter()
+                    .collect(),
+            ),
+            urgency: None,
+            durable: false,
+        }
+    }
+
+    #[test]
+    fn a_notification_becomes_an_android_data_message() {
+        let mut n = notification();
+        n.topic = Some("news".into());
+        let mut data = payload_data(&n);
+        data.insert("chid", "c".into());
+        let message = android_message("tok", &n, &data).unwrap();
+        assert_eq!(
+            message,
+            json!({"message": {"token": "tok", "android": {
+                "ttl": "90s", "priority": "high", "collapse_key": "news",
+                "data": {"chid": "c", "body": "AAEC", "con": "aes128gcm"}}}})
+        );
+    }
+
+    #[test]
+    fn low_urgency_is_normal_priority_and_ttl_is_clamped() {
+        let mut n = notification();
+        n.urgency = Some(Urgency::VeryLow);
+        n.ttl = 60 * 24 * 3600;
+        let message = android_message("tok", &n, &payload_data(&n)).unwrap();
+        assert_eq!(message["message"]["android"]["priority"], "normal");
+        assert_eq!(message["message"]["android"]["ttl"], "2419200s");
+        n.urgency = Some(Urgency::Normal);
+        let message = android_message("tok", &n, &payload_data(&n)).unwrap();
+        assert_eq!(message["message"]["android"]["priority"], "high");
+    }
+
+    #[test]
+    fn data_over_the_limit_is_refused_with_the_room_left() {
+        let mut n = notification();
+        n.data = Some("A".repeat(MAX_DATA_BYTES));
+        let err = android_message("tok", &n, &payload_data(&n)).unwrap_err();
+        // 4096 less "body", "con" and "aes128gcm", as raw bytes before base64.
+        assert_eq!(err, RouterError::TooMuchData((4096 - 4 - 3 - 9) / 4 * 3));
+    }
+}

@@ -1,0 +1,358 @@
+//! FCM HTTP v1 transport: `POST {base_url}/v1/projects/{project_id}/messages:send`
+//! with an OAuth2 bearer token, and how each answer maps onto what the
+//! sender is told.
+//!
+//! One [`Project`] per Firebase project holds the HTTP client, the access
+//! tokens, the in-flight cap and the retry policy, shared by every app (FCM
+//! or GCM) that names the project. An [`App`] is one configured app id over
+//! its project, with its own credential alarm.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use autopush_common::bridge::{Attempt, CredentialAlarm, InFlight, RetryPolicy, with_retries};
+use autopush_common::router::RouterError;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::auth::AccessTokens;
+use crate::settings::AppSettings;
+
+/// What a sender is told to wait when FCM is busy and said not how long, or
+/// when the in-flight cap is reached.
+const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// One Firebase project: where to send, with which credentials.
+pub struct Project {
+    project_id: String,
+    url: String,
+    http: reqwest::Client,
+    tokens: AccessTokens,
+    in_flight: InFlight,
+    policy: RetryPolicy,
+    /// What makes two apps' settings the same project.
+    settings: (String, Duration, usize),
+}
+
+impl Project {
+    fn new(app: &AppSettings) -> Result<Project, String> {
+        let base_url = app.base_url();
+        if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
+            return Err(format!("base_url must be an http(s) URL, got {base_url:?}"));
+        }
+        if app.project_id.is_empty()
+            || !app
+                .project_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "project_id must be a Firebase project id, got {:?}",
+                app.project_id
+            ));
+        }
+        let deadline = app.timeout()?;
+        let max_in_flight = app.max_in_flight()?;
+        let tokens = AccessTokens::new(app.credential_json()?)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(deadline.min(Duration::from_secs(5)))
+            .timeout(deadline)
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Project {
+            project_id: app.project_id.clone(),
+            url: format!("{base_url}/v1/projects/{}/messages:send", app.project_id),
+            http,
+            tokens,
+            in_flight: InFlight::new(max_in_flight, DEFAULT_RETRY_AFTER),
+            policy: RetryPolicy {
+                deadline,
+                ..RetryPolicy::default()
+            },
+            settings: (base_url.to_owned(), deadline, max_in_flight),
+        })
+    }
+
+    pub fn project_id(&self) -> &str {
+        &self.project_id
+    }
+
+    /// Access tokens fetched so far for this project.
+    pub fn token_fetches(&self) -> u64 {
+        self.tokens.fetches()
+    }
+
+    /// Send `message`, retrying what may succeed later, within the deadline.
+    async fn send(&self, message: &Value, alarm: &Alarm<'_>) -> Result<(), RouterError> {
+        let _slot = self.in_flight.try_acquire()?;
+        let body = serde_json::to_vec(message)
+            .map_err(|e| RouterError::Upstream(format!("cannot encode the message: {e}")))?;
+        with_retries(&self.policy, |_| self.attempt(&body, alarm)).await
+    }
+
+    async fn attempt(&self, body: &[u8], alarm: &Alarm<'_>) -> Attempt<()> {
+        let token = match self.tokens.get().await {
+            Ok(token) => token,
+            Err(error) => return alarm.token_failed(error),
+        };
+        let mut answer = self.post(&token, body).await;
+        if matches!(&answer, Ok((StatusCode::UNAUTHORIZED, ..))) {
+            // Revoked or expired early: one new token, one more try.
+            answer = match self.tokens.refresh(&token).await {
+                Ok(token) => self.post(&token, body).await,
+                Err(error) => return alarm.token_failed(error),
+            };
+        }
+        match answer {
+            Ok((status, retry_after, reply)) => alarm.judge(status, retry_after, &reply),
+            Err(error) if error.is_timeout() => Attempt::Fail(RouterError::Timeout),
+            Err(error) => Attempt::Retry {
+                error: RouterError::Connect(error.without_url().to_string()),
+                retry_after: None,
+            },
+        }
+    }
+
+    async fn post(
+        &self,
+        token: &str,
+        body: &[u8],
+    ) -> Result<(StatusCode, Option<Duration>, Value), reqwest::Error> {
+        let response = self
+            .http
+            .post(&self.url)
+            .bearer_auth(token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_vec())
+            .send()
+            .await?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let text = response.text().await?;
+        Ok((
+            status,
+            retry_after,
+            serde_json::from_str(&text).unwrap_or(Value::Null),
+        ))
+    }
+}
+
+/// The projects built so far, so apps naming the same project share one.
+#[derive(Default)]
+pub struct Projects {
+    built: Mutex<HashMap<String, Arc<Project>>>,
+}
+
+impl Projects {
+    fn get(&self, app: &AppSettings) -> Result<Arc<Project>, String> {
+        let project = Project::new(app)?;
+        let mut built = self.built.lock().map_err(|e| e.to_string())?;
+        match built.get(&app.project_id) {
+            Some(existing) if existing.settings == project.settings => Ok(existing.clone()),
+            Some(_) => Err(format!(
+                "project {} is named by another app with a different base_url, timeout or max_in_flight",
+                app.project_id
+            )),
+            None => {
+                let project = Arc::new(project);
+                built.insert(app.project_id.clone(), project.clone());
+                Ok(project)
+            }
+        }
+    }
+}
+
+/// One configured app id (FCM app name, GCM sender id) of a bridge.
+pub struct App {
+    bridge: &'static str,
+    id: String,
+    project: Arc<Project>,
+    alarm: CredentialAlarm,
+}
+
+impl App {
+    /// The apps of one bridge from its settings; an error names the app.
+    pub fn build_all(
+        bridge: &'static str,
+        apps: &std::collections::BTreeMap<String, AppSettings>,
+        projects: &Projects,
+    ) -> Result<HashMap<String, App>, String> {
+        apps.iter()
+            .map(|(id, settings)| {
+                let project = projects
+                    .get(settings)
+                    .map_err(|e| format!("{bridge} app {id:?}: {e}"))?;
+                let app = App {
+                    bridge,
+                    id: id.clone(),
+                    project,
+                    alarm: CredentialAlarm::default(),
+                };
+                Ok((id.clone(), app))
+            })
+            .collect()
+    }
+
+    pub fn project(&self) -> &Project {
+        &self.project
+    }
+
+    /// Deliver one `messages:send` body.
+    pub async fn send(&self, message: &Value) -> Result<(), RouterError> {
+        let alarm = Alarm { app: self };
+        let result = self.project.send(message, &alarm).await;
+        if result.is_ok() {
+            self.alarm.clear(self.bridge, &self.id);
+        }
+        result
+    }
+}
+
+/// Reads FCM's answers for one app, raising its credential alarm.
+struct Alarm<'a> {
+    app: &'a App,
+}
+
+impl Alarm<'_> {
+    fn raise(&self, detail: &str) {
+        let detail = format!("project {}: {detail}", self.app.project.project_id);
+        self.app.alarm.raise(self.app.bridge, &self.app.id, &detail);
+    }
+
+    fn token_failed(&self, error: RouterError) -> Attempt<()> {
+        match error {
+            RouterError::Authentication => {
+                self.raise("the OAuth token endpoint refused the service-account key");
+                Attempt::Fail(RouterError::Authentication)
+            }
+            other => Attempt::Retry {
+                error: other,
+                retry_after: None,
+            },
+        }
+    }
+
+    /// FCM's answer (see <https://firebase.google.com/docs/reference/fcm/rest/v1/ErrorCode>).
+    fn judge(
+        &self,
+        status: StatusCode,
+        retry_after: Option<Duration>,
+        reply: &Value,
+    ) -> Attempt<()> {
+        let error = FcmError::read(reply);
+        match status.as_u16() {
+            200..=299 => Attempt::Done(()),
+            404 => Attempt::Fail(RouterError::DeviceGone),
+            _ if error.code == "UNREGISTERED" => Attempt::Fail(RouterError::DeviceGone),
+            400 if error.names_the_token() => Attempt::Fail(RouterError::DeviceGone),
+            400 => Attempt::Fail(RouterError::Refused(error.reason())),
+            401 | 403 => {
+                self.raise(&format!("FCM answered {status}: {}", error.reason()));
+                Attempt::Fail(RouterError::Authentication)
+            }
+            429 | 500..=599 => Attempt::Retry {
+                error: RouterError::Unavailable {
+                    retry_after: retry_after.unwrap_or(DEFAULT_RETRY_AFTER),
+                },
+                retry_after,
+            },
+            _ => Attempt::Fail(RouterError::Upstream(format!(
+                "FCM answered {status}: {}",
+                error.reason()
+            ))),
+        }
+    }
+}
+
+/// The parts of FCM's error body that decide what happens.
+#[derive(Debug, Default)]
+struct FcmError {
+    /// `error.status`, e.g. `INVALID_ARGUMENT`.
+    status: String,
+    /// The FcmError detail's `errorCode`, e.g. `UNREGISTERED`.
+    code: String,
+    message: String,
+    /// Fields named by a `google.rpc.BadRequest` detail.
+    fields: Vec<String>,
+}
+
+impl FcmError {
+    fn read(reply: &Value) -> FcmError {
+        let error = &reply["error"];
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let details = error["details"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        FcmError {
+            status: text(&error["status"]),
+            code: details
+                .iter()
+                .find_map(|d| d["errorCode"].as_str())
+                .unwrap_or_default()
+                .to_owned(),
+            message: text(&error["message"]),
+            fields: details
+                .iter()
+                .filter_map(|d| d["fieldViolations"].as_array())
+                .flatten()
+                .filter_map(|v| v["field"].as_str().map(str::to_owned))
+                .collect(),
+        }
+    }
+
+    /// A 400 about the registration token: the device's registration is
+    /// not (or no longer) valid.
+    fn names_the_token(&self) -> bool {
+        self.fields.iter().any(|f| f == "message.token")
+            || self
+                .message
+                .to_ascii_lowercase()
+                .contains("registration token")
+    }
+
+    fn reason(&self) -> String {
+        match (self.status.as_str(), self.message.as_str()) {
+            ("", "") => "no reason given".into(),
+            (status, "") => status.into(),
+            ("", message) => message.into(),
+            (status, message) => format!("{status}: {message}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn fcm_errors_are_read() {
+        let unregistered = json!({"error": {"code": 404, "status": "NOT_FOUND",
+            "message": "Requested entity was not found.",
+            "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError",
+                         "errorCode": "UNREGISTERED"}]}});
+        assert_eq!(FcmError::read(&unregistered).code, "UNREGISTERED");
+        let bad_token = json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+            "message": "The registration token is not a valid FCM registration token",
+            "details": [{"@type": "type.googleapis.com/google.rpc.BadRequest",
+                         "fieldViolations": [{"field": "message.token",
+                                              "description": "Invalid registration token"}]}]}});
+        assert!(FcmError::read(&bad_token).names_the_token());
+        let other = json!({"error": {"code": 400, "status": "INVALID_ARGUMENT",
+            "message": "Invalid value at 'message.android.ttl'"}});
+        let other = FcmError::read(&other);
+        assert!(!other.names_the_token());
+        assert_eq!(
+            other.reason(),
+            "INVALID_ARGUMENT: Invalid value at 'message.android.ttl'"
+        );
+        assert_eq!(FcmError::read(&Value::Null).reason(), "no reason given");
+    }
+}

@@ -1,0 +1,108 @@
+//! The GCM bridge: Android apps that registered through
+//! `/v1/gcm/{sender_id}/registration`, as GCM-era clients do. Google shut
+//! GCM down; their registration tokens are FCM tokens, so notifications go
+//! over FCM HTTP v1 through `autopush-fcm`'s transport. What stays GCM's:
+//!
+//! * the app id is the sender id (the Firebase project number), returned
+//!   as `senderid` in the registration reply;
+//! * registrations stored by older servers keep the sender id in
+//!   `creds.senderID` instead of `app_id`;
+//! * the data GCM-era clients match on: `chid` in hex without dashes (the
+//!   form those clients registered channels with), plus `body`, `con`,
+//!   `enc` and `cryptokey` as for FCM.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
+use autopush_common::{ApiResult, Notification, User};
+use autopush_fcm::message::{android_message, payload_data};
+use autopush_fcm::router::{find_app, registration_token, stored_token};
+use autopush_fcm::{App, AppSettings, Projects};
+use serde_json::{Value, json};
+
+pub struct GcmRouter {
+    /// By sender id.
+    apps: HashMap<String, App>,
+}
+
+impl GcmRouter {
+    /// The router for `apps` (by sender id), or `None` when none is
+    /// configured. Errors name the sender id whose settings are wrong.
+    pub fn configured(
+        apps: &BTreeMap<String, AppSettings>,
+        projects: &Projects,
+    ) -> Result<Option<Arc<GcmRouter>>, String> {
+        if apps.is_empty() {
+            return Ok(None);
+        }
+        let apps = App::build_all("gcm", apps, projects)?;
+        Ok(Some(Arc::new(GcmRouter { apps })))
+    }
+
+    /// The configured sender id `sender_id`.
+    pub fn app(&self, sender_id: &str) -> Option<&App> {
+        self.apps.get(sender_id)
+    }
+}
+
+/// The sender id of a registration: `app_id`, or `creds.senderID` in
+/// registrations older servers stored.
+fn sender_id(router_data: &Value) -> Option<&str> {
+    router_data["app_id"]
+        .as_str()
+        .or_else(|| router_data["creds"]["senderID"].as_str())
+}
+
+#[async_trait]
+impl Router for GcmRouter {
+    fn register(&self, input: &RouterDataInput, sender_id: &str) -> Result<Value, RouterError> {
+        if !self.apps.contains_key(sender_id) {
+            return Err(RouterError::UnknownApp(sender_id.to_owned()));
+        }
+        let token = registration_token(input)?;
+        Ok(json!({"token": token, "app_id": sender_id}))
+    }
+
+    fn amend_endpoint_response(
+        &self,
+        response: &mut serde_json::Map<String, Value>,
+        router_data: &Value,
+    ) {
+        if let Some(sender_id) = sender_id(router_data) {
+            response.insert("senderid".into(), json!(sender_id));
+        }
+    }
+
+    async fn route_notification(
+        &self,
+        notification: Notification,
+        user: &User,
+    ) -> ApiResult<Delivery> {
+        let data = user.router_data.as_ref().unwrap_or(&Value::Null);
+        let token = stored_token(data)?;
+        let app = find_app(&self.apps, "gcm", sender_id(data))?;
+        let mut fields = payload_data(&notification);
+        fields.insert("chid", notification.channel_id.simple().to_string());
+        app.send(&android_message(token, &notification, &fields)?)
+            .await?;
+        Ok(Delivery::Direct)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sender_id_is_read_from_either_shape() {
+        assert_eq!(
+            sender_id(&json!({"token": "t", "app_id": "123"})),
+            Some("123")
+        );
+        let older = json!({"token": "t", "creds": {"senderID": "456", "auth": "x"}});
+        assert_eq!(sender_id(&older), Some("456"));
+        assert_eq!(sender_id(&json!({"token": "t"})), None);
+    }
+}

@@ -1,0 +1,660 @@
+//! The FCM and GCM bridges end to end: the real binary, configured with a
+//! local stand-in for Google (OAuth token endpoint and FCM HTTP v1, see
+//! `autopush_tests::google`), apps registering through `/v1/fcm/...` and
+//! `/v1/gcm/...`, and pywebpush pushing to the endpoints they get back.
+//! Each test asserts what Google received and what the sender was told.
+
+use std::time::Duration;
+
+use autopush_tests::google::{Google, Received, Reply};
+use autopush_tests::http::{self, HttpReply};
+use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
+use autopush_tests::{Server, new_channel_id, server};
+use reqwest::Method;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// The Firebase project of the test service account.
+const PROJECT: &str = "autopush-test";
+/// The GCM sender id configured.
+const SENDER_ID: &str = "1234567890";
+
+/// Google's stand-in and the server configured for it: FCM app `app1` (TOML
+/// table), GCM sender `SENDER_ID` (the `--gcm-credentials` JSON, inline
+/// key), both on project [`PROJECT`]; FCM app `slow` on its own project
+/// with room for one request in flight; FCM app `down` whose FCM is not
+/// listening.
+struct Bridge {
+    google: Google,
+    server: Server,
+    keys: Keys,
+    _dir: TempDir,
+}
+
+const TIMEOUT_SECS: u64 = 3;
+
+impl Bridge {
+    async fn start() -> Bridge {
+        let google = Google::start().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key_file = google.write_service_account(dir.path(), "service-account.json");
+        let [closed_port] = server::free_ports::<1>();
+        let config = dir.path().join("autopush.toml");
+        let app = |name: &str, project: &str, base_url: &str, extra: &str| {
+            format!(
+                "[fcm.apps.{name}]\nproject_id = \"{project}\"\ncredential = \"{}\"\n\
+                 base_url = \"{base_url}\"\ntimeout = {TIMEOUT_SECS}\n{extra}\n",
+                key_file.display()
+            )
+        };
+        let toml = [
+            app("app1", PROJECT, &google.base_url(), ""),
+            app(
+                "slow",
+                "slow-project",
+                &google.base_url(),
+                "max_in_flight = 1",
+            ),
+            app(
+                "down",
+                "down-project",
+                &format!("http://127.0.0.1:{closed_port}"),
+                "",
+            ),
+        ]
+        .concat();
+        std::fs::write(&config, toml).expect("write the settings file");
+        let gcm = json!({SENDER_ID: {
+            "project_id": PROJECT,
+            "credential": google.service_account().to_string(),
+            "base_url": google.base_url(),
+            "timeout": TIMEOUT_SECS,
+        }})
+        .to_string();
+        let server = Server::start_with(&[
+            "--config",
+            &config.display().to_string(),
+            "--gcm-credentials",
+            &gcm,
+        ])
+        .await;
+        let keys = Keys::generate().await;
+        Bridge {
+            google,
+            server,
+            keys,
+            _dir: dir,
+        }
+    }
+
+    fn registration_url(&self, router_type: &str, app_id: &str, path: &str) -> String {
+        format!(
+            "{}/v1/{router_type}/{app_id}/registration{path}",
+            self.server.endpoint_base()
+        )
+    }
+
+    async fn register_reply(&self, router_type: &str, app_id: &str, token: &str) -> HttpReply {
+        http::request(
+            Method::POST,
+            &self.registration_url(router_type, app_id, ""),
+            &[("content-type", "application/json")],
+            Some(json!({"token": token}).to_string().into_bytes()),
+        )
+        .await
+    }
+
+    async fn register(&self, router_type: &str, app_id: &str, token: &str) -> Registration {
+        let reply = self.register_reply(router_type, app_id, token).await;
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        let field = |name: &str| {
+            reply.json[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
+                .to_owned()
+        };
+        Registration {
+            router_type: router_type.into(),
+            app_id: app_id.into(),
+            uaid: field("uaid"),
+            secret: field("secret"),
+            endpoint: field("endpoint"),
+            channel_id: field("channelID"),
+            senderid: reply.json["senderid"].as_str().map(str::to_owned),
+        }
+    }
+
+    async fn push(&self, r: &Registration, options: &SendOptions) -> SendResult {
+        py::send(&r.endpoint, &self.keys, options).await
+    }
+
+    /// The registration as the registration API shows it to its app.
+    async fn channels(&self, r: &Registration) -> HttpReply {
+        let url = self.registration_url(&r.router_type, &r.app_id, &format!("/{}/", r.uaid));
+        let auth = format!("Bearer {}", r.secret);
+        http::request(Method::GET, &url, &[("authorization", &auth)], None).await
+    }
+
+    /// Decrypt what FCM carried to the device, as the app would.
+    async fn decrypt(&self, data: &Value) -> String {
+        let mut headers = json!({"encoding": data["con"]});
+        if let Some(enc) = data.get("enc") {
+            headers["encryption"] = enc.clone();
+        }
+        if let Some(key) = data.get("cryptokey") {
+            headers["crypto_key"] = key.clone();
+        }
+        let notification = json!({"data": data["body"], "headers": headers});
+        py::decrypt(&self.keys, &notification).await.text
+    }
+
+    /// Lines of the server's log with `needle`.
+    fn log_lines(&self, needle: &str) -> usize {
+        self.server
+            .stderr()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+}
+
+struct Registration {
+    router_type: String,
+    app_id: String,
+    uaid: String,
+    secret: String,
+    endpoint: String,
+    channel_id: String,
+    senderid: Option<String>,
+}
+
+impl Registration {
+    fn message_id(result: &SendResult) -> String {
+        let location = result.header("location").expect("Location");
+        location.rsplit('/').next().unwrap_or_default().to_owned()
+    }
+}
+
+/// The request's headers as FCM requires them.
+fn assert_fcm_headers(received: &Received) {
+    let auth = &received.headers["authorization"];
+    assert!(auth.starts_with("Bearer ya29.mock-"), "{auth}");
+    assert_eq!(received.headers["content-type"], "application/json");
+    assert_eq!(received.project, PROJECT);
+}
+
+#[tokio::test]
+async fn fcm_pushes_reach_google_as_data_messages_the_app_can_decrypt() {
+    let bridge = Bridge::start().await;
+    let token = "fcm-token-1:APA91bExample_token-with.all-chars";
+    let r = bridge.register("fcm", "app1", token).await;
+    assert_eq!(r.senderid.as_deref(), Some("app1"), "autopush's senderid");
+
+    // aes128gcm, a topic, low urgency.
+    let sent = bridge
+        .push(
+            &r,
+            &SendOptions::text("hello android")
+                .ttl(120)
+                .topic("news")
+                .urgency("low"),
+        )
+        .await;
+    sent.assert_created();
+    assert_eq!(sent.header("ttl"), Some("120"));
+    let got = bridge.google.wait_for(token, 1).await;
+    assert_fcm_headers(&got[0]);
+    let body = got[0].data()["body"].as_str().expect("a body").to_owned();
+    assert_eq!(
+        got[0].body,
+        json!({"message": {"token": token, "android": {
+            "ttl": "120s",
+            "priority": "normal",
+            "collapse_key": "news",
+            "data": {
+                "chid": r.channel_id,
+                "ver": Registration::message_id(&sent),
+                "body": body,
+                "con": "aes128gcm",
+            },
+        }}})
+    );
+    assert_eq!(bridge.decrypt(got[0].data()).await, "hello android");
+
+    // aesgcm carries its two headers; no Urgency is high priority; a TTL
+    // over FCM's 28 days is clamped.
+    let sent = bridge
+        .push(
+            &r,
+            &SendOptions::text("second")
+                .encoding(Encoding::AesGcm)
+                .ttl(2_592_000),
+        )
+        .await;
+    sent.assert_created();
+    let got = bridge.google.wait_for(token, 2).await;
+    let android = &got[1].body["message"]["android"];
+    assert_eq!(android["ttl"], "2419200s");
+    assert_eq!(android["priority"], "high");
+    assert!(android.get("collapse_key").is_none(), "{android}");
+    let data = &android["data"];
+    assert_eq!(data["con"], "aesgcm");
+    assert!(
+        data["enc"].as_str().is_some_and(|e| e.starts_with("salt=")),
+        "{data}"
+    );
+    assert!(
+        data["cryptokey"]
+            .as_str()
+            .is_some_and(|k| k.contains("dh=")),
+        "{data}"
+    );
+    assert_eq!(bridge.decrypt(data).await, "second");
+
+    // A push without a body: the channel and version only; urgency high.
+    bridge
+        .push(&r, &SendOptions::empty().urgency("high"))
+        .await
+        .assert_created();
+    let got = bridge.google.wait_for(token, 3).await;
+    let android = &got[2].body["message"]["android"];
+    assert_eq!(android["priority"], "high");
+    let keys: Vec<&String> = android["data"].as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["chid", "ver"]);
+
+    // One access token served every push.
+    assert_eq!(bridge.google.token_fetches(), 1);
+}
+
+#[tokio::test]
+async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
+    let bridge = Bridge::start().await;
+    let token = "gcm-era-registration-token";
+    let r = bridge.register("gcm", SENDER_ID, token).await;
+    assert_eq!(r.senderid.as_deref(), Some(SENDER_ID));
+    let sent = bridge
+        .push(&r, &SendOptions::text("hi gcm").topic("t1"))
+        .await;
+    sent.assert_created();
+    let got = bridge.google.wait_for(token, 1).await;
+    assert_fcm_headers(&got[0]);
+    let body = got[0].data()["body"].as_str().expect("a body").to_owned();
+    assert_eq!(
+        got[0].body,
+        json!({"message": {"token": token, "android": {
+            "ttl": "60s",
+            "priority": "high",
+            "collapse_key": "t1",
+            "data": {"chid": r.channel_id.replace('-', ""), "body": body, "con": "aes128gcm"},
+        }}})
+    );
+    assert_eq!(bridge.decrypt(got[0].data()).await, "hi gcm");
+
+    // A sender id, or an FCM app, that is not configured is refused.
+    bridge
+        .register_reply("gcm", "999", token)
+        .await
+        .assert_error(400, 108);
+    bridge
+        .register_reply("fcm", SENDER_ID, token)
+        .await
+        .assert_error(400, 108);
+}
+
+#[tokio::test]
+async fn registration_tokens_are_validated() {
+    let bridge = Bridge::start().await;
+    for bad in ["", "has space", "semi;colon", &"a".repeat(1025)] {
+        let reply = bridge.register_reply("fcm", "app1", bad).await;
+        reply.assert_error(400, 110);
+        assert!(
+            reply.json["message"].as_str().unwrap().contains("token"),
+            "{}",
+            reply.text
+        );
+    }
+    assert!(bridge.google.received().is_empty());
+}
+
+/// The sender is told 410 and the registration is gone: the next push is
+/// 410 without asking Google, and the app sees it gone too.
+async fn assert_removed(bridge: &Bridge, r: &Registration, token: &str, first: &SendResult) {
+    first.assert_error(410, 106);
+    let again = bridge.push(r, &SendOptions::text("again")).await;
+    assert_eq!(again.status, 410, "{}", again.body);
+    assert_eq!(
+        bridge.google.received_for(token).len(),
+        1,
+        "Google asked again"
+    );
+    assert_eq!(bridge.channels(r).await.status, 410);
+}
+
+#[tokio::test]
+async fn an_unregistered_device_is_removed() {
+    let bridge = Bridge::start().await;
+    let token = "uninstalled-app-token";
+    bridge.google.script(token, &[Reply::Unregistered]);
+    let r = bridge.register("fcm", "app1", token).await;
+    let first = bridge.push(&r, &SendOptions::text("anyone there?")).await;
+    assert_removed(&bridge, &r, token, &first).await;
+
+    let token = "gcm-token-google-calls-invalid";
+    bridge.google.script(token, &[Reply::InvalidToken]);
+    let r = bridge.register("gcm", SENDER_ID, token).await;
+    let first = bridge.push(&r, &SendOptions::text("anyone there?")).await;
+    assert_removed(&bridge, &r, token, &first).await;
+}
+
+#[tokio::test]
+async fn refusals_reach_the_sender_and_credential_errors_are_logged_once() {
+    let bridge = Bridge::start().await;
+    let token = "device-with-a-picky-message";
+    bridge.google.script(
+        token,
+        &[Reply::InvalidArgument(
+            "Invalid value at 'message.android.collapse_key'".into(),
+        )],
+    );
+    let r = bridge.register("fcm", "app1", token).await;
+    let sent = bridge.push(&r, &SendOptions::text("x")).await;
+    sent.assert_error(400, 110);
+    assert!(
+        sent.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("Invalid value at 'message.android.collapse_key'"),
+        "FCM's reason: {}",
+        sent.body
+    );
+    // Not the device's fault: the registration stays.
+    bridge
+        .push(&r, &SendOptions::text("y"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.channels(&r).await.status, 200);
+
+    // 403: our credentials are refused; told 502/901, logged once.
+    bridge
+        .google
+        .script(token, &[Reply::PermissionDenied, Reply::PermissionDenied]);
+    for _ in 0..2 {
+        bridge
+            .push(&r, &SendOptions::text("z"))
+            .await
+            .assert_error(502, 901);
+    }
+    assert_eq!(bridge.log_lines("the bridge refused our credentials"), 1);
+    bridge
+        .push(&r, &SendOptions::text("ok"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.log_lines("accepts our credentials again"), 1);
+    assert_eq!(bridge.google.received_for(token).len(), 5);
+}
+
+#[tokio::test]
+async fn access_tokens_are_refreshed_after_a_401_and_before_they_expire() {
+    let bridge = Bridge::start().await;
+    let token = "device-for-token-tests";
+    let r = bridge.register("fcm", "app1", token).await;
+    bridge.google.set_token_lifetime(2);
+    bridge
+        .push(&r, &SendOptions::text("1"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.google.token_fetches(), 1);
+
+    // Half the 2 s lifetime gone: renewed before it expires, no 401 needed.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    bridge.google.set_token_lifetime(3600);
+    bridge
+        .push(&r, &SendOptions::text("2"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.google.token_fetches(), 2);
+    assert_eq!(bridge.google.unauthenticated(), 0);
+    for n in 3..6 {
+        bridge
+            .push(&r, &SendOptions::text(&n.to_string()))
+            .await
+            .assert_created();
+    }
+    assert_eq!(
+        bridge.google.token_fetches(),
+        2,
+        "one fetch per token lifetime"
+    );
+
+    // Revoked early: FCM says 401, one new token, one more try.
+    bridge.google.revoke_tokens();
+    bridge
+        .push(&r, &SendOptions::text("6"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.google.unauthenticated(), 1);
+    assert_eq!(bridge.google.token_fetches(), 3);
+    assert_eq!(bridge.google.received_for(token).len(), 6);
+
+    // A 401 the new token does not cure: 502/901 after one refresh.
+    bridge
+        .google
+        .script(token, &[Reply::Unauthenticated, Reply::Unauthenticated]);
+    bridge
+        .push(&r, &SendOptions::text("7"))
+        .await
+        .assert_error(502, 901);
+    assert_eq!(bridge.google.token_fetches(), 4);
+    assert_eq!(bridge.google.received_for(token).len(), 8);
+
+    // The token endpoint refuses the key: 502/901 too.
+    bridge.google.revoke_tokens();
+    bridge.google.refuse_grants(true);
+    bridge
+        .push(&r, &SendOptions::text("8"))
+        .await
+        .assert_error(502, 901);
+    assert_eq!(bridge.google.received_for(token).len(), 8);
+}
+
+#[tokio::test]
+async fn a_busy_fcm_is_retried_honouring_retry_after() {
+    let bridge = Bridge::start().await;
+    let token = "device-behind-a-busy-fcm";
+    let r = bridge.register("fcm", "app1", token).await;
+
+    // 503 with Retry-After 1, then 200: the sender gets 201.
+    bridge.google.script(
+        token,
+        &[Reply::Unavailable {
+            retry_after: Some(1),
+        }],
+    );
+    bridge
+        .push(&r, &SendOptions::text("patience"))
+        .await
+        .assert_created();
+    let got = bridge.google.wait_for(token, 2).await;
+    assert_eq!(got[0].body, got[1].body);
+    assert!(
+        got[1].at - got[0].at >= Duration::from_secs(1),
+        "retried before Retry-After: {:?}",
+        got[1].at - got[0].at
+    );
+
+    // 429 asking for more than the deadline: 503 with FCM's Retry-After at once.
+    bridge
+        .google
+        .script(token, &[Reply::QuotaExceeded { retry_after: 60 }]);
+    let sent = bridge.push(&r, &SendOptions::text("quota")).await;
+    sent.assert_error(503, 201);
+    assert_eq!(sent.header("retry-after"), Some("60"));
+    assert_eq!(bridge.google.received_for(token).len(), 3);
+
+    // 500 every time: three tries, then 503 with a Retry-After.
+    bridge
+        .google
+        .script(token, &[Reply::Internal, Reply::Internal, Reply::Internal]);
+    let sent = bridge.push(&r, &SendOptions::text("broken")).await;
+    sent.assert_error(503, 201);
+    assert!(
+        sent.header("retry-after")
+            .is_some_and(|s| s.parse::<u64>().is_ok())
+    );
+    assert_eq!(bridge.google.received_for(token).len(), 6);
+    // The registration stays.
+    bridge
+        .push(&r, &SendOptions::text("fine"))
+        .await
+        .assert_created();
+}
+
+#[tokio::test]
+async fn a_stalled_project_times_out_without_delaying_others() {
+    let bridge = Bridge::start().await;
+    let stalled = "device-of-a-stalled-project";
+    bridge.google.script(stalled, &[Reply::Stall]);
+    let slow = bridge.register("fcm", "slow", stalled).await;
+    let slow_too = bridge.register("fcm", "slow", "another-slow-device").await;
+    let fine = bridge
+        .register("fcm", "app1", "device-of-a-fine-project")
+        .await;
+
+    let keys = bridge.keys.clone();
+    let endpoint = slow.endpoint.clone();
+    let first =
+        tokio::spawn(async move { py::send(&endpoint, &keys, &SendOptions::text("stuck")).await });
+    bridge.google.wait_for(stalled, 1).await;
+
+    // The slow project's one slot is taken: 503 + Retry-After, at once.
+    let sent = bridge.push(&slow_too, &SendOptions::text("full")).await;
+    sent.assert_error(503, 201);
+    assert!(sent.header("retry-after").is_some());
+    // Another project and webpush are not held up.
+    bridge
+        .push(&fine, &SendOptions::text("other project"))
+        .await
+        .assert_created();
+    let mut ws = bridge.server.client().await;
+    let chid = new_channel_id();
+    let endpoint = ws.register(&chid, None).await["pushEndpoint"]
+        .as_str()
+        .expect("pushEndpoint")
+        .to_owned();
+    py::send(&endpoint, &bridge.keys, &SendOptions::text("webpush"))
+        .await
+        .assert_created();
+    let delivered = ws.recv_notification().await;
+    assert_eq!(delivered["channelID"], chid.as_str());
+    assert!(bridge.google.received_for("another-slow-device").is_empty());
+
+    // The stalled push ends at the deadline: 502/903.
+    let first = first.await.expect("the stalled push");
+    first.assert_error(502, 903);
+}
+
+#[tokio::test]
+async fn an_unreachable_fcm_is_a_502_and_oversized_data_is_refused_before_sending() {
+    let bridge = Bridge::start().await;
+    let r = bridge
+        .register("fcm", "down", "device-of-an-unreachable-fcm")
+        .await;
+    bridge
+        .push(&r, &SendOptions::text("hello?"))
+        .await
+        .assert_error(502, 902);
+
+    let token = "device-with-little-room";
+    let r = bridge.register("fcm", "app1", token).await;
+    let sent = bridge.push(&r, &SendOptions::pattern(4096)).await;
+    sent.assert_error(413, 104);
+    let message = sent.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("bridge"), "{message}");
+    assert!(bridge.google.received_for(token).is_empty());
+    // What the seeds promise bridged senders: 2744 bytes of plaintext.
+    bridge
+        .push(&r, &SendOptions::pattern(2744))
+        .await
+        .assert_created();
+    let got = bridge.google.wait_for(token, 1).await;
+    assert_eq!(
+        bridge.decrypt(got[0].data()).await,
+        autopush_tests::data_pattern(2744)
+    );
+}
+
+#[tokio::test]
+async fn diagnose_shows_the_bridge_with_a_masked_token() {
+    let bridge = Bridge::start().await;
+    let token = "a-long-fcm-registration-token-nobody-should-see";
+    let r = bridge.register("fcm", "app1", token).await;
+    let db = bridge.server.data_dir().display().to_string();
+    let port = bridge
+        .server
+        .router_base()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let out =
+        server::run_autopush(&["diagnose", &r.endpoint, "--db", &db, "--router-port", &port]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!stdout.contains(token), "the token is shown: {stdout}");
+    let info: Value = serde_json::from_str(&stdout).expect("diagnose prints JSON");
+    let user = &info["user"];
+    assert_eq!(user["router_type"], "fcm", "{info}");
+    assert_eq!(user["router_data"]["app_id"], "app1", "{info}");
+    let shown = user["router_data"]["token"].as_str().unwrap();
+    assert!(
+        shown.starts_with("a-lo") && shown.contains("-see"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn bad_bridge_settings_stop_the_server_naming_the_app() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().display().to_string();
+    let missing = json!({"myapp": {"project_id": "p", "credential": "/nonexistent/key.json"}});
+    let not_a_key =
+        json!({"42": {"project_id": "p", "credential": "{\"type\": \"service_account\"}"}});
+    for (flag, value, name) in [
+        ("--fcm-credentials", missing.to_string(), "myapp"),
+        ("--gcm-credentials", not_a_key.to_string(), "42"),
+        (
+            "--fcm-credentials",
+            "{not json".to_string(),
+            "AUTOPUSH_FCM_CREDENTIALS",
+        ),
+    ] {
+        let [port, router_port, endpoint_port] = server::free_ports::<3>();
+        let out = server::run_autopush(&[
+            "all",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--router-port",
+            &router_port.to_string(),
+            "--endpoint-port",
+            &endpoint_port.to_string(),
+            "--db",
+            &db,
+            flag,
+            &value,
+        ])
+        .await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "started with {value}");
+        assert!(stderr.contains(name), "{flag} {value}: {stderr}");
+        assert!(
+            !stderr.contains("service_account"),
+            "the key is echoed: {stderr}"
+        );
+    }
+}
