@@ -7,5 +7,6 @@ pub mod endpoint;
 pub mod keys;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod settings;
 pub mod vapid;

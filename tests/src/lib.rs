@@ -23,6 +23,7 @@ pub mod bridge;
 pub mod firefox;
 pub mod http;
 pub mod node;
+pub mod prometheus;
 pub mod py;
 pub mod server;
 pub mod subscription;

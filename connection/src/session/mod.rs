@@ -114,7 +114,9 @@ async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage
 }
 
 /// Send an error message (when there is one to answer) and the close frame.
+/// Every session ends here exactly once.
 async fn close(sink: &mut SplitSink<Socket, Message>, close_with: Close, answering: Option<&str>) {
+    autopush_common::metrics::connection_closed(close_with.code);
     if close_with.reason.is_empty() {
         return;
     }
