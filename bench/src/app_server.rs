@@ -11,7 +11,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::client::BenchError;
+use crate::client::{BenchError, within};
 
 /// Size of a push body: a typical encrypted Web Push message.
 pub const BODY_BYTES: usize = 2048;
@@ -101,10 +101,13 @@ impl Connection {
             .next()
             .unwrap_or_default()
             .to_owned();
-        let stream = TcpStream::connect(&authority).await?;
+        let stream = within("the TCP connect", TcpStream::connect(&authority)).await?;
         stream.set_nodelay(true)?;
-        let (sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        let (sender, connection) = within(
+            "the HTTP handshake",
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)),
+        )
+        .await?;
         tokio::spawn(connection);
         Ok(Connection { sender, authority })
     }
@@ -143,11 +146,14 @@ impl Connection {
             .header("content-type", "application/octet-stream")
             .header("authorization", authorization)
             .body(Full::new(body))?;
-        self.sender.ready().await?;
-        let response = self.sender.send_request(request).await?;
-        let status = response.status().as_u16();
-        // Read the (short) body so the connection can carry the next request.
-        response.into_body().collect().await?;
-        Ok(status)
+        within("a push", async {
+            self.sender.ready().await?;
+            let response = self.sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            // Read the (short) body so the connection can carry the next request.
+            response.into_body().collect().await?;
+            Ok::<_, BenchError>(status)
+        })
+        .await
     }
 }

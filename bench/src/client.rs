@@ -3,7 +3,10 @@
 //! source address so that tens of thousands of clients do not run out of
 //! ephemeral ports.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
@@ -13,6 +16,31 @@ use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
 
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The longest the generator waits for any answer from the server under
+/// test (`--timeout`, 30 s by default): one that refuses or stalls fails the
+/// scenario with the reason instead of hanging it.
+static WAIT: OnceLock<Duration> = OnceLock::new();
+
+/// Set the wait (once, before any scenario runs).
+pub fn set_wait(wait: Duration) {
+    let _ = WAIT.set(wait);
+}
+
+pub fn wait() -> Duration {
+    *WAIT.get_or_init(|| Duration::from_secs(30))
+}
+
+/// `step`, or an error naming `what` was not answered within [`wait`].
+pub async fn within<T, E: Into<BenchError>>(
+    what: &str,
+    step: impl Future<Output = Result<T, E>>,
+) -> Result<T, BenchError> {
+    match tokio::time::timeout(wait(), step).await {
+        Ok(result) => result.map_err(Into::into),
+        Err(_) => Err(format!("the server did not answer {what} within {:?}", wait()).into()),
+    }
+}
 
 /// The loopback source address of the `i`-th client: 10 000 per address
 /// (127.0.0.2, .3, ...), well within each address's ephemeral port range.
@@ -46,13 +74,17 @@ impl PushClient {
             .parse()?;
         let socket = TcpSocket::new_v4()?;
         socket.bind(SocketAddr::new(source, 0))?;
-        let stream = socket.connect(server).await?;
+        let stream = within("the TCP connect", socket.connect(server)).await?;
         stream.set_nodelay(true)?;
         // The generator holds thousands of sockets: keep its own buffers small.
         let config = WebSocketConfig::default()
             .read_buffer_size(8 * 1024)
             .write_buffer_size(0);
-        let (ws, _) = client_async_with_config(url, stream, Some(config)).await?;
+        let (ws, _) = within(
+            "the websocket handshake",
+            client_async_with_config(url, stream, Some(config)),
+        )
+        .await?;
         let mut client = PushClient {
             ws,
             uaid: String::new(),
@@ -83,7 +115,14 @@ impl PushClient {
         }
     }
 
-    /// The next notification; `None` when the server closed the socket.
+    /// The next notification within [`wait`]; `None` when the server closed
+    /// the socket.
+    pub async fn wait_notification(&mut self) -> Result<Option<Received>, BenchError> {
+        within("with a notification", self.next_notification()).await
+    }
+
+    /// The next notification, however long it takes (for clients that idle
+    /// on purpose); `None` when the server closed the socket.
     pub async fn next_notification(&mut self) -> Result<Option<Received>, BenchError> {
         loop {
             let Some(reply) = self.next_json().await? else {
@@ -108,15 +147,22 @@ impl PushClient {
     }
 
     pub async fn close(mut self) {
-        let _ = self.ws.close(None).await;
+        let _ = tokio::time::timeout(wait(), self.ws.close(None)).await;
     }
 
     async fn send(&mut self, message: &Value) -> Result<(), BenchError> {
-        self.ws.send(Message::text(message.to_string())).await?;
-        Ok(())
+        within(
+            "a websocket write",
+            self.ws.send(Message::text(message.to_string())),
+        )
+        .await
     }
 
     async fn expect(&mut self, message_type: &str) -> Result<Value, BenchError> {
+        within(message_type, self.expect_forever(message_type)).await
+    }
+
+    async fn expect_forever(&mut self, message_type: &str) -> Result<Value, BenchError> {
         loop {
             match self.next_json().await? {
                 Some(reply) if reply["messageType"] == message_type => return Ok(reply),

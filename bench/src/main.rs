@@ -3,8 +3,10 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
+use autopush_bench::server::{ServerUnderTest, Target};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -13,6 +15,20 @@ struct Cli {
     /// Where the server under test writes its log
     #[arg(long, default_value = "target/bench-server.log", global = true)]
     server_log: PathBuf,
+    /// Target mode: load the server already running at this websocket URL
+    /// (`ws://IP:PORT/`) instead of starting ours
+    #[arg(long, global = true, requires_all = ["target_endpoint", "target_pids"])]
+    target_ws: Option<String>,
+    /// Target mode: the base URL of the target's Web Push HTTP API (the VAPID audience)
+    #[arg(long, global = true, requires = "target_ws")]
+    target_endpoint: Option<String>,
+    /// Target mode: the target's process ids, comma-separated (their RSS and
+    /// CPU are measured)
+    #[arg(long, global = true, value_delimiter = ',', requires = "target_ws")]
+    target_pids: Vec<u32>,
+    /// Seconds to wait for any answer from the server before failing the scenario
+    #[arg(long, default_value_t = 30.0, global = true)]
+    timeout: f64,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -112,12 +128,21 @@ enum Scenario {
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    autopush_bench::client::set_wait(Duration::from_secs_f64(cli.timeout));
+    let under_test = match (cli.target_ws, cli.target_endpoint) {
+        (Some(ws_url), Some(endpoint_url)) => ServerUnderTest::Target(Target {
+            ws_url,
+            endpoint_url,
+            pids: cli.target_pids,
+        }),
+        _ => ServerUnderTest::Start(cli.server_log.clone()),
+    };
     match cli.scenario {
         Scenario::Idle { mut levels } => {
             if levels.is_empty() {
                 levels = vec![1_000, 5_000, 10_000, max_idle_clients()];
             }
-            idle::run(&levels, &cli.server_log).await;
+            idle::run(&levels, &under_test).await;
         }
         Scenario::Direct {
             clients,
@@ -146,7 +171,7 @@ async fn main() {
                 vapid_cache: !no_vapid_cache,
                 durable_direct,
             };
-            if !direct::run(&options, &cli.server_log).await {
+            if !direct::run(&options, &under_test).await {
                 eprintln!("some pushes were refused or never delivered");
                 std::process::exit(1);
             }
@@ -161,7 +186,7 @@ async fn main() {
                 per_client,
                 connections,
             };
-            drain::run(&options, &cli.server_log).await;
+            drain::run(&options, &under_test).await;
         }
         Scenario::Apns {
             devices,

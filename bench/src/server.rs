@@ -1,5 +1,7 @@
-//! The service under test: the release `autopush` binary, all-in-one, on
-//! loopback, with a fresh embedded store, and what `/proc` says about it.
+//! The service under test, and what `/proc` says about it: either the
+//! release `autopush` binary, all-in-one, on loopback, with a fresh embedded
+//! store, or any running server speaking the push websocket protocol and the
+//! Web Push HTTP API (target mode), named by its URLs and process ids.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -9,13 +11,58 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 pub struct Server {
-    child: Child,
-    _data: TempDir,
+    /// The process started here, with its data directory (none in target mode).
+    owned: Option<(Child, TempDir)>,
+    /// The processes whose memory and CPU are measured.
+    pids: Vec<u32>,
     pub ws_url: String,
     pub endpoint_url: String,
 }
 
+/// A server started elsewhere: `--target-ws`, `--target-endpoint`, `--target-pids`.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub ws_url: String,
+    pub endpoint_url: String,
+    pub pids: Vec<u32>,
+}
+
+/// Which server a scenario loads.
+#[derive(Clone, Debug)]
+pub enum ServerUnderTest {
+    /// Start our binary, logging to this file.
+    Start(PathBuf),
+    Target(Target),
+}
+
 impl Server {
+    /// Start our binary with `flags`, or attach to the target (where `flags`,
+    /// settings of our binary, cannot apply: they are named on stderr).
+    pub async fn open(under_test: &ServerUnderTest, flags: &[&str]) -> Server {
+        match under_test {
+            ServerUnderTest::Start(log) => Server::start(flags, log).await,
+            ServerUnderTest::Target(target) => {
+                if !flags.is_empty() {
+                    eprintln!(
+                        "note: target mode: {} apply to our binary only, not to the target",
+                        flags.join(" ")
+                    );
+                }
+                for pid in &target.pids {
+                    if !Path::new(&format!("/proc/{pid}")).exists() {
+                        panic!("--target-pids: no process {pid}");
+                    }
+                }
+                Server {
+                    owned: None,
+                    pids: target.pids.clone(),
+                    ws_url: target.ws_url.clone(),
+                    endpoint_url: target.endpoint_url.trim_end_matches('/').to_owned(),
+                }
+            }
+        }
+    }
+
     /// Start `autopush all` with `extra` flags and wait until it answers.
     /// Its log goes to `log` (per-connection info lines at 20k clients would
     /// otherwise flood the terminal).
@@ -40,8 +87,8 @@ impl Server {
             .spawn()
             .expect("autopush starts (build it with `cargo build --release`)");
         let server = Server {
-            child,
-            _data: data,
+            pids: vec![child.id()],
+            owned: Some((child, data)),
             ws_url: format!("ws://127.0.0.1:{ws}/"),
             endpoint_url,
         };
@@ -62,32 +109,36 @@ impl Server {
         panic!("autopush did not start listening within 30 s");
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Resident set size, KiB.
+    /// Resident set size of every server process, KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("/proc/<pid>/status of the server");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS in /proc/<pid>/status")
+        self.pids.iter().map(|&pid| rss_kib(pid)).sum()
     }
 
-    /// CPU time used so far (user + system), in clock ticks (1/100 s).
+    /// CPU time used so far by every server process (user + system), in
+    /// clock ticks (1/100 s).
     pub fn cpu_ticks(&self) -> u64 {
-        cpu_ticks(self.pid())
+        self.pids.iter().map(|&pid| cpu_ticks(pid)).sum()
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some((child, _)) = &mut self.owned {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
+}
+
+/// Resident set size of process `pid`, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status of the server: {e} (did it exit?)"));
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
 }
 
 /// CPU time used so far by process `pid` (user + system), in clock ticks.

@@ -11,8 +11,12 @@ use warp::reply::{Reply, Response};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The git commit built, stamped by `build.rs` ("unknown" without git).
+pub const COMMIT: &str = env!("AUTOPUSH_GIT_COMMIT");
+
 /// `/health` and `/__heartbeat__` (storage answers), `/__lbheartbeat__`
-/// (the process answers), `/__version__`.
+/// (the process answers), `/__version__` (version and commit; no `source`
+/// field, as the project has no public repository address).
 pub fn routes(storage: Arc<dyn Storage>) -> BoxedFilter<(Response,)> {
     let deep = warp::get()
         .and(warp::path("health").or(warp::path("__heartbeat__")).unify())
@@ -44,8 +48,7 @@ pub fn routes(storage: Arc<dyn Storage>) -> BoxedFilter<(Response,)> {
             let body = json!({
                 "name": "autopush",
                 "version": VERSION,
-                "source": "https://github.com/autopush-rs-gateway/autopush",
-                "commit": option_env!("AUTOPUSH_GIT_COMMIT").unwrap_or("unknown"),
+                "commit": COMMIT,
             });
             warp::reply::json(&body).into_response()
         });

@@ -10,6 +10,9 @@
 //!
 //! Every call must be signed with the shared router key
 //! ([`autopush_common::node_auth`]); anything else gets 401 (errno 109).
+//! The one exception, `GET /metrics` (served ahead of these routes, see
+//! [`crate::server::serve_router_api`]), is read-only and carries no user
+//! data: Prometheus scrapers cannot sign.
 
 use std::sync::Arc;
 

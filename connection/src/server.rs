@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use autopush_common::ApiError;
+use autopush_common::metrics;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -13,6 +14,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tracing::{debug, warn};
 use warp::Filter;
+use warp::filters::BoxedFilter;
 use warp::http::{HeaderMap, HeaderValue, StatusCode, header};
 use warp::reply::Reply;
 
@@ -165,6 +167,7 @@ impl SocketSlot {
                 "the node is full: new websockets get 503 until clients leave"
             );
         }
+        metrics::connection_opened();
         Some(SocketSlot(ctx.clone()))
     }
 }
@@ -172,10 +175,18 @@ impl SocketSlot {
 impl Drop for SocketSlot {
     fn drop(&mut self) {
         self.0.open_sockets.fetch_sub(1, Ordering::AcqRel);
+        metrics::connection_released();
     }
 }
 
-/// Serve the internal router API on `listener`.
-pub async fn serve_router_api(listener: TcpListener, ctx: Arc<NodeContext>, limits: HttpLimits) {
-    http::serve(listener, warp::service(router_api::routes(ctx)), limits).await;
+/// Serve the internal router API on `listener`, with `unsigned` routes
+/// (`GET /metrics`: Prometheus scrapers cannot sign) ahead of the signed ones.
+pub async fn serve_router_api(
+    listener: TcpListener,
+    ctx: Arc<NodeContext>,
+    unsigned: BoxedFilter<(warp::reply::Response,)>,
+    limits: HttpLimits,
+) {
+    let routes = unsigned.or(router_api::routes(ctx)).unify();
+    http::serve(listener, warp::service(routes), limits).await;
 }

@@ -15,6 +15,7 @@ use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, serve
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::Storage;
 use autopush_storage::embedded::EmbeddedStore;
+use autopush_storage::metered::MeteredStorage;
 use autopush_webpush::WebPushRouter;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -45,15 +46,21 @@ impl Mode {
     }
 }
 
+/// The configured backend, with every operation's latency and failures
+/// recorded (`storage.time`, `storage.error`).
 pub fn open_storage(db: &Db) -> Result<Arc<dyn Storage>, String> {
-    match db {
-        Db::Embedded(dir) => Ok(Arc::new(
-            EmbeddedStore::open(dir).map_err(|e| e.to_string())?,
-        )),
+    let (backend, name): (Arc<dyn Storage>, _) = match db {
+        Db::Embedded(dir) => (
+            Arc::new(EmbeddedStore::open(dir).map_err(|e| e.to_string())?),
+            "embedded",
+        ),
         Db::DynamoDb => {
-            Err("the DynamoDB backend is not available in this build yet; use --db DIR".into())
+            return Err(
+                "the DynamoDB backend is not available in this build yet; use --db DIR".into(),
+            );
         }
-    }
+    };
+    Ok(Arc::new(MeteredStorage::new(backend, name)))
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
@@ -107,6 +114,7 @@ pub async fn start(
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
     let bridges = self::bridges(settings)?.extend(bridges);
+    let metrics = crate::metrics::install(settings.statsd.as_ref(), &settings.statsd_label)?;
     let storage = open_storage(&settings.db)?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
@@ -165,7 +173,16 @@ pub async fn start(
             ctx.clone(),
             settings.http,
         ));
-        servers.spawn(server::serve_router_api(router_api, ctx, settings.http));
+        servers.spawn(server::serve_router_api(
+            router_api,
+            ctx,
+            crate::metrics::route(metrics.clone()),
+            settings.http,
+        ));
+    }
+    if let Some(port) = settings.metrics_port {
+        let listener = bind(&settings.router_host, port, "metrics").await?;
+        servers.spawn(crate::metrics::serve(listener, metrics));
     }
     if mode.endpoint() {
         // In all-in-one mode the webpush router hands notifications to the

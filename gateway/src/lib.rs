@@ -9,5 +9,6 @@ pub mod fuzzing;
 pub mod keys;
 pub mod limits;
 pub mod logging;
+pub mod metrics;
 pub mod settings;
 pub mod vapid;

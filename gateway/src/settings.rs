@@ -17,6 +17,8 @@ use autopush_common::Secret;
 use autopush_connection::http::HttpLimits;
 use autopush_fcm::settings::{AppSettings, BridgeSection, apps_from_json};
 use clap::Args;
+
+use crate::metrics::{Statsd, parse_statsd};
 use serde::{Deserialize, Serialize};
 
 /// One layer of settings; `None` means "not set here".
@@ -130,6 +132,16 @@ pub struct SettingsLayer {
     /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
     #[arg(long, env = "AUTOPUSH_VAPID_CACHE_SIZE", global = true)]
     pub vapid_cache_size: Option<usize>,
+    /// Also serve `GET /metrics` (Prometheus text, unauthenticated) on this
+    /// port, on the router host [default: off; /metrics is always on the router API port]
+    #[arg(long, env = "AUTOPUSH_METRICS_PORT", global = true)]
+    pub metrics_port: Option<u16>,
+    /// Also send metrics as statsd datagrams to HOST[:PORT] (port 8125 by default) [default: off]
+    #[arg(long, env = "AUTOPUSH_STATSD_HOST", global = true)]
+    pub statsd_host: Option<String>,
+    /// Prefix of every statsd metric name [default: autopush]
+    #[arg(long, env = "AUTOPUSH_STATSD_LABEL", global = true)]
+    pub statsd_label: Option<String>,
     /// Log format: `human` or `json` [default: human]
     #[arg(long, env = "AUTOPUSH_LOG_FORMAT", global = true)]
     pub log_format: Option<String>,
@@ -256,6 +268,9 @@ pub struct Settings {
     /// Timeouts and connection cap of every HTTP port.
     pub http: HttpLimits,
     pub vapid_cache_size: usize,
+    pub metrics_port: Option<u16>,
+    pub statsd: Option<Statsd>,
+    pub statsd_label: String,
     pub log_format: LogFormat,
     pub apns: ApnsSettings,
     /// FCM apps by name.
@@ -392,6 +407,9 @@ impl Settings {
                 },
             },
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
+            metrics_port: l.metrics_port,
+            statsd: l.statsd_host.as_deref().map(parse_statsd).transpose()?,
+            statsd_label: l.statsd_label.unwrap_or_else(|| "autopush".into()),
             log_format,
             apns: l.apns.unwrap_or_default(),
             fcm: bridge_apps(

@@ -75,6 +75,18 @@ const CASES: &[Case] = &[
         s.durable_direct.to_string()
     }),
     case("max_channels", "5", "6", |s| s.max_channels.to_string()),
+    case("metrics_port", "7007", "7008", |s| {
+        s.metrics_port.map(|p| p.to_string()).unwrap_or_default()
+    }),
+    case("statsd_host", "statsd-a:9125", "statsd-b:9126", |s| {
+        s.statsd
+            .as_ref()
+            .map(|s| format!("{}:{}", s.host, s.port))
+            .unwrap_or_default()
+    }),
+    case("statsd_label", "push-a", "push-b", |s| {
+        s.statsd_label.clone()
+    }),
     case("sweep_interval", "1.5", "2.5", |s| {
         s.sweep_interval.as_secs_f64().to_string()
     }),

@@ -11,6 +11,7 @@ use autopush_common::{ApiError, Notification, User};
 use uuid::Uuid;
 
 pub mod embedded;
+pub mod metered;
 pub mod sweeper;
 
 pub type Result<T> = std::result::Result<T, StorageError>;

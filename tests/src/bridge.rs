@@ -94,6 +94,7 @@ pub struct BridgeService {
     _running: Running,
     _dir: tempfile::TempDir,
     endpoint_base: String,
+    router_base: String,
     ws_url: String,
 }
 
@@ -120,8 +121,14 @@ impl BridgeService {
             _running: running,
             _dir: dir,
             endpoint_base,
+            router_base: format!("http://127.0.0.1:{router_port}"),
             ws_url: format!("ws://127.0.0.1:{port}/"),
         }
+    }
+
+    /// The internal router API base (which also serves `/metrics`).
+    pub fn router_base(&self) -> &str {
+        &self.router_base
     }
 
     pub fn ws_url(&self) -> &str {

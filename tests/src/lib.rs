@@ -26,6 +26,7 @@ pub mod firefox;
 pub mod google;
 pub mod http;
 pub mod node;
+pub mod prometheus;
 pub mod py;
 pub mod server;
 pub mod subscription;

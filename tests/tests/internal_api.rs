@@ -384,3 +384,31 @@ async fn bodies_over_64_kib_are_refused_before_the_signature_is_checked() {
         .await;
     reply.assert_error(413, 104);
 }
+
+/// `/__version__` names the version and the git commit the binary was
+/// built from (built from this checkout: its HEAD), and no invented source URL.
+#[tokio::test]
+async fn version_names_the_built_commit_and_no_source() {
+    let server = Server::start().await;
+    let reply = http::get(&format!("{}/__version__", server.endpoint_base())).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(reply.json["name"], "autopush", "{reply:?}");
+    assert_eq!(
+        reply.json["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{reply:?}"
+    );
+    assert!(reply.json.get("source").is_none(), "{reply:?}");
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(workspace_root())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let expected = head.unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        reply.json["commit"], expected,
+        "rebuild the binary after committing: {reply:?}"
+    );
+}

@@ -9,7 +9,6 @@
 //! go" (closed loop): the node's ceiling.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use tokio::time::sleep_until;
 
 use crate::app_server::{AppServer, Bodies, Connection, read_stamp};
 use crate::client::{PushClient, source_address};
-use crate::server::Server;
+use crate::server::{Server, ServerUnderTest};
 use crate::stats::{Latencies, rate};
 
 pub struct Options {
@@ -43,7 +42,7 @@ struct Deliveries {
 }
 
 /// Returns whether every push was accepted and delivered.
-pub async fn run(options: &Options, log: &Path) -> bool {
+pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
     let mut flags = vec![
         "--durable-direct",
         if options.durable_direct {
@@ -55,7 +54,7 @@ pub async fn run(options: &Options, log: &Path) -> bool {
     if !options.vapid_cache {
         flags.extend(["--vapid-cache-size", "0"]);
     }
-    let server = Server::start(&flags, log).await;
+    let server = Server::open(under_test, &flags).await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let public_key = sender.public_key();
     let bodies = Arc::new(Bodies::new(

@@ -2,7 +2,6 @@
 //! clients come back they receive and acknowledge everything (which deletes
 //! it). Reports how fast the node stores and how fast it drains.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -12,7 +11,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::app_server::{AppServer, Bodies, Connection};
 use crate::client::{PushClient, source_address};
-use crate::server::Server;
+use crate::server::{Server, ServerUnderTest};
 use crate::stats::rate;
 
 pub struct Options {
@@ -21,8 +20,8 @@ pub struct Options {
     pub connections: usize,
 }
 
-pub async fn run(options: &Options, log: &Path) {
-    let server = Server::start(&[], log).await;
+pub async fn run(options: &Options, under_test: &ServerUnderTest) {
+    let server = Server::open(under_test, &[]).await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let public_key = sender.public_key();
     let bodies = Arc::new(Bodies::new(
@@ -95,12 +94,22 @@ pub async fn run(options: &Options, log: &Path) {
             assert_eq!(client.uaid, uaid, "the client keeps its UAID");
             let mut received = 0;
             while received < expected {
-                match client.next_notification().await {
+                match client.wait_notification().await {
                     Ok(Some(notification)) => {
-                        client.ack(&notification).await.expect("ack");
+                        if let Err(e) = client.ack(&notification).await {
+                            eprintln!("drain: a client could not ack: {e}");
+                            break;
+                        }
                         received += 1;
                     }
-                    _ => break,
+                    Ok(None) => {
+                        eprintln!("drain: the server closed a client after {received} messages");
+                        break;
+                    }
+                    Err(e) => {
+                        eprintln!("drain: after {received} of {expected} messages: {e}");
+                        break;
+                    }
                 }
             }
             client.close().await;

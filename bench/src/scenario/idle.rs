@@ -7,7 +7,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
-use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use crate::client::PushClient;
-use crate::server::Server;
+use crate::server::{Server, ServerUnderTest};
 
 /// Clients per worker process: well under its own open-file limit.
 const CLIENTS_PER_WORKER: usize = 5_000;
@@ -23,8 +22,8 @@ const CLIENTS_PER_WORKER: usize = 5_000;
 const CONNECT_CONCURRENCY: usize = 64;
 
 /// Measure RSS at each client count in `levels` (ascending).
-pub async fn run(levels: &[usize], log: &Path) {
-    let server = Server::start(&[], log).await;
+pub async fn run(levels: &[usize], under_test: &ServerUnderTest) {
+    let server = Server::open(under_test, &[]).await;
     // Warm up: threads, pools and the store's first pages exist before the baseline.
     let mut warm = PushClient::connect(&server.ws_url, [127, 0, 0, 1].into(), None)
         .await
@@ -82,6 +81,10 @@ impl Worker {
             .args(["idle-worker", "--url", ws_url])
             .args(["--source", &source.to_string()])
             .args(["--count", &count.to_string()])
+            .args([
+                "--timeout",
+                &crate::client::wait().as_secs_f64().to_string(),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -8,6 +8,7 @@
 //! and offered again at the client's next connection until its TTL runs out.
 
 use autopush_common::ids::uaid_tag;
+use autopush_common::metrics;
 use std::sync::atomic::Ordering;
 
 use tracing::{debug, info};
@@ -37,6 +38,7 @@ impl Session {
             .map(|u| (u.version, u.code.or(code)))
             .chain(version.map(|v| (v, code)));
         for (version, code) in versions {
+            metrics::nack();
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
             if self.unacked_direct.contains_key(&version) {
                 // Stays in `unacked_direct`: stored when the session ends.
@@ -54,15 +56,18 @@ impl Session {
     async fn settle(&mut self, version: &str) -> Flow {
         let stored = if let Some(direct) = self.unacked_direct.remove(version) {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+            metrics::ack("direct");
             direct.durable.then_some(direct)
         } else if let Some(stored) = self.unacked_stored.remove(version) {
             if self.recently_settled.len() == RECENTLY_SETTLED {
                 self.recently_settled.pop_front();
             }
             self.recently_settled.push_back(version.to_owned());
+            metrics::ack("stored");
             Some(stored)
         } else {
             debug!(uaid = %uaid_tag(&self.uaid), "ack for an unknown version");
+            metrics::ack("unknown");
             None
         };
         if let Some(message) = stored {

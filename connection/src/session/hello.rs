@@ -48,6 +48,11 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
     let connected_at = now_millis();
     let mut previous = known_user(ctx, offered).await?;
     let mut over_limit = false;
+    let mut outcome = if previous.is_some() {
+        "existing"
+    } else {
+        "new"
+    };
     if let Some(user) = &previous {
         let limit = ctx.settings.msg_limit;
         let count = ctx
@@ -66,6 +71,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
                 .map_err(|e| Close::server(e.to_string()))?;
             previous = None;
             over_limit = false;
+            outcome = "reset";
         } else if over_limit {
             info!(uaid = %uaid_tag(&user.uaid), limit, "over msg_limit: sending what fits; a new UAID at the next hello if still over");
         }
@@ -87,6 +93,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
     if let Some(prev) = previous {
         drop_elsewhere(ctx, &prev);
     }
+    autopush_common::metrics::hello(outcome);
     Ok(Joined {
         uaid,
         connected_at,

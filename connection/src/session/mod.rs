@@ -139,7 +139,9 @@ async fn send_within(sink: &mut Sink, limit: Duration, message: Message) -> Flow
 }
 
 /// Send an error message (when there is one to answer) and the close frame.
+/// Every session ends here exactly once.
 async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: Option<&str>) {
+    autopush_common::metrics::connection_closed(close_with.code);
     if close_with.reason.is_empty() {
         return;
     }

@@ -57,6 +57,7 @@ impl Session {
             self.send(&ServerMessage::notification(&message)).await?;
             sent += 1;
         }
+        autopush_common::metrics::stored_sent(sent);
         if let Some(left) = &mut self.stored_budget {
             *left = left.saturating_sub(sent);
         }

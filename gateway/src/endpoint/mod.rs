@@ -13,8 +13,8 @@ pub mod webpush;
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use autopush_common::ApiError;
 use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::{ApiError, metrics};
 use autopush_storage::Storage;
 use warp::Filter;
 use warp::http::StatusCode;
@@ -77,11 +77,23 @@ pub fn routes(
         .and(with_state.clone())
         .then(
             |version, token, headers, body, state: Arc<EndpointState>| async move {
-                let body = match read_body(body, state.max_data_bytes).await {
-                    Ok(body) => body,
-                    Err(e) => return error_response(&e),
+                let mut router_type = None;
+                let result = match read_body(body, state.max_data_bytes).await {
+                    Ok(body) => {
+                        webpush::send(state, version, token, headers, body, &mut router_type).await
+                    }
+                    Err(e) => Err(e),
                 };
-                render(webpush::send(state, version, token, headers, body).await)
+                // Every push answered, counted in one place.
+                match &result {
+                    Ok(response) => {
+                        metrics::push_answered(router_type, response.status().as_u16(), None)
+                    }
+                    Err(e) => {
+                        metrics::push_answered(router_type, e.status().as_u16(), Some(e.errno()))
+                    }
+                }
+                render(result)
             },
         );
     let cancel = warp::delete()

@@ -4,9 +4,12 @@ use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
 use autopush_common::ids::uaid_tag;
-use autopush_common::router::Delivery;
+use std::time::Instant;
+
+use autopush_common::metrics;
+use autopush_common::router::{Delivery, Router};
 use autopush_common::time::{now_secs, unique_micros};
-use autopush_common::{ApiError, ApiResult, Notification, User};
+use autopush_common::{ApiError, ApiResult, Notification, RouterType, User};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
@@ -18,12 +21,15 @@ use super::EndpointState;
 use super::headers::{self, PushHeaders};
 use crate::vapid::{VapidIdentity, key_hash_matches};
 
+/// Accept a push and route it. `router_type` is set once the subscriber's
+/// router type is known (for the caller's metrics).
 pub async fn send(
     state: Arc<EndpointState>,
     version: String,
     token: String,
     headers: HeaderMap,
     body: Bytes,
+    router_type: &mut Option<RouterType>,
 ) -> ApiResult<Response> {
     let subscription = state.crypto.parse_token(&version, &token)?;
     let push = headers::parse(&headers, !body.is_empty())?;
@@ -35,6 +41,7 @@ pub async fn send(
         .get_user(&subscription.uaid)
         .await?
         .ok_or(ApiError::NoUser)?;
+    *router_type = Some(user.router_type);
     let router = state
         .routers
         .get(user.router_type)
@@ -49,13 +56,21 @@ pub async fn send(
 
     let notification = build_notification(&state, &subscription, push, &body);
     let (message_id, ttl) = (notification.version.clone(), notification.ttl);
-    let delivery = match router.route_notification(notification, &user).await {
+    let delivery = match route(router.as_ref(), notification, &user).await {
         Err(ApiError::DeviceGone) => {
             forget_gone_device(&state, &user).await?;
             return Err(ApiError::DeviceGone);
         }
         other => other?,
     };
+    metrics::delivery(
+        user.router_type,
+        match delivery {
+            Delivery::Direct => "direct",
+            Delivery::Stored => "stored",
+            Delivery::Dropped => "dropped",
+        },
+    );
     debug!(
         uaid = %uaid_tag(&subscription.uaid),
         ?delivery,
@@ -74,6 +89,34 @@ pub async fn send(
         debug!(uaid = %uaid_tag(&subscription.uaid), "TTL 0 and client not connected: dropped");
     }
     Ok(response)
+}
+
+/// Hand the notification to its router; calls to a bridge are counted and
+/// timed here (`notification.bridge.*`), so bridge routers need no metrics
+/// code of their own.
+async fn route(
+    router: &dyn Router,
+    notification: Notification,
+    user: &User,
+) -> ApiResult<Delivery> {
+    if user.router_type == RouterType::WebPush {
+        return router.route_notification(notification, user).await;
+    }
+    let started = Instant::now();
+    let result = router.route_notification(notification, user).await;
+    let app = user
+        .router_data
+        .as_ref()
+        .and_then(|d| d.get("app_id"))
+        .and_then(|a| a.as_str())
+        .unwrap_or("");
+    metrics::bridge_request(
+        user.router_type,
+        app,
+        result.as_ref().map(|_| ()),
+        started.elapsed(),
+    );
+    result
 }
 
 /// A bridge said the device is gone for good: remove the registration, so

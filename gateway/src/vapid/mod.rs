@@ -36,6 +36,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use autopush_common::metrics;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -108,6 +109,22 @@ pub enum VapidError {
     },
 }
 
+impl VapidError {
+    /// The rule that failed, as a short metric label.
+    pub fn check(&self) -> &'static str {
+        match self {
+            VapidError::UnknownScheme | VapidError::MissingToken => "header",
+            VapidError::MissingKey | VapidError::InvalidKey(_) => "key",
+            VapidError::MalformedToken(_) => "token",
+            VapidError::SignatureFormat(_) | VapidError::BadSignature => "signature",
+            VapidError::MissingExp | VapidError::InvalidExp => "exp",
+            VapidError::Expired => "expired",
+            VapidError::ExpTooFar => "exp_too_far",
+            VapidError::MissingAud | VapidError::WrongAud { .. } => "aud",
+        }
+    }
+}
+
 /// Where "now" comes from. Production uses the system clock; tests substitute a
 /// settable one so that expiry can be tested without sleeping.
 type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -172,18 +189,40 @@ impl VapidVerifier {
     ///
     /// A token seen before with the same key skips the signature check, but its `exp`
     /// is checked against the current time on every call.
+    ///
+    /// Every outcome is counted (`notification.auth`): `cached`, `verified`,
+    /// or `failed` with the rule that failed.
     pub fn verify(
         &self,
         authorization: Option<&str>,
         crypto_key: Option<&str>,
     ) -> Result<Option<Arc<VapidIdentity>>, VapidError> {
+        match self.verify_counted(authorization, crypto_key) {
+            Ok(None) => Ok(None),
+            Ok(Some((identity, cached))) => {
+                metrics::vapid(if cached { "cached" } else { "verified" });
+                Ok(Some(identity))
+            }
+            Err(error) => {
+                metrics::vapid_failed(error.check());
+                Err(error)
+            }
+        }
+    }
+
+    /// [`Self::verify`], also telling whether the cache answered.
+    fn verify_counted(
+        &self,
+        authorization: Option<&str>,
+        crypto_key: Option<&str>,
+    ) -> Result<Option<(Arc<VapidIdentity>, bool)>, VapidError> {
         let Some(credentials) = header::parse(authorization, crypto_key)? else {
             return Ok(None);
         };
         let now = (self.clock)();
 
         let Some(cache) = &self.cache else {
-            return self.verify_uncached(&credentials, now).map(Some);
+            return Ok(Some((self.verify_uncached(&credentials, now)?, false)));
         };
         let cache_key = CacheKey::new(credentials.token, credentials.key);
         if let Some(identity) = cache.get(&cache_key) {
@@ -191,11 +230,11 @@ impl VapidVerifier {
                 cache.remove(&cache_key);
                 return Err(error);
             }
-            return Ok(Some(identity));
+            return Ok(Some((identity, true)));
         }
         let identity = self.verify_uncached(&credentials, now)?;
         cache.insert(cache_key, Arc::clone(&identity), now);
-        Ok(Some(identity))
+        Ok(Some((identity, false)))
     }
 
     /// The full check: key, signature, claims. The order puts cheap checks first and

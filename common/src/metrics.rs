@@ -1,0 +1,126 @@
+//! The metrics every node reports, named in one place.
+//!
+//! Recording goes through the `metrics` facade; the `autopush` binary
+//! installs the exporters (Prometheus text on `/metrics`, statsd when
+//! configured). Until one is installed, recording costs next to nothing.
+//!
+//! Names follow Mozilla autopush's statsd names where a counterpart exists,
+//! so dashboards carry over; Prometheus sees them with `.` turned into `_`.
+//! Labels carry only bounded values (router types, app names from the
+//! settings, status codes, errnos, close codes, outcomes): never a UAID,
+//! token or key.
+
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+
+use crate::{ApiError, RouterType};
+
+/// Pushes answered by the endpoint: `router_type`, `status`, `errno` (errors only).
+pub const PUSHES: &str = "notification.received";
+/// Accepted pushes by what became of them: `router_type`, `outcome`
+/// (`direct`, `stored`, `dropped`).
+pub const DELIVERIES: &str = "notification.delivery";
+/// Stored messages sent to a connected client.
+pub const STORED_SENT: &str = "notification.message.retrieved";
+/// Client acks: `source` (`direct`, `stored`, `unknown`).
+pub const ACKS: &str = "ua.command.ack";
+/// Client nacks (one per message).
+pub const NACKS: &str = "ua.command.nack";
+/// Successful hellos: `outcome` (`new`, `existing`, `reset`).
+pub const HELLOS: &str = "ua.command.hello";
+/// Websockets open now.
+pub const CONNECTIONS_OPEN: &str = "ua.connection.open";
+/// Websockets accepted since start.
+pub const CONNECTIONS_OPENED: &str = "ua.connection.opened";
+/// Websockets closed: `code` (the close code; 1000 when the client left).
+pub const CONNECTIONS_CLOSED: &str = "ua.connection.closed";
+/// VAPID checks: `outcome` (`cached`, `verified`, `failed`), and `check`
+/// (the failed rule) for failures.
+pub const VAPID: &str = "notification.auth";
+/// Calls to a bridge (APNs, FCM...): `router_type`, `app`, `outcome`
+/// (`sent`, or the errno of the failure).
+pub const BRIDGE_REQUESTS: &str = "notification.bridge.request";
+/// Seconds a bridge call took: `router_type`, `app`.
+pub const BRIDGE_TIME: &str = "notification.bridge.time";
+/// Seconds a storage operation took: `backend`, `op`.
+pub const STORAGE_TIME: &str = "storage.time";
+/// Failed storage operations: `backend`, `op`.
+pub const STORAGE_ERRORS: &str = "storage.error";
+
+/// What became of an accepted push.
+pub fn push_answered(router_type: Option<RouterType>, status: u16, errno: Option<u16>) {
+    let router_type = router_type.map_or("unknown", |r| r.as_str());
+    let status = status.to_string();
+    match errno {
+        Some(errno) => counter!(PUSHES, "router_type" => router_type, "status" => status, "errno" => errno.to_string()).increment(1),
+        None => counter!(PUSHES, "router_type" => router_type, "status" => status).increment(1),
+    }
+}
+
+pub fn delivery(router_type: RouterType, outcome: &'static str) {
+    counter!(DELIVERIES, "router_type" => router_type.as_str(), "outcome" => outcome).increment(1);
+}
+
+pub fn stored_sent(count: usize) {
+    counter!(STORED_SENT).increment(count as u64);
+}
+
+pub fn ack(source: &'static str) {
+    counter!(ACKS, "source" => source).increment(1);
+}
+
+pub fn nack() {
+    counter!(NACKS).increment(1);
+}
+
+pub fn hello(outcome: &'static str) {
+    counter!(HELLOS, "outcome" => outcome).increment(1);
+}
+
+pub fn connection_opened() {
+    counter!(CONNECTIONS_OPENED).increment(1);
+    gauge!(CONNECTIONS_OPEN).increment(1.0);
+}
+
+/// The socket slot is given back (whether or not a session ran on it).
+pub fn connection_released() {
+    gauge!(CONNECTIONS_OPEN).decrement(1.0);
+}
+
+pub fn connection_closed(code: u16) {
+    counter!(CONNECTIONS_CLOSED, "code" => code.to_string()).increment(1);
+}
+
+pub fn vapid(outcome: &'static str) {
+    counter!(VAPID, "outcome" => outcome).increment(1);
+}
+
+pub fn vapid_failed(check: &'static str) {
+    counter!(VAPID, "outcome" => "failed", "check" => check).increment(1);
+}
+
+/// One bridge call. `app` is the operator's name for the app (from the
+/// registration's `app_id`), bounded by the settings.
+pub fn bridge_request(
+    router_type: RouterType,
+    app: &str,
+    result: Result<(), &ApiError>,
+    took: Duration,
+) {
+    let outcome = match result {
+        Ok(()) => "sent".to_owned(),
+        Err(e) => e.errno().to_string(),
+    };
+    let (router_type, app) = (router_type.as_str(), app.to_owned());
+    counter!(BRIDGE_REQUESTS, "router_type" => router_type, "app" => app.clone(), "outcome" => outcome)
+        .increment(1);
+    histogram!(BRIDGE_TIME, "router_type" => router_type, "app" => app).record(took.as_secs_f64());
+}
+
+pub fn storage_op(backend: &'static str, op: &'static str, ok: bool, took: Duration) {
+    histogram!(STORAGE_TIME, "backend" => backend, "op" => op).record(took.as_secs_f64());
+    if !ok {
+        counter!(STORAGE_ERRORS, "backend" => backend, "op" => op).increment(1);
+    }
+}

@@ -1,0 +1,114 @@
+//! [`MeteredStorage`]: any backend, with the latency of every operation and
+//! its failures recorded (`storage.time`, `storage.error`), so backends
+//! need no metrics code of their own.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use autopush_common::metrics::storage_op;
+use autopush_common::{Notification, User};
+use uuid::Uuid;
+
+use crate::{Result, Storage, SweepStep};
+
+pub struct MeteredStorage {
+    inner: Arc<dyn Storage>,
+    /// The backend's name in labels (`embedded`, `dynamodb`).
+    backend: &'static str,
+}
+
+impl MeteredStorage {
+    pub fn new(inner: Arc<dyn Storage>, backend: &'static str) -> Self {
+        MeteredStorage { inner, backend }
+    }
+
+    async fn timed<T>(&self, op: &'static str, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let started = Instant::now();
+        let result = call.await;
+        storage_op(self.backend, op, result.is_ok(), started.elapsed());
+        result
+    }
+}
+
+#[async_trait]
+impl Storage for MeteredStorage {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        self.timed("add_user", self.inner.add_user(user)).await
+    }
+
+    async fn update_user(&self, user: &User) -> Result<bool> {
+        self.timed("update_user", self.inner.update_user(user))
+            .await
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        self.timed("get_user", self.inner.get_user(uaid)).await
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        self.timed("remove_user", self.inner.remove_user(uaid))
+            .await
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let call = self.inner.remove_node_id(uaid, node_id, connected_at);
+        self.timed("remove_node_id", call).await
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
+        let call = self.inner.add_channel(uaid, channel_id, limit);
+        self.timed("add_channel", call).await
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        self.timed("get_channels", self.inner.get_channels(uaid))
+            .await
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let call = self.inner.has_channel(uaid, channel_id);
+        self.timed("has_channel", call).await
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let call = self.inner.remove_channel(uaid, channel_id);
+        self.timed("remove_channel", call).await
+    }
+
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        let call = self.inner.save_messages(uaid, messages);
+        self.timed("save_messages", call).await
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        let call = self.inner.fetch_messages(uaid, limit);
+        self.timed("fetch_messages", call).await
+    }
+
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+        let call = self.inner.count_messages(uaid, up_to);
+        self.timed("count_messages", call).await
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let call = self.inner.remove_message(uaid, sort_key, version);
+        self.timed("remove_message", call).await
+    }
+
+    async fn health_check(&self) -> Result<()> {
+        self.timed("health_check", self.inner.health_check()).await
+    }
+
+    async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
+        let call = self.inner.sweep_expired_messages(budget);
+        self.timed("sweep_expired_messages", call).await
+    }
+
+    async fn drop_idle_users(&self, last_connect_before: u64, budget: usize) -> Result<SweepStep> {
+        let call = self.inner.drop_idle_users(last_connect_before, budget);
+        self.timed("drop_idle_users", call).await
+    }
+}

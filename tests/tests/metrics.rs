@@ -1,0 +1,197 @@
+//! `GET /metrics`: after a known sequence of pushes, deliveries, acks,
+//! nacks and refusals, the scraped counters have exactly the expected
+//! values (parsed from the Prometheus text, not grepped).
+
+use autopush_tests::http::{get, post_push};
+use autopush_tests::prometheus::Scrape;
+use autopush_tests::server::free_ports;
+use autopush_tests::*;
+
+async fn scrape(base: &str) -> Scrape {
+    let reply = get(&format!("{base}/metrics")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    assert!(
+        reply
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain")),
+        "{:?}",
+        reply.headers
+    );
+    Scrape::parse(&reply.text)
+}
+
+/// Scrape until `done` holds: the server counts a closed websocket after
+/// the client has seen the close, so the test waits for the count itself.
+async fn scrape_until(base: &str, done: impl Fn(&Scrape) -> bool) -> Scrape {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let scraped = scrape(base).await;
+        if done(&scraped) {
+            return scraped;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "metrics never reached the expected state: {scraped:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+fn closed(scrape: &Scrape) -> f64 {
+    scrape.value("ua_connection_closed", &[("code", "1000")])
+}
+
+#[tokio::test]
+async fn counters_follow_pushes_acks_nacks_and_refusals() {
+    let [metrics_port] = free_ports::<1>();
+    let server = Server::start_with(&["--metrics-port", &metrics_port.to_string()]).await;
+    let metrics_base = format!("http://127.0.0.1:{metrics_port}");
+
+    // A client subscribes; a push to it is delivered directly and acked.
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::with_vapid(&mut ws).await;
+    sub.push_text("direct").await;
+    let (notification, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "direct");
+    ws.ack_notification(&notification).await;
+    ws.close().await;
+    scrape_until(&metrics_base, |s| closed(s) == 1.0).await;
+
+    // Offline: one push is stored, one with TTL 0 is dropped.
+    sub.push_text("stored").await;
+    let now_or_never = SendOptions::text("now or never")
+        .ttl(0)
+        .vapid(sub.vapid_key());
+    sub.send(&now_or_never).await.assert_created();
+
+    // Refusals: a forged VAPID key (401/109) and an unknown endpoint (404/102).
+    let forged = post_push(
+        &sub.endpoint,
+        &[
+            ("ttl", "60"),
+            ("authorization", "vapid t=a.b.c,k=not-a-key!"),
+        ],
+        None,
+    )
+    .await;
+    forged.assert_error(401, 109);
+    let unknown = post_push(
+        &format!("{}/wpush/v1/garbage", server.endpoint_base()),
+        &[("ttl", "60")],
+        None,
+    )
+    .await;
+    unknown.assert_error(404, 102);
+
+    // Back online: the stored message is nacked (kept), then at the next
+    // connection sent again and acked.
+    let mut ws = server.reconnect(&uaid).await;
+    let (notification, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "stored");
+    ws.nack(
+        sub.channel_id.as_str(),
+        notification["version"].as_str().unwrap(),
+        301,
+    )
+    .await;
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    let (notification, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "stored");
+    ws.ack_notification(&notification).await;
+    ws.close().await;
+
+    let s = scrape_until(&metrics_base, |s| closed(s) == 3.0).await;
+    let pushes = |labels: &[(&str, &str)]| s.value("notification_received", labels);
+    assert_eq!(
+        pushes(&[("router_type", "webpush"), ("status", "201")]),
+        3.0
+    );
+    assert_eq!(
+        pushes(&[
+            ("router_type", "unknown"),
+            ("status", "401"),
+            ("errno", "109")
+        ]),
+        1.0
+    );
+    assert_eq!(
+        pushes(&[
+            ("router_type", "unknown"),
+            ("status", "404"),
+            ("errno", "102")
+        ]),
+        1.0
+    );
+    assert_eq!(s.sum("notification_received"), 5.0);
+
+    let delivered = |outcome| {
+        s.value(
+            "notification_delivery",
+            &[("router_type", "webpush"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        (
+            delivered("direct"),
+            delivered("stored"),
+            delivered("dropped")
+        ),
+        (1.0, 1.0, 1.0)
+    );
+    assert_eq!(s.sum("notification_message_retrieved"), 2.0);
+    assert_eq!(s.value("ua_command_ack", &[("source", "direct")]), 1.0);
+    assert_eq!(s.value("ua_command_ack", &[("source", "stored")]), 1.0);
+    assert_eq!(s.sum("ua_command_ack"), 2.0);
+    assert_eq!(s.sum("ua_command_nack"), 1.0);
+
+    assert_eq!(s.value("ua_command_hello", &[("outcome", "new")]), 1.0);
+    assert_eq!(s.value("ua_command_hello", &[("outcome", "existing")]), 2.0);
+    assert_eq!(s.sum("ua_command_hello"), 3.0);
+    assert_eq!(s.sum("ua_connection_opened"), 3.0);
+    assert_eq!(s.sum("ua_connection_closed"), 3.0);
+    assert_eq!(s.get("ua_connection_open", &[]), Some(0.0));
+
+    // pywebpush signs a new token per push: each one verified, none cached.
+    assert_eq!(
+        s.value("notification_auth", &[("outcome", "verified")]),
+        3.0
+    );
+    assert_eq!(
+        s.value(
+            "notification_auth",
+            &[("outcome", "failed"), ("check", "key")]
+        ),
+        1.0
+    );
+    assert_eq!(s.sum("notification_auth"), 4.0);
+
+    // Every storage call is timed; none failed; no bridge was called.
+    let get_user = s.value(
+        "storage_time_count",
+        &[("backend", "embedded"), ("op", "get_user")],
+    );
+    assert!(get_user >= 5.0, "get_user timed {get_user} times");
+    assert_eq!(s.sum("storage_error"), 0.0);
+    assert_eq!(s.sum("notification_bridge_request"), 0.0);
+
+    // No UAID, token or key in any label.
+    let token = sub.endpoint.rsplit('/').next().unwrap_or_default();
+    let key = sub.vapid_key().public_key.as_str();
+    for value in s.label_values() {
+        assert!(
+            ![uaid.as_str(), token, key]
+                .iter()
+                .any(|s| value.contains(s)),
+            "label value {value:?} names a user, endpoint or key"
+        );
+    }
+
+    // The router API port serves the same metrics without a signature;
+    // everything else there still needs one.
+    let on_router = scrape(&server.router_base()).await;
+    assert_eq!(on_router.sum("ua_command_hello"), 3.0);
+    let unsigned = get(&format!("{}/user/{uaid}", server.router_base())).await;
+    unsigned.assert_error(401, 109);
+}
