@@ -6,7 +6,8 @@
 //! the real PyPI libraries (pywebpush, py_vapid, http_ece via
 //! `tests/py/webpush_tool.py`, see [`py`]) or with raw requests ([`http`]).
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
-//! and the `web-push` npm package ([`node`]).
+//! and the `web-push` npm package ([`node`]). DynamoDB tests run on a local
+//! DynamoDB-compatible server, moto ([`dynamo`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
@@ -20,6 +21,7 @@
 //! Firefox.
 
 pub mod bridge;
+pub mod dynamo;
 pub mod firefox;
 pub mod http;
 pub mod node;
