@@ -12,6 +12,7 @@ use autopush_common::router::RouterRegistry;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::Storage;
+use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_webpush::WebPushRouter;
 use tokio::net::TcpListener;
@@ -43,15 +44,20 @@ impl Mode {
     }
 }
 
-pub fn open_storage(db: &Db) -> Result<Arc<dyn Storage>, String> {
-    match db {
+pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
+    match &settings.db {
         Db::Embedded(dir) => Ok(Arc::new(
             EmbeddedStore::open(dir).map_err(|e| e.to_string())?,
         )),
-        Db::DynamoDb => {
-            Err("the DynamoDB backend is not available in this build yet; use --db DIR".into())
-        }
+        Db::DynamoDb => Ok(Arc::new(open_dynamodb(settings).await?)),
     }
+}
+
+/// The DynamoDB store of `--db dynamodb`, from the standard AWS configuration.
+pub async fn open_dynamodb(settings: &Settings) -> Result<DynamoStore, String> {
+    DynamoStore::connect(settings.tables.clone())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
@@ -79,7 +85,7 @@ pub async fn start(
     settings: &Settings,
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
-    let storage = open_storage(&settings.db)?;
+    let storage = open_storage(settings).await?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
         _ => None,

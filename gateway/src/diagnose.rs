@@ -67,7 +67,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
 }
 
 async fn lookup(settings: &Settings, uaid: &Uuid) -> Result<Option<Value>, String> {
-    match open_storage(&settings.db) {
+    match open_storage(settings).await {
         Ok(storage) => autopush_connection::router_api::describe_user(storage.as_ref(), uaid)
             .await
             .map_err(|e| e.to_string()),

@@ -2,6 +2,7 @@
 //! HTTP API, VAPID, and the router registry.
 
 pub mod app;
+pub mod db;
 pub mod diagnose;
 pub mod endpoint;
 pub mod keys;

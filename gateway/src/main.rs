@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::settings::{Settings, SettingsLayer};
-use autopush_gateway::{diagnose, logging};
+use autopush_gateway::{db, diagnose, logging};
 use clap::{Parser, Subcommand};
+use db::DbCommand;
 
 #[derive(Parser)]
 #[command(
@@ -36,6 +37,11 @@ enum Command {
     Keygen,
     /// Decode a push endpoint URL and show the subscription behind it
     Diagnose { url: String },
+    /// DynamoDB maintenance (with --db dynamodb)
+    Db {
+        #[command(subcommand)]
+        action: DbCommand,
+    },
 }
 
 fn main() -> ExitCode {
@@ -71,6 +77,7 @@ fn main() -> ExitCode {
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
             }),
+            Command::Db { action } => db::run(&settings, action).await,
             Command::Keygen => Ok(()),
         }
     });

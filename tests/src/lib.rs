@@ -37,7 +37,7 @@ pub use http::HttpReply;
 pub use py::{
     Decrypted, Encoding, Encrypted, Keys, Payload, SendOptions, SendResult, VapidKey, VapidScheme,
 };
-pub use server::Server;
+pub use server::{Node, Server};
 pub use subscription::Subscription;
 pub use ws::{Closed, WsClient};
 

@@ -1,0 +1,256 @@
+//! `--db dynamodb` end to end, on a local DynamoDB-compatible server (moto,
+//! not AWS): the `db` subcommands, and split mode with two connection nodes
+//! and an endpoint node as separate processes.
+
+use std::collections::BTreeMap;
+
+use autopush_common::{User, time::now_millis};
+use autopush_storage::Storage;
+use autopush_storage::dynamodb::Tables;
+use autopush_tests::server::run_autopush;
+use autopush_tests::{Node, Server, Subscription, WsClient, dynamo};
+
+/// `autopush ARGS` against the local server, with `tables`.
+async fn db_command(tables: &Tables, args: &[&str]) -> std::process::Output {
+    let endpoint = &dynamo::local().await.endpoint;
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(args)
+        .args(["--db", "dynamodb", "--router-table", &tables.router])
+        .args(["--message-table", &tables.message])
+        .envs(dynamo::aws_env(endpoint))
+        .kill_on_drop(true);
+    // drop-old-users queries the 7,440 hour keys of a month: about a minute
+    // on moto.
+    tokio::time::timeout(std::time::Duration::from_secs(300), cmd.output())
+        .await
+        .expect("autopush db did not finish")
+        .expect("run autopush db")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn db_commands_create_check_and_drop_old_users() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "preflight"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stdout);
+    assert!(
+        said.contains(&format!("router table {} does not exist", tables.router))
+            && said.contains(&format!("message table {} does not exist", tables.message)),
+        "{said}"
+    );
+
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("created"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Again: nothing to do, still success.
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("exists") && !said.contains("created"),
+        "{said}"
+    );
+
+    let out = db_command(&tables, &["db", "preflight"]).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).starts_with("ready"));
+
+    // Users last seen two calendar months ago go, with their channels and
+    // messages; a recent user and a bridge registration of that month stay.
+    let store = dynamo::connect(&dynamo::local().await.endpoint, tables.clone()).await;
+    let two_months_ago = now_millis() - 62 * 86_400_000;
+    let mut old = User::new_webpush(uuid::Uuid::new_v4(), "http://gone", two_months_ago);
+    old.node_id = None;
+    let recent = User::new_webpush(uuid::Uuid::new_v4(), "http://here", now_millis());
+    let mut bridge = old.clone();
+    bridge.uaid = uuid::Uuid::new_v4();
+    bridge.router_type = autopush_common::RouterType::Fcm;
+    for user in [&old, &recent, &bridge] {
+        store.add_user(user).await.unwrap();
+        store
+            .add_channel(&user.uaid, &uuid::Uuid::new_v4(), 10)
+            .await
+            .unwrap();
+    }
+    let out = db_command(
+        &tables,
+        &["db", "drop-old-users", "--months", "2", "--pause", "0"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.trim_end().ends_with("dropped 1 users"), "{said}");
+    assert!(
+        said.contains("old users found"),
+        "no progress lines: {said}"
+    );
+    assert!(store.get_user(&old.uaid).await.unwrap().is_none());
+    assert!(store.get_channels(&old.uaid).await.unwrap().is_empty());
+    assert!(store.get_user(&recent.uaid).await.unwrap().is_some());
+    assert!(store.get_user(&bridge.uaid).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn db_commands_need_dynamodb() {
+    let out = run_autopush(&["db", "create-tables", "--db", "/tmp/nowhere"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--db dynamodb"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Split mode on one DynamoDB: an endpoint node and two connection nodes.
+struct Cluster {
+    endpoint: Server,
+    a: Server,
+    b: Server,
+}
+
+impl Cluster {
+    /// Start the three nodes on fresh tables. Every node gets the same
+    /// [`Cluster::shared_args`].
+    async fn start() -> Cluster {
+        let tables = dynamo::tables();
+        let out = db_command(&tables, &["db", "create-tables"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let keygen = async || {
+            text(&run_autopush(&["keygen"]).await.stdout)
+                .trim()
+                .to_owned()
+        };
+        let shared = Cluster::shared_args(&tables, &keygen().await, &keygen().await);
+        let env: Vec<(String, String)> = dynamo::local()
+            .await
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let node = |role| Node {
+            role,
+            db: Some("dynamodb".into()),
+            endpoint_url: None,
+            env: env.clone(),
+            args: shared.clone(),
+        };
+        let endpoint = Server::start_node(node("endpoint")).await;
+        let connection = || Node {
+            endpoint_url: Some(endpoint.endpoint_base()),
+            ..node("connection")
+        };
+        let a = Server::start_node(connection()).await;
+        let b = Server::start_node(connection()).await;
+        Cluster { endpoint, a, b }
+    }
+
+    /// What every node of one cluster must agree on: the tables and the
+    /// keys (and any other cluster-wide secret, added here).
+    fn shared_args(tables: &Tables, crypto_key: &str, auth_key: &str) -> Vec<String> {
+        [
+            "--router-table",
+            &tables.router,
+            "--message-table",
+            &tables.message,
+            "--crypto-key",
+            crypto_key,
+            "--auth-key",
+            auth_key,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+}
+
+/// Receive everything up to `expected` notifications on `ws`, ack each, and
+/// count what arrived by plaintext.
+async fn receive_and_ack(
+    ws: &mut WsClient,
+    sub: &Subscription,
+    expected: usize,
+    seen: &mut BTreeMap<String, usize>,
+) {
+    for _ in 0..expected {
+        let (n, d) = sub.receive(ws).await;
+        ws.ack_notification(&n).await;
+        *seen.entry(d.text).or_default() += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
+    let cluster = Cluster::start().await;
+    let mut seen = BTreeMap::new();
+
+    // Subscribed on node A, a push through the endpoint node arrives on A.
+    let mut on_a = WsClient::connect_hello(&cluster.a.ws_url(), None).await;
+    let uaid = on_a.uaid().to_owned();
+    let sub = Subscription::new(&mut on_a).await;
+    assert!(sub.endpoint.starts_with(&cluster.endpoint.endpoint_base()));
+    sub.push_text("one").await;
+    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
+
+    // The client shows up on node B: A drops its stale connection, and the
+    // endpoint finds the client on B.
+    let mut on_b = cluster.b.reconnect(&uaid).await;
+    let closed = on_a.expect_closed().await;
+    assert!(
+        closed
+            .messages
+            .iter()
+            .all(|m| m["messageType"] != "notification"),
+        "{:?}",
+        closed.messages
+    );
+    sub.push_text("two").await;
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+
+    // Offline: the endpoint finds B without the client, stores the message;
+    // the client gets it on A.
+    on_b.close().await;
+    sub.push_text("three").await;
+    let mut on_a = cluster.a.reconnect(&uaid).await;
+    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
+
+    // Pushes racing the client's moves between nodes.
+    let mut ws = on_a;
+    let nodes = [&cluster.b, &cluster.a];
+    let rounds = 6;
+    for round in 0..rounds {
+        let pusher = {
+            let sub = sub.clone();
+            tokio::spawn(async move {
+                sub.push_text(&format!("race {round}")).await;
+            })
+        };
+        ws.close().await;
+        ws = nodes[round % 2].reconnect(&uaid).await;
+        pusher.await.unwrap();
+        // Direct or from storage, on whichever connection it reached.
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    ws.close().await;
+    let mut last = cluster.b.reconnect(&uaid).await;
+    last.assert_nothing_arrives().await;
+
+    let mut want: BTreeMap<String, usize> = ["one", "two", "three"]
+        .iter()
+        .map(|s| (s.to_string(), 1))
+        .collect();
+    want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
+    assert_eq!(seen, want);
+}
