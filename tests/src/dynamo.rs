@@ -146,3 +146,186 @@ pub async fn fresh_store() -> DynamoStore {
     store.create_tables().await.expect("create tables");
     store
 }
+
+/// A proxy in front of the local server that answers
+/// `ProvisionedThroughputExceededException` (HTTP 400, as DynamoDB does)
+/// instead of forwarding, while told to: for the next N requests, or until
+/// switched off. What a table over its capacity looks like to a client.
+pub struct ThrottlingProxy {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    state: std::sync::Arc<ThrottleState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ThrottleState {
+    always: std::sync::atomic::AtomicBool,
+    next: std::sync::atomic::AtomicUsize,
+    refused: std::sync::atomic::AtomicUsize,
+}
+
+impl ThrottleState {
+    fn refuse(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let refuse = self.always.load(SeqCst)
+            || self
+                .next
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if refuse {
+            self.refused.fetch_add(1, SeqCst);
+        }
+        refuse
+    }
+}
+
+impl ThrottlingProxy {
+    pub async fn start(upstream: &str) -> ThrottlingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let endpoint = format!("http://{}", listener.local_addr().expect("proxy addr"));
+        let state = std::sync::Arc::new(ThrottleState::default());
+        let (upstream, shared) = (upstream.to_owned(), state.clone());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(proxy_connection(
+                    socket,
+                    http.clone(),
+                    upstream.clone(),
+                    shared.clone(),
+                ));
+            }
+        });
+        ThrottlingProxy {
+            endpoint,
+            state,
+            task,
+        }
+    }
+
+    /// Refuse every request until [`ThrottlingProxy::stop`].
+    pub fn throttle(&self) {
+        self.state
+            .always
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Refuse the next `n` requests.
+    pub fn throttle_next(&self, n: usize) {
+        self.state
+            .next
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn stop(&self) {
+        self.state
+            .always
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.state
+            .next
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> usize {
+        self.state.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ThrottlingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serve HTTP/1.1 requests on one connection (keep-alive), forwarding each
+/// to `upstream` unless `state` says to refuse it.
+async fn proxy_connection(
+    mut socket: tokio::net::TcpStream,
+    http: reqwest::Client,
+    upstream: String,
+    state: std::sync::Arc<ThrottleState>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let path = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .unwrap_or("/")
+            .to_owned();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let length: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 8192];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = buf[head_end..head_end + length].to_vec();
+        buf.drain(..head_end + length);
+        let (status, content_type, reply) = if state.refuse() {
+            (
+                400,
+                "application/x-amz-json-1.0".to_owned(),
+                br#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"The level of configured provisioned throughput for the table was exceeded."}"#.to_vec(),
+            )
+        } else {
+            let mut request = http.post(format!("{upstream}{path}")).body(body);
+            for (k, v) in &headers {
+                if !["host", "content-length", "connection"].contains(&k.as_str()) {
+                    request = request.header(k, v);
+                }
+            }
+            match request.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let content_type = r
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("application/x-amz-json-1.0")
+                        .to_owned();
+                    (
+                        status,
+                        content_type,
+                        r.bytes().await.unwrap_or_default().to_vec(),
+                    )
+                }
+                Err(_) => (502, "text/plain".to_owned(), b"upstream failed".to_vec()),
+            }
+        };
+        let head = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            reply.len()
+        );
+        if socket.write_all(head.as_bytes()).await.is_err()
+            || socket.write_all(&reply).await.is_err()
+        {
+            return;
+        }
+    }
+}

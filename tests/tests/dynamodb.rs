@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 use autopush_common::{User, time::now_millis};
 use autopush_storage::Storage;
 use autopush_storage::dynamodb::Tables;
+use autopush_tests::dynamo::ThrottlingProxy;
 use autopush_tests::server::run_autopush;
-use autopush_tests::{Node, Server, Subscription, WsClient, dynamo};
+use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, dynamo};
 
 /// `autopush ARGS` against the local server, with `tables`.
 async fn db_command(tables: &Tables, args: &[&str]) -> std::process::Output {
@@ -253,4 +254,71 @@ async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
         .collect();
     want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
     assert_eq!(seen, want);
+}
+
+/// DynamoDB refusing requests for throughput: a short burst is absorbed by
+/// the retries; a long one reaches senders as 503 errno 201 with
+/// Retry-After, clients as close 1013 and the heartbeat as failing; when it
+/// ends, everything accepted is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let node = Server::start_node(Node {
+        role: "all",
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: dynamo::aws_env(&proxy.endpoint)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
+    })
+    .await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+
+    proxy.throttle_next(3);
+    sub.push_text("absorbed").await;
+    assert_eq!(proxy.refused(), 3);
+
+    proxy.throttle();
+    let refused = sub.send(&SendOptions::text("refused")).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["errno"], 201, "{}", refused.body);
+    assert!(
+        refused.headers.contains_key("retry-after"),
+        "{:?}",
+        refused.headers
+    );
+    let http = reqwest::Client::new();
+    let heartbeat = http
+        .get(format!("{}/__heartbeat__", node.endpoint_base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status(), 503);
+    let mut ws = WsClient::connect(&node.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 503, "{reply}");
+    assert_eq!(ws.expect_closed().await.code, Some(1013));
+
+    proxy.stop();
+    let heartbeat = http
+        .get(format!("{}/__heartbeat__", node.endpoint_base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status(), 200);
+    let mut ws = node.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "absorbed");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
 }

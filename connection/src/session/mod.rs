@@ -48,11 +48,14 @@ impl Close {
         }
     }
 
-    /// Something failed on our side; the client should come back later.
-    fn server(reason: impl Into<String>) -> Self {
+    /// The store failed (after its own retries): close with 1013 "try again
+    /// later" so the client backs off and reconnects; the detail stays in
+    /// our log.
+    fn storage(e: autopush_storage::StorageError) -> Self {
+        warn!(error = %e, "storage failed; closing the connection with 1013");
         Close {
-            code: 1011,
-            reason: reason.into(),
+            code: 1013,
+            reason: "storage unavailable; try again later".into(),
         }
     }
 
@@ -118,7 +121,11 @@ async fn close(sink: &mut SplitSink<Socket, Message>, close_with: Close, answeri
         return;
     }
     debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
-    let status = if close_with.code == 1011 { 500 } else { 401 };
+    let status = match close_with.code {
+        1011 => 500,
+        1013 => 503,
+        _ => 401,
+    };
     let _ = sink
         .send(Message::text(error_json(
             answering.unwrap_or("error"),
