@@ -151,6 +151,8 @@ pub async fn fresh_store() -> DynamoStore {
 /// `ProvisionedThroughputExceededException` (HTTP 400, as DynamoDB does)
 /// instead of forwarding, while told to: for the next N requests, or until
 /// switched off. What a table over its capacity looks like to a client.
+/// It also counts the requests it sees by operation (what a DynamoDB bill
+/// is made of).
 pub struct ThrottlingProxy {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
@@ -163,6 +165,8 @@ struct ThrottleState {
     always: std::sync::atomic::AtomicBool,
     next: std::sync::atomic::AtomicUsize,
     refused: std::sync::atomic::AtomicUsize,
+    /// Requests seen, by operation (`X-Amz-Target` without its prefix).
+    operations: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
 }
 
 impl ThrottleState {
@@ -229,6 +233,12 @@ impl ThrottlingProxy {
             .store(0, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Requests seen so far by operation (`GetItem`, `Query`, ...), and
+    /// the count restarted.
+    pub fn take_operations(&self) -> std::collections::BTreeMap<String, usize> {
+        std::mem::take(&mut *self.state.operations.lock().unwrap())
+    }
+
     /// Requests refused so far.
     pub fn refused(&self) -> usize {
         self.state.refused.load(std::sync::atomic::Ordering::SeqCst)
@@ -286,6 +296,15 @@ async fn proxy_connection(
             }
         }
         let body = buf[head_end..head_end + length].to_vec();
+        if let Some((_, target)) = headers.iter().find(|(k, _)| k == "x-amz-target") {
+            let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+            *state
+                .operations
+                .lock()
+                .unwrap()
+                .entry(operation)
+                .or_default() += 1;
+        }
         buf.drain(..head_end + length);
         let (status, content_type, reply) = if state.refuse() {
             (

@@ -322,3 +322,126 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
     ws.ack_notification(&n).await;
     ws.assert_nothing_arrives().await;
 }
+
+/// Migration: tables written with the seeds' schema by Python (boto3, not
+/// our code) are read correctly: the router record, the channel set
+/// (dashed or hex), topic and timestamp messages, expired ones skipped, and
+/// an ack of a migrated message removes it.
+#[tokio::test]
+async fn records_written_by_the_seeds_schema_are_read() {
+    let local = dynamo::local().await;
+    let store = dynamo::fresh_store().await;
+    let tables = store.tables().clone();
+    let (uaid, a, b) = (
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/seed_dynamo.py");
+    let out = tokio::process::Command::new(autopush_tests::py::python())
+        .arg(script)
+        .args([&tables.router, &tables.message])
+        .arg(uaid.simple().to_string())
+        .args([a.to_string(), b.to_string()])
+        .envs(local.env())
+        .output()
+        .await
+        .expect("run seed_dynamo.py");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let wrote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let user = store.get_user(&uaid).await.unwrap().expect("migrated user");
+    assert_eq!(user.router_type, autopush_common::RouterType::WebPush);
+    assert_eq!(user.node_id.as_deref(), Some("http://old-node:8081"));
+    assert_eq!(serde_json::json!(user.connected_at), wrote["connected_at"]);
+    assert!(now_millis() - user.last_connect < 3_600_000 + 60_000);
+    assert_eq!(
+        store.get_channels(&uaid).await.unwrap(),
+        [a, b].into_iter().collect()
+    );
+    let messages = store.fetch_messages(&uaid, 10).await.unwrap();
+    let versions: Vec<_> = messages.iter().map(|m| m.version.as_str()).collect();
+    assert_eq!(versions, ["legacy-topic", "legacy-plain"]);
+    assert_eq!(messages[0].topic.as_deref(), Some("scores"));
+    assert_eq!(messages[0].channel_id, a);
+    assert_eq!(messages[0].data.as_deref(), Some("dG9waWM"));
+    let headers = messages[0].headers.as_ref().unwrap();
+    assert_eq!(headers["crypto_key"], "dh=def");
+    assert_eq!(messages[1].channel_id, b);
+    assert_eq!(messages[1].ttl, 600);
+    // A connection newer than the migrated one takes over; an ack removes.
+    let mut newer = User::new_webpush(uaid, "http://new-node:8081", now_millis() + 1);
+    newer.router_data = None;
+    assert!(store.update_user(&newer).await.unwrap());
+    let plain = &messages[1];
+    assert!(
+        store
+            .remove_message(&uaid, &plain.sort_key(), &plain.version)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 1);
+}
+
+/// The DynamoDB requests one message costs, counted at the wire: delivered
+/// directly to a connected client, and stored for an offline one then
+/// drained. Printed for BENCHMARKS.md; bounded here so a change that adds
+/// requests per message is noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_delivered_message() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let node = Server::start_node(Node {
+        role: "all",
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: dynamo::aws_env(&proxy.endpoint)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
+    })
+    .await;
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+
+    let count = 10;
+    proxy.take_operations();
+    for i in 0..count {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    // The session handles the close after the last ack (and its delete).
+    let uaid = ws.uaid().to_owned();
+    ws.close().await;
+    let direct = proxy.take_operations();
+    for i in 0..count {
+        sub.push_text(&format!("stored {i}")).await;
+    }
+    let stored = proxy.take_operations();
+    let mut ws = node.reconnect(&uaid).await;
+    for _ in 0..count {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let drained = proxy.take_operations();
+    eprintln!(
+        "DynamoDB requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+         stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
+    );
+    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
+    assert!(total(&direct) <= 5 * count, "{direct:?}");
+    // Plus the one optimistic node_id clear when the first push finds the
+    // client gone.
+    assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
+    assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+}

@@ -256,6 +256,16 @@ fn parse_sort_key(key: &str) -> Option<(Uuid, Option<String>, Option<u64>)> {
     }
 }
 
+/// The key Python autopush gave the timestamp message whose key we spell
+/// `sort_key`: its `sortkey_timestamp` was not zero-padded. `None` when the
+/// two spellings agree.
+pub fn legacy_sort_key(sort_key: &str) -> Option<String> {
+    let rest = sort_key.strip_prefix("02:")?;
+    let (ts, chid) = rest.split_once(':')?;
+    let unpadded = ts.trim_start_matches('0');
+    (unpadded.len() != ts.len() && !unpadded.is_empty()).then(|| format!("02:{unpadded}:{chid}"))
+}
+
 pub fn message_from_item(item: &Item) -> Result<Notification> {
     let key = get_s(item, "chidmessageid").unwrap_or_default();
     let (channel_id, topic, key_ts) =

@@ -208,6 +208,24 @@ impl DynamoStore {
         self.batch_write(&self.tables.message, deletes).await
     }
 
+    /// Delete the message under `sort_key` if it is still `version`.
+    async fn delete_version(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let delete = self
+            .client
+            .delete_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(uaid, sort_key)))
+            .condition_expression("updateid = :v")
+            .expression_attribute_values(":v", s(version))
+            .send()
+            .await;
+        match delete {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("DeleteItem", e)),
+        }
+    }
+
     /// One page of `uaid`'s messages (sort keys after the channel row).
     async fn message_page(
         &self,
@@ -461,19 +479,12 @@ impl Storage for DynamoStore {
     }
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
-        let delete = self
-            .client
-            .delete_item()
-            .table_name(&self.tables.message)
-            .set_key(Some(item::message_key(uaid, sort_key)))
-            .condition_expression("updateid = :v")
-            .expression_attribute_values(":v", s(version))
-            .send()
-            .await;
-        match delete {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("DeleteItem", e)),
+        if self.delete_version(uaid, sort_key, version).await? {
+            return Ok(true);
+        }
+        match item::legacy_sort_key(sort_key) {
+            Some(legacy) => self.delete_version(uaid, &legacy, version).await,
+            None => Ok(false),
         }
     }
 
