@@ -49,7 +49,15 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
         Db::Embedded(dir) => Ok(Arc::new(
             EmbeddedStore::open(dir).map_err(|e| e.to_string())?,
         )),
-        Db::DynamoDb => Ok(Arc::new(open_dynamodb(settings).await?)),
+        Db::DynamoDb => {
+            let store = open_dynamodb(settings).await?;
+            // Missing tables or refused credentials stop start-up here
+            // rather than as 503s on the first pushes.
+            store.health_check().await.map_err(|e| {
+                format!("--db dynamodb: {e} (`autopush db preflight` says what is missing)")
+            })?;
+            Ok(Arc::new(store))
+        }
     }
 }
 

@@ -325,6 +325,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn dynamodb_table_names_are_checked() {
+        let layer = |db: &str, router: &str| SettingsLayer {
+            db: Some(db.into()),
+            router_table: Some(router.into()),
+            ..SettingsLayer::default()
+        };
+        let s = Settings::from_layer(layer("dynamodb", "push_router")).unwrap();
+        assert_eq!(s.tables.router, "push_router");
+        assert_eq!(s.tables.message, "message");
+        let e = Settings::from_layer(layer("./data", "push_router")).unwrap_err();
+        assert!(
+            e.contains("router_table applies to --db dynamodb only"),
+            "{e}"
+        );
+        let e = Settings::from_layer(layer("dynamodb", "no spaces")).unwrap_err();
+        assert!(e.contains("not a DynamoDB table name"), "{e}");
+    }
+
+    #[test]
     fn defaults_match_the_design() {
         let s = Settings::from_layer(SettingsLayer::default()).unwrap();
         assert_eq!(

@@ -115,6 +115,56 @@ async fn db_commands_need_dynamodb() {
     );
 }
 
+/// Without a region, or with tables missing, a node refuses to start and
+/// says why.
+#[tokio::test]
+async fn nodes_refuse_to_start_without_a_region_or_tables() {
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(["endpoint", "--db", "dynamodb", "--endpoint-port", "0"])
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .env_remove("AWS_PROFILE")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(autopush_tests::HANG_GUARD, cmd.output())
+        .await
+        .expect("autopush did not exit")
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("AWS_REGION"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let tables = dynamo::tables();
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(["endpoint", "--db", "dynamodb", "--endpoint-port", "0"])
+        .args(Cluster::shared_args(
+            &tables,
+            &keygen().await,
+            &keygen().await,
+        ))
+        .envs(dynamo::local().await.env())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(autopush_tests::HANG_GUARD * 2, cmd.output())
+        .await
+        .expect("autopush did not exit")
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("autopush db preflight") && said.contains(&tables.router),
+        "{said}"
+    );
+}
+
 /// Split mode on one DynamoDB: an endpoint node and two connection nodes.
 struct Cluster {
     endpoint: Server,

@@ -58,12 +58,19 @@ pub struct DynamoStore {
     page_size: usize,
 }
 
-/// A failed call, with the service's error code and message.
+/// A failed call: the service's error code and message when it answered,
+/// else what went wrong on the way (timeout, connection).
 fn backend<E>(op: &str, e: SdkError<E>) -> StorageError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
-    StorageError::Backend(format!("DynamoDB {op}: {}", DisplayErrorContext(&e)))
+    match e.code() {
+        Some(code) => StorageError::Backend(format!(
+            "DynamoDB {op}: {code}: {}",
+            e.message().unwrap_or_default()
+        )),
+        None => StorageError::Backend(format!("DynamoDB {op}: {}", DisplayErrorContext(&e))),
+    }
 }
 
 fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
@@ -502,8 +509,8 @@ impl Storage for DynamoStore {
             .set_key(Some(item::message_key(&Uuid::nil(), CHANNELS_ROW)))
             .send();
         let (router, message) = tokio::join!(router, message);
-        router.map_err(|e| backend("GetItem (router table)", e))?;
-        message.map_err(|e| backend("GetItem (message table)", e))?;
+        router.map_err(|e| backend(&format!("GetItem on table {}", self.tables.router), e))?;
+        message.map_err(|e| backend(&format!("GetItem on table {}", self.tables.message), e))?;
         Ok(())
     }
 }
