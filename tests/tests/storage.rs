@@ -103,6 +103,20 @@ mod suite {
         );
     }
 
+    /// The same message twice in one call (e.g. written back at disconnect
+    /// while its durable copy is in the same batch) is stored once.
+    pub async fn one_key_twice_in_a_batch_is_stored_once(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let first = message(chid, None, 1, 60, "first");
+        let mut again = first.clone();
+        again.data = Some("again".into());
+        store
+            .save_messages(&uaid, vec![first, again.clone()])
+            .await
+            .unwrap();
+        assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![again]);
+    }
+
     /// Everything a message carries comes back as it was stored.
     pub async fn messages_round_trip(store: Arc<dyn Storage>) {
         let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
@@ -360,6 +374,7 @@ macro_rules! suite_for {
             for_backend!($backend:
                 topics_first_then_arrival_order_and_topics_replace,
                 messages_round_trip,
+                one_key_twice_in_a_batch_is_stored_once,
                 acking_a_replaced_topic_message_keeps_the_newer_one,
                 an_older_topic_message_never_replaces_a_newer_one,
                 counting_is_bounded_and_skips_expired_messages,

@@ -276,7 +276,9 @@ impl Storage for DynamoStore {
             .put_item()
             .table_name(&self.tables.router)
             .set_item(Some(item::user_to_item(user)))
-            .condition_expression("attribute_not_exists(uaid) OR connected_at <= :c")
+            .condition_expression(
+                "attribute_not_exists(uaid) OR attribute_not_exists(connected_at) OR connected_at <= :c",
+            )
             .expression_attribute_values(":c", n(user.connected_at))
             .send()
             .await;
@@ -399,6 +401,15 @@ impl Storage for DynamoStore {
     }
 
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        // One BatchWriteItem may not name a key twice: the last write of a
+        // key wins, as it would one write at a time.
+        let mut seen = HashSet::new();
+        let mut messages: Vec<_> = messages
+            .into_iter()
+            .rev()
+            .filter(|m| seen.insert(m.sort_key()))
+            .collect();
+        messages.reverse();
         let mut plain = Vec::new();
         for message in &messages {
             let item = item::message_to_item(uaid, message);
