@@ -211,19 +211,13 @@ impl Cluster {
     /// What every node of one cluster must agree on: the tables and the
     /// keys (and any other cluster-wide secret, added here).
     fn shared_args(tables: &Tables, crypto_key: &str, auth_key: &str) -> Vec<String> {
-        [
-            "--router-table",
-            &tables.router,
-            "--message-table",
-            &tables.message,
-            "--crypto-key",
-            crypto_key,
-            "--auth-key",
-            auth_key,
+        // `--flag=value`: a key may start with `-`.
+        vec![
+            format!("--router-table={}", tables.router),
+            format!("--message-table={}", tables.message),
+            format!("--crypto-key={crypto_key}"),
+            format!("--auth-key={auth_key}"),
         ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
     }
 }
 
