@@ -14,6 +14,7 @@ use autopush_common::router::RouterRegistry;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::Storage;
+use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
 use autopush_webpush::WebPushRouter;
@@ -48,19 +49,30 @@ impl Mode {
 
 /// The configured backend, with every operation's latency and failures
 /// recorded (`storage.time`, `storage.error`).
-pub fn open_storage(db: &Db) -> Result<Arc<dyn Storage>, String> {
-    let (backend, name): (Arc<dyn Storage>, _) = match db {
+pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
+    let (backend, name): (Arc<dyn Storage>, _) = match &settings.db {
         Db::Embedded(dir) => (
             Arc::new(EmbeddedStore::open(dir).map_err(|e| e.to_string())?),
             "embedded",
         ),
         Db::DynamoDb => {
-            return Err(
-                "the DynamoDB backend is not available in this build yet; use --db DIR".into(),
-            );
+            let store = open_dynamodb(settings).await?;
+            // Missing tables or refused credentials stop start-up here
+            // rather than as 503s on the first pushes.
+            store.health_check().await.map_err(|e| {
+                format!("--db dynamodb: {e} (`autopush db preflight` says what is missing)")
+            })?;
+            (Arc::new(store), "dynamodb")
         }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
+}
+
+/// The DynamoDB store of `--db dynamodb`, from the standard AWS configuration.
+pub async fn open_dynamodb(settings: &Settings) -> Result<DynamoStore, String> {
+    DynamoStore::connect(settings.tables.clone())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
@@ -115,7 +127,7 @@ pub async fn start(
 ) -> Result<Running, String> {
     let bridges = self::bridges(settings)?.extend(bridges);
     let metrics = crate::metrics::install(settings.statsd.as_ref(), &settings.statsd_label)?;
-    let storage = open_storage(&settings.db)?;
+    let storage = open_storage(settings).await?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
         _ => None,

@@ -93,7 +93,7 @@ async fn lookup(
     data_dir: Option<&Path>,
     uaid: &Uuid,
 ) -> Result<Option<Value>, String> {
-    match open_storage(&settings.db) {
+    match open_storage(settings).await {
         Ok(storage) => autopush_connection::router_api::describe_user(storage.as_ref(), uaid)
             .await
             .map_err(|e| e.to_string()),

@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod check;
+pub mod db;
 pub mod diagnose;
 pub mod endpoint;
 pub mod fuzzing;

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::settings::{Settings, SettingsLayer};
-use autopush_gateway::{check, diagnose, logging};
+use autopush_gateway::{check, db, diagnose, logging};
 use clap::{Parser, Subcommand};
+use db::DbCommand;
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +50,11 @@ enum Command {
         /// The VAPID `sub` claim (a contact) of the test pushes
         #[arg(long, default_value = "mailto:autopush-check@example.com")]
         vapid_sub: String,
+    },
+    /// DynamoDB maintenance (with --db dynamodb)
+    Db {
+        #[command(subcommand)]
+        action: DbCommand,
     },
 }
 
@@ -93,6 +99,7 @@ fn main() -> ExitCode {
                     serde_json::to_string_pretty(&report).unwrap_or_default()
                 );
             }),
+            Command::Db { action } => db::run(&settings, action).await,
             Command::Keygen | Command::Check { .. } => Ok(()),
         }
     });

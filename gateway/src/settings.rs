@@ -49,6 +49,12 @@ pub struct SettingsLayer {
     /// Storage: a directory for the embedded store, or `dynamodb` [default: ./autopush-data]
     #[arg(long, env = "AUTOPUSH_DB", global = true)]
     pub db: Option<String>,
+    /// DynamoDB router (user) table, with --db dynamodb [default: router]
+    #[arg(long, env = "AUTOPUSH_ROUTER_TABLE", global = true)]
+    pub router_table: Option<String>,
+    /// DynamoDB message table, with --db dynamodb [default: message]
+    #[arg(long, env = "AUTOPUSH_MESSAGE_TABLE", global = true)]
+    pub message_table: Option<String>,
     /// Endpoint encryption key(s), comma-separated, first encrypts (also read from CRYPTO_KEY)
     /// [default: generated once and kept in the data directory, all-in-one only]
     #[arg(
@@ -231,6 +237,8 @@ pub enum Db {
     DynamoDb,
 }
 
+pub use autopush_storage::dynamodb::Tables;
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LogFormat {
     Human,
@@ -248,6 +256,8 @@ pub struct Settings {
     pub endpoint_port: u16,
     pub endpoint_url: String,
     pub db: Db,
+    /// DynamoDB table names (with `Db::DynamoDb`).
+    pub tables: Tables,
     pub crypto_key: Option<Secret>,
     pub auth_key: Option<Secret>,
     pub router_key: Option<Secret>,
@@ -354,6 +364,32 @@ impl Settings {
             Some(dir) => Db::Embedded(PathBuf::from(dir)),
             None => Db::Embedded(PathBuf::from("./autopush-data")),
         };
+        if db != Db::DynamoDb {
+            for (name, value) in [
+                ("router_table", &l.router_table),
+                ("message_table", &l.message_table),
+            ] {
+                if value.is_some() {
+                    return Err(format!("{name} applies to --db dynamodb only"));
+                }
+            }
+        }
+        let defaults = Tables::default();
+        let tables = Tables {
+            router: l.router_table.unwrap_or(defaults.router),
+            message: l.message_table.unwrap_or(defaults.message),
+        };
+        for name in [&tables.router, &tables.message] {
+            let valid = (3..=255).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            if !valid {
+                return Err(format!(
+                    "router_table/message_table: {name:?} is not a DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .)"
+                ));
+            }
+        }
         let log_format = match l.log_format.as_deref() {
             None | Some("human") => LogFormat::Human,
             Some("json") => LogFormat::Json,
@@ -368,6 +404,7 @@ impl Settings {
             endpoint_port,
             endpoint_url,
             db,
+            tables,
             crypto_key: l.crypto_key,
             auth_key: l.auth_key,
             router_key: l.router_key,
@@ -438,6 +475,25 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dynamodb_table_names_are_checked() {
+        let layer = |db: &str, router: &str| SettingsLayer {
+            db: Some(db.into()),
+            router_table: Some(router.into()),
+            ..SettingsLayer::default()
+        };
+        let s = Settings::from_layer(layer("dynamodb", "push_router")).unwrap();
+        assert_eq!(s.tables.router, "push_router");
+        assert_eq!(s.tables.message, "message");
+        let e = Settings::from_layer(layer("./data", "push_router")).unwrap_err();
+        assert!(
+            e.contains("router_table applies to --db dynamodb only"),
+            "{e}"
+        );
+        let e = Settings::from_layer(layer("dynamodb", "no spaces")).unwrap_err();
+        assert!(e.contains("not a DynamoDB table name"), "{e}");
+    }
 
     #[test]
     fn defaults_match_the_design() {

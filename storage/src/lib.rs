@@ -2,7 +2,8 @@
 //!
 //! [`Storage`] is what the routers and the connection node need; each backend
 //! implements it. The embedded backend ([`embedded::EmbeddedStore`], redb) is
-//! the zero-configuration default for a single process.
+//! the zero-configuration default for a single process; the DynamoDB backend
+//! ([`dynamodb::DynamoStore`]) is shared by any number of nodes.
 
 use std::collections::HashSet;
 
@@ -10,6 +11,7 @@ use async_trait::async_trait;
 use autopush_common::{ApiError, Notification, User};
 use uuid::Uuid;
 
+pub mod dynamodb;
 pub mod embedded;
 pub mod metered;
 pub mod sweeper;

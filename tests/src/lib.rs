@@ -7,7 +7,8 @@
 //! `tests/py/webpush_tool.py`, see [`py`]) or with raw requests ([`http`]).
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
-//! with a recording double for Apple ([`apns`]).
+//! with a recording double for Apple ([`apns`]). DynamoDB tests run on a local
+//! DynamoDB-compatible server, moto ([`dynamo`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
@@ -22,6 +23,7 @@
 
 pub mod apns;
 pub mod bridge;
+pub mod dynamo;
 pub mod firefox;
 pub mod google;
 pub mod http;
@@ -39,7 +41,7 @@ pub use http::HttpReply;
 pub use py::{
     Decrypted, Encoding, Encrypted, Keys, Payload, SendOptions, SendResult, VapidKey, VapidScheme,
 };
-pub use server::Server;
+pub use server::{Node, Server};
 pub use subscription::Subscription;
 pub use ws::{Closed, WsClient};
 

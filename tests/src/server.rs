@@ -62,16 +62,18 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     std::array::from_fn(|i| listeners[i].local_addr().expect("local_addr").port())
 }
 
-/// A running `autopush all` process. Killed on drop.
+/// A running `autopush` process (`all` unless started with
+/// [`Server::start_node`]). Killed on drop.
 pub struct Server {
     /// Owned scratch space: logs, and the data dir unless one was given.
     work: TempDir,
     db: PathBuf,
+    /// Which roles: `all`, `connection` or `endpoint`; and how it is set up
+    /// beyond the defaults (see [`Node`]).
+    node: Node,
     ws_port: u16,
     router_port: u16,
     endpoint_port: u16,
-    extra_args: Vec<String>,
-    extra_env: Vec<(String, String)>,
     child: Option<Child>,
     starts: u32,
 }
@@ -100,6 +102,24 @@ impl Server {
     }
 
     async fn launch(dir: Option<&Path>, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let node = Node {
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Node::default()
+        };
+        Server::launch_node(dir, node).await
+    }
+
+    /// Start `autopush ROLE` as `node` says (e.g. a connection node on
+    /// DynamoDB whose endpoint URLs name a separate endpoint node).
+    pub async fn start_node(node: Node) -> Server {
+        Server::launch_node(None, node).await
+    }
+
+    async fn launch_node(dir: Option<&Path>, node: Node) -> Server {
         let work = tempfile::Builder::new()
             .prefix("autopush-e2e-")
             .tempdir()
@@ -116,11 +136,7 @@ impl Server {
             ws_port,
             router_port,
             endpoint_port,
-            extra_args: args.iter().map(|s| s.to_string()).collect(),
-            extra_env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            node,
             child: None,
             starts: 0,
         };
@@ -220,21 +236,31 @@ impl Server {
     /// The command line: our ports, endpoint URL and data dir, then the extra
     /// arguments, which may replace any of those (e.g. `--endpoint-url`).
     fn args(&self) -> Vec<String> {
+        let endpoint_url = match &self.node.endpoint_url {
+            Some(url) => url.clone(),
+            None => self.endpoint_base(),
+        };
+        let db = match &self.node.db {
+            Some(db) => db.clone(),
+            None => self.db.display().to_string(),
+        };
+        // The node's own arguments replace these defaults where they name
+        // the same flag (e.g. a wrong --endpoint-url on purpose).
         let defaults = [
             ("--host", "127.0.0.1".to_string()),
             ("--port", self.ws_port.to_string()),
             ("--router-port", self.router_port.to_string()),
             ("--endpoint-port", self.endpoint_port.to_string()),
-            ("--endpoint-url", self.endpoint_base()),
-            ("--db", self.db.display().to_string()),
+            ("--endpoint-url", endpoint_url),
+            ("--db", db),
         ];
-        let mut args = vec!["all".to_string()];
+        let mut args = vec![self.node.role.to_string()];
         for (flag, value) in defaults {
-            if !self.extra_args.iter().any(|a| a == flag) {
+            if !self.node.args.iter().any(|a| a == flag) {
                 args.extend([flag.to_string(), value]);
             }
         }
-        args.extend(self.extra_args.iter().cloned());
+        args.extend(self.node.args.iter().cloned());
         args
     }
 
@@ -245,7 +271,7 @@ impl Server {
         let args = self.args();
         let child = autopush_command()
             .args(&args)
-            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
+            .envs(self.node.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)
@@ -258,10 +284,13 @@ impl Server {
             .timeout(Duration::from_secs(2))
             .build()
             .expect("reqwest client");
-        let urls = [
-            format!("{}/health", self.endpoint_base()),
-            format!("{}/health", self.ws_http_base()),
-        ];
+        let mut urls = Vec::new();
+        if self.node.role != "connection" {
+            urls.push(format!("{}/health", self.endpoint_base()));
+        }
+        if self.node.role != "endpoint" {
+            urls.push(format!("{}/health", self.ws_http_base()));
+        }
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(child) = self.child.as_mut()
@@ -321,6 +350,33 @@ impl Drop for Server {
                 "--- autopush stderr (last run, tail) ---\n{}",
                 &stderr[start..]
             );
+        }
+    }
+}
+
+/// How to start a node with [`Server::start_node`].
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// `all`, `connection` or `endpoint`.
+    pub role: &'static str,
+    /// `--db`; `None`: a fresh data dir.
+    pub db: Option<String>,
+    /// `--endpoint-url`; `None`: this process's own endpoint port.
+    pub endpoint_url: Option<String>,
+    /// Extra environment (e.g. where DynamoDB is).
+    pub env: Vec<(String, String)>,
+    /// Extra command-line arguments.
+    pub args: Vec<String>,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Node {
+            role: "all",
+            db: None,
+            endpoint_url: None,
+            env: Vec::new(),
+            args: Vec::new(),
         }
     }
 }

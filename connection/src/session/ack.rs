@@ -75,7 +75,7 @@ impl Session {
                 .storage
                 .remove_message(&self.uaid, &message.sort_key(), version)
                 .await
-                .map_err(|e| Close::server(e.to_string()))?;
+                .map_err(Close::storage)?;
         }
         Ok(())
     }

@@ -22,11 +22,7 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
     let Some(uaid) = offered.and_then(|u| Uuid::parse_str(u).ok()) else {
         return Ok(None);
     };
-    let user = ctx
-        .storage
-        .get_user(&uaid)
-        .await
-        .map_err(|e| Close::server(e.to_string()))?;
+    let user = ctx.storage.get_user(&uaid).await.map_err(Close::storage)?;
     Ok(user.filter(|u| u.router_type == RouterType::WebPush))
 }
 
@@ -59,7 +55,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
             .storage
             .count_messages(&user.uaid, limit.saturating_add(1))
             .await
-            .map_err(|e| Close::server(e.to_string()))?;
+            .map_err(Close::storage)?;
         over_limit = count > limit;
         if over_limit && user.over_msg_limit {
             // Sent what fit last time and still too far behind: start over
@@ -68,7 +64,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
             ctx.storage
                 .remove_user(&user.uaid)
                 .await
-                .map_err(|e| Close::server(e.to_string()))?;
+                .map_err(Close::storage)?;
             previous = None;
             over_limit = false;
             outcome = "reset";
@@ -88,7 +84,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
         leave(ctx, uaid, connected_at, membership).await;
-        return Err(Close::server(e.to_string()));
+        return Err(Close::storage(e));
     }
     if let Some(prev) = previous {
         drop_elsewhere(ctx, &prev);
@@ -316,7 +312,7 @@ mod tests {
         storage.release.notify_one();
 
         let close = hello.await.unwrap().expect("hello must fail");
-        assert_eq!(close.code, 1011);
+        assert_eq!(close.code, 1013);
         let stored = storage.inner.fetch_messages(&uaid, 10).await.unwrap();
         assert_eq!(stored, vec![message]);
         assert_eq!(registry.live_sessions(), 0);

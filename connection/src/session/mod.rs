@@ -50,11 +50,14 @@ impl Close {
         }
     }
 
-    /// Something failed on our side; the client should come back later.
-    fn server(reason: impl Into<String>) -> Self {
+    /// The store failed (after its own retries): close with 1013 "try again
+    /// later" so the client backs off and reconnects; the detail stays in
+    /// our log.
+    fn storage(e: autopush_storage::StorageError) -> Self {
+        warn!(error = %e, "storage failed; closing the connection with 1013");
         Close {
-            code: 1011,
-            reason: reason.into(),
+            code: 1013,
+            reason: "storage unavailable; try again later".into(),
         }
     }
 
@@ -146,7 +149,11 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
         return;
     }
     debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
-    let status = if close_with.code == 1011 { 500 } else { 401 };
+    let status = match close_with.code {
+        1011 => 500,
+        1013 => 503,
+        _ => 401,
+    };
     let error = error_json(answering.unwrap_or("error"), status, &close_with.reason);
     if send_within(sink, limit, Message::text(error))
         .await

@@ -37,7 +37,7 @@ impl Session {
             .storage
             .fetch_messages(&self.uaid, batch + self.skip_stored.len())
             .await
-            .map_err(|e| Close::server(e.to_string()))?;
+            .map_err(Close::storage)?;
         let (mut fresh, mut sent) = (0, 0);
         for message in messages {
             if fresh == batch {

@@ -1,0 +1,346 @@
+//! Items as the seeds lay them out, to and from our types.
+//!
+//! Router table: `uaid` (S, partition), `router_type`, `router_data` (M),
+//! `node_id`, `connected_at` (ms), `last_connect` (N, the hour key of
+//! [`last_connect_key`], partition of the `AccessIndex` GSI).
+//! Message table: `uaid` (S, partition), `chidmessageid` (S, sort); the row
+//! whose sort key is `" "` holds the channel set `chids` (SS); every other
+//! row is a message whose channel and topic are in its sort key
+//! (`01:{chid}:{topic}` or `02:{sortkey_timestamp}:{chid}`), with
+//! `timestamp`, `ttl`, `expiry` (the TTL attribute), `updateid` (the message
+//! id, the version a client acks), `data`, `headers`, `sortkey_timestamp`.
+
+use std::collections::{BTreeMap, HashMap};
+
+use autopush_common::{Notification, RouterType, User, notification::Urgency};
+use aws_sdk_dynamodb::types::AttributeValue;
+use uuid::Uuid;
+
+use crate::{Result, StorageError};
+
+pub type Item = HashMap<String, AttributeValue>;
+
+/// The sort key of the channel-set row.
+pub const CHANNELS_ROW: &str = " ";
+
+fn corrupt(what: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(what.to_string())
+}
+
+pub fn s(value: impl Into<String>) -> AttributeValue {
+    AttributeValue::S(value.into())
+}
+
+pub fn n(value: impl std::fmt::Display) -> AttributeValue {
+    AttributeValue::N(value.to_string())
+}
+
+/// The simple (`uaid`) key of a UAID's router record.
+pub fn user_key(uaid: &Uuid) -> Item {
+    HashMap::from([("uaid".to_owned(), s(uaid.simple().to_string()))])
+}
+
+/// The key of one message-table row.
+pub fn message_key(uaid: &Uuid, sort_key: &str) -> Item {
+    HashMap::from([
+        ("uaid".to_owned(), s(uaid.simple().to_string())),
+        ("chidmessageid".to_owned(), s(sort_key)),
+    ])
+}
+
+fn get_s<'a>(item: &'a Item, name: &str) -> Option<&'a str> {
+    match item.get(name) {
+        Some(AttributeValue::S(v)) => Some(v),
+        _ => None,
+    }
+}
+
+fn get_n(item: &Item, name: &str) -> Result<Option<u64>> {
+    match item.get(name) {
+        Some(AttributeValue::N(v)) => v
+            .parse::<u64>()
+            .or_else(|_| v.parse::<f64>().map(|f| f as u64))
+            .map(Some)
+            .map_err(|_| corrupt(format!("{name} is not a number: {v:?}"))),
+        _ => Ok(None),
+    }
+}
+
+/// `last_connect` as the seeds key it: `YYYYMMDDHH` then a random
+/// `0001`-`0010`, so a month's switch-over is spread over ten GSI partitions.
+pub fn last_connect_key(millis: u64, suffix: u32) -> u64 {
+    let secs = millis / 1000;
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    let hour = (secs % 86_400) / 3600;
+    ((y as u64 * 100 + m as u64) * 100 + d as u64) * 100 * 10_000 + hour * 10_000 + suffix as u64
+}
+
+/// The start of the hour a [`last_connect_key`] names, in milliseconds.
+pub fn last_connect_millis(key: u64) -> u64 {
+    let hours = key / 10_000;
+    let (hour, day) = (hours % 100, hours / 100);
+    let (y, m, d) = (day / 10_000, (day / 100) % 100, day % 100);
+    let days = days_from_civil(y as i64, m as u32, d as u32).max(0) as u64;
+    (days * 86_400 + hour * 3600) * 1000
+}
+
+/// Every hour key (with each of the ten suffixes) of the UTC calendar month
+/// `year`-`month`: what `drop-old-users` queries the `AccessIndex` for.
+pub fn month_keys(year: i64, month: u32) -> impl Iterator<Item = u64> {
+    let first = days_from_civil(year, month, 1);
+    let (ny, nm) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    let days = days_from_civil(ny, nm, 1) - first;
+    (0..days as u64).flat_map(move |day| {
+        let millis = (first as u64 + day) * 86_400_000;
+        (0..24u64).flat_map(move |hour| {
+            (1..=10).map(move |suffix| last_connect_key(millis + hour * 3_600_000, suffix))
+        })
+    })
+}
+
+/// The UTC (year, month) `months` calendar months before the one `millis` is in.
+pub fn months_before(millis: u64, months: u32) -> (i64, u32) {
+    let (y, m, _) = civil_from_days((millis / 86_400_000) as i64);
+    let total = y * 12 + (m as i64 - 1) - months as i64;
+    (total.div_euclid(12), (total.rem_euclid(12) + 1) as u32)
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
+/// (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = month as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+pub fn json_to_attr(value: &serde_json::Value) -> AttributeValue {
+    use serde_json::Value;
+    match value {
+        Value::Null => AttributeValue::Null(true),
+        Value::Bool(b) => AttributeValue::Bool(*b),
+        Value::Number(v) => AttributeValue::N(v.to_string()),
+        Value::String(v) => AttributeValue::S(v.clone()),
+        Value::Array(v) => AttributeValue::L(v.iter().map(json_to_attr).collect()),
+        Value::Object(v) => AttributeValue::M(
+            v.iter()
+                .map(|(k, v)| (k.clone(), json_to_attr(v)))
+                .collect(),
+        ),
+    }
+}
+
+pub fn attr_to_json(value: &AttributeValue) -> Result<serde_json::Value> {
+    use serde_json::Value;
+    Ok(match value {
+        AttributeValue::Null(_) => Value::Null,
+        AttributeValue::Bool(b) => Value::Bool(*b),
+        AttributeValue::N(v) => serde_json::from_str(v).map_err(|_| corrupt(v))?,
+        AttributeValue::S(v) => Value::String(v.clone()),
+        AttributeValue::Ss(v) => Value::Array(v.iter().cloned().map(Value::String).collect()),
+        AttributeValue::L(v) => Value::Array(v.iter().map(attr_to_json).collect::<Result<_>>()?),
+        AttributeValue::M(v) => Value::Object(
+            v.iter()
+                .map(|(k, v)| Ok((k.clone(), attr_to_json(v)?)))
+                .collect::<Result<_>>()?,
+        ),
+        other => return Err(corrupt(format!("unexpected attribute {other:?}"))),
+    })
+}
+
+pub fn user_to_item(user: &User) -> Item {
+    let mut item = user_key(&user.uaid);
+    let router_type = serde_json::to_value(user.router_type)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    item.insert("router_type".into(), s(router_type));
+    if let Some(data) = &user.router_data {
+        item.insert("router_data".into(), json_to_attr(data));
+    }
+    if let Some(node_id) = &user.node_id {
+        item.insert("node_id".into(), s(node_id));
+    }
+    item.insert("connected_at".into(), n(user.connected_at));
+    let suffix = fastrand::u32(1..=10);
+    item.insert(
+        "last_connect".into(),
+        n(last_connect_key(user.last_connect, suffix)),
+    );
+    if user.over_msg_limit {
+        item.insert("over_msg_limit".into(), AttributeValue::Bool(true));
+    }
+    item
+}
+
+pub fn user_from_item(item: &Item) -> Result<User> {
+    let uaid = get_s(item, "uaid")
+        .and_then(|v| Uuid::parse_str(v).ok())
+        .ok_or_else(|| corrupt("router record without a valid uaid"))?;
+    let router_type = get_s(item, "router_type").unwrap_or("webpush");
+    let router_type: RouterType = serde_json::from_value(router_type.into())
+        .map_err(|_| corrupt(format!("unknown router_type {router_type:?}")))?;
+    Ok(User {
+        uaid,
+        router_type,
+        router_data: item.get("router_data").map(attr_to_json).transpose()?,
+        node_id: get_s(item, "node_id").map(str::to_owned),
+        connected_at: get_n(item, "connected_at")?.unwrap_or(0),
+        last_connect: get_n(item, "last_connect")?
+            .map(last_connect_millis)
+            .unwrap_or(0),
+        over_msg_limit: matches!(item.get("over_msg_limit"), Some(AttributeValue::Bool(true))),
+    })
+}
+
+pub fn message_to_item(uaid: &Uuid, message: &Notification) -> Item {
+    let mut item = message_key(uaid, &message.sort_key());
+    item.insert("timestamp".into(), n(message.timestamp));
+    item.insert("ttl".into(), n(message.ttl));
+    item.insert("expiry".into(), n(message.expiry()));
+    item.insert("updateid".into(), s(&message.version));
+    if let Some(ts) = message.sortkey_timestamp {
+        item.insert("sortkey_timestamp".into(), n(ts));
+    }
+    if let Some(data) = &message.data {
+        item.insert("data".into(), s(data));
+    }
+    if let Some(headers) = &message.headers {
+        item.insert(
+            "headers".into(),
+            AttributeValue::M(headers.iter().map(|(k, v)| (k.clone(), s(v))).collect()),
+        );
+    }
+    if let Some(urgency) = message.urgency {
+        let urgency = serde_json::to_value(urgency)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        item.insert("urgency".into(), s(urgency));
+    }
+    if message.durable {
+        item.insert("durable".into(), AttributeValue::Bool(true));
+    }
+    item
+}
+
+/// The channel, topic and sort-key timestamp a message's sort key names.
+fn parse_sort_key(key: &str) -> Option<(Uuid, Option<String>, Option<u64>)> {
+    if let Some(rest) = key.strip_prefix("01:") {
+        let (chid, topic) = rest.split_once(':')?;
+        Some((Uuid::parse_str(chid).ok()?, Some(topic.to_owned()), None))
+    } else if let Some(rest) = key.strip_prefix("02:") {
+        let (ts, chid) = rest.rsplit_once(':')?;
+        Some((Uuid::parse_str(chid).ok()?, None, ts.parse().ok()))
+    } else {
+        None
+    }
+}
+
+/// The key Python autopush gave the timestamp message whose key we spell
+/// `sort_key`: its `sortkey_timestamp` was not zero-padded. `None` when the
+/// two spellings agree.
+pub fn legacy_sort_key(sort_key: &str) -> Option<String> {
+    let rest = sort_key.strip_prefix("02:")?;
+    let (ts, chid) = rest.split_once(':')?;
+    let unpadded = ts.trim_start_matches('0');
+    (unpadded.len() != ts.len() && !unpadded.is_empty()).then(|| format!("02:{unpadded}:{chid}"))
+}
+
+pub fn message_from_item(item: &Item) -> Result<Notification> {
+    let key = get_s(item, "chidmessageid").unwrap_or_default();
+    let (channel_id, topic, key_ts) =
+        parse_sort_key(key).ok_or_else(|| corrupt(format!("unknown sort key {key:?}")))?;
+    let timestamp = get_n(item, "timestamp")?.unwrap_or(0);
+    let ttl = match get_n(item, "ttl")? {
+        Some(ttl) => ttl,
+        None => get_n(item, "expiry")?
+            .unwrap_or(0)
+            .saturating_sub(timestamp),
+    };
+    let headers = match item.get("headers") {
+        Some(AttributeValue::M(map)) => Some(
+            map.iter()
+                .filter_map(|(k, v)| match v {
+                    AttributeValue::S(v) => Some((k.clone(), v.clone())),
+                    _ => None,
+                })
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        _ => None,
+    };
+    let urgency = get_s(item, "urgency").and_then(Urgency::parse);
+    Ok(Notification {
+        channel_id,
+        version: get_s(item, "updateid")
+            .ok_or_else(|| corrupt(format!("message {key:?} without updateid")))?
+            .to_owned(),
+        ttl,
+        timestamp,
+        topic,
+        sortkey_timestamp: get_n(item, "sortkey_timestamp")?.or(key_ts),
+        data: get_s(item, "data").map(str::to_owned),
+        headers,
+        urgency,
+        durable: matches!(item.get("durable"), Some(AttributeValue::Bool(true))),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_connect_keys_name_the_hour() {
+        // 2024-02-29 13:45:10 UTC
+        let millis = 1_709_214_310_000;
+        let key = last_connect_key(millis, 7);
+        assert_eq!(key, 20240229130007);
+        assert_eq!(last_connect_millis(key), 1_709_211_600_000);
+        assert_eq!(months_before(millis, 2), (2023, 12));
+        assert_eq!(months_before(millis, 0), (2024, 2));
+        let keys: Vec<_> = month_keys(2024, 2).collect();
+        assert_eq!(keys.len(), 29 * 24 * 10);
+        assert_eq!(keys[0], 20240201000001);
+        assert_eq!(*keys.last().unwrap(), 20240229230010);
+    }
+
+    #[test]
+    fn messages_round_trip() {
+        let uaid = Uuid::new_v4();
+        for topic in [None, Some("a:b".to_owned())] {
+            let m = Notification {
+                channel_id: Uuid::new_v4(),
+                version: "v1".into(),
+                ttl: 60,
+                timestamp: 1000,
+                topic,
+                sortkey_timestamp: Some(123),
+                data: Some("abc".into()),
+                headers: Some(BTreeMap::from([("encoding".into(), "aes128gcm".into())])),
+                urgency: Some(Urgency::High),
+                durable: true,
+            };
+            assert_eq!(message_from_item(&message_to_item(&uaid, &m)).unwrap(), m);
+        }
+    }
+}

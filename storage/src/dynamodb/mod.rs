@@ -1,0 +1,527 @@
+//! The DynamoDB backend: the seeds' router and message tables, shared by any
+//! number of connection and endpoint nodes.
+//!
+//! Configuration is the standard AWS one (environment, profiles, instance
+//! roles; `AWS_ENDPOINT_URL_DYNAMODB` for a local or compatible server).
+//! Every call is retried with exponential backoff and full jitter on
+//! throttling (`ProvisionedThroughputExceededException`,
+//! `ThrottlingException`), 5xx and timeouts, inside [`RETRY_BUDGET`]; past
+//! it the error reaches the caller as [`StorageError::Backend`] (503 errno
+//! 201 to senders, close 1013 to clients). DynamoDB's TTL deletes expired
+//! messages lazily, so reads filter them too.
+
+pub mod admin;
+pub mod item;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use autopush_common::{Notification, User, time::now_secs};
+use aws_config::BehaviorVersion;
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_sdk_dynamodb::Client;
+use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, Select, WriteRequest};
+use uuid::Uuid;
+
+use crate::{Result, Storage, StorageError};
+use item::{CHANNELS_ROW, Item, n, s};
+
+/// How long one storage call may take, retries included.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
+/// Most items DynamoDB takes in one BatchWriteItem.
+const BATCH_WRITE_MAX: usize = 25;
+
+/// Table names; the defaults are the seeds' `router` and `message`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tables {
+    pub router: String,
+    pub message: String,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Tables {
+            router: "router".into(),
+            message: "message".into(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct DynamoStore {
+    client: Client,
+    tables: Tables,
+    /// Most items one Query page asks for (DynamoDB also stops at 1 MB).
+    page_size: usize,
+}
+
+/// A failed call: the service's error code and message when it answered,
+/// else what went wrong on the way (timeout, connection).
+fn backend<E>(op: &str, e: SdkError<E>) -> StorageError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match e.code() {
+        Some(code) => StorageError::Backend(format!(
+            "DynamoDB {op}: {code}: {}",
+            e.message().unwrap_or_default()
+        )),
+        None => StorageError::Backend(format!("DynamoDB {op}: {}", DisplayErrorContext(&e))),
+    }
+}
+
+fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
+    e.code() == Some("ConditionalCheckFailedException")
+}
+
+/// `uaid` as a key value: hex without dashes, as the seeds store it.
+fn uaid_attr(uaid: &Uuid) -> AttributeValue {
+    s(uaid.simple().to_string())
+}
+
+impl DynamoStore {
+    /// A client from the standard AWS configuration, with our retry policy.
+    pub async fn connect(tables: Tables) -> Result<Self> {
+        Self::connect_with(aws_config::defaults(BehaviorVersion::latest()), tables).await
+    }
+
+    /// A client from `config` (e.g. with an endpoint and credentials set),
+    /// with our HTTP client, retry policy and time budget.
+    pub async fn connect_with(config: aws_config::ConfigLoader, tables: Tables) -> Result<Self> {
+        let http = aws_smithy_http_client::Builder::new()
+            .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+            ))
+            .build_https();
+        let config = config
+            .http_client(http)
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(8)
+                    .with_initial_backoff(Duration::from_millis(25))
+                    .with_max_backoff(Duration::from_secs(1)),
+            )
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(2))
+                    .operation_attempt_timeout(Duration::from_secs(2))
+                    .operation_timeout(RETRY_BUDGET)
+                    .build(),
+            )
+            .load()
+            .await;
+        if config.region().is_none() {
+            return Err(StorageError::Backend(
+                "--db dynamodb needs an AWS region: set AWS_REGION (or a profile with a region)"
+                    .into(),
+            ));
+        }
+        Ok(DynamoStore {
+            client: Client::new(&config),
+            tables,
+            page_size: 1000,
+        })
+    }
+
+    /// Ask for at most `items` per Query page (tests use small pages to
+    /// walk pagination with little data).
+    pub fn with_page_size(mut self, items: usize) -> Self {
+        self.page_size = items.max(1);
+        self
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    /// Every row key of `uaid` in the message table, page by page.
+    async fn message_keys(&self, uaid: &Uuid) -> Result<Vec<Item>> {
+        let mut keys = Vec::new();
+        let mut start = None;
+        loop {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.tables.message)
+                .key_condition_expression("uaid = :u")
+                .expression_attribute_values(":u", uaid_attr(uaid))
+                .projection_expression("uaid, chidmessageid")
+                .consistent_read(true)
+                .limit(self.page_size as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| backend("Query", e))?;
+            keys.extend(page.items.unwrap_or_default());
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                return Ok(keys);
+            }
+        }
+    }
+
+    /// BatchWriteItem in chunks, resending what DynamoDB left unprocessed.
+    async fn batch_write(&self, table: &str, requests: Vec<WriteRequest>) -> Result<()> {
+        for chunk in requests.chunks(BATCH_WRITE_MAX) {
+            let mut pending = chunk.to_vec();
+            let mut backoff = Duration::from_millis(25);
+            let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
+            while !pending.is_empty() {
+                let out = self
+                    .client
+                    .batch_write_item()
+                    .request_items(table, pending)
+                    .send()
+                    .await
+                    .map_err(|e| backend("BatchWriteItem", e))?;
+                pending = out
+                    .unprocessed_items
+                    .and_then(|mut left| left.remove(table))
+                    .unwrap_or_default();
+                if !pending.is_empty() {
+                    if tokio::time::Instant::now() + backoff > deadline {
+                        return Err(StorageError::Backend(format!(
+                            "DynamoDB BatchWriteItem: {} writes still unprocessed after retries",
+                            pending.len()
+                        )));
+                    }
+                    tokio::time::sleep(backoff.mul_f64(fastrand::f64() + 0.5)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete every message-table row of `uaid` (channels and messages).
+    async fn remove_message_rows(&self, uaid: &Uuid) -> Result<()> {
+        let deletes = self
+            .message_keys(uaid)
+            .await?
+            .into_iter()
+            .map(|key| {
+                let delete = DeleteRequest::builder().set_key(Some(key)).build();
+                delete.map(|d| WriteRequest::builder().delete_request(d).build())
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| StorageError::Backend(e.to_string()))?;
+        self.batch_write(&self.tables.message, deletes).await
+    }
+
+    /// Delete the message under `sort_key` if it is still `version`.
+    async fn delete_version(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let delete = self
+            .client
+            .delete_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(uaid, sort_key)))
+            .condition_expression("updateid = :v")
+            .expression_attribute_values(":v", s(version))
+            .send()
+            .await;
+        match delete {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("DeleteItem", e)),
+        }
+    }
+
+    /// One page of `uaid`'s messages (sort keys after the channel row).
+    async fn message_page(
+        &self,
+        uaid: &Uuid,
+        limit: usize,
+        start: Option<Item>,
+    ) -> Result<(Vec<Item>, Option<Item>)> {
+        let page = self
+            .client
+            .query()
+            .table_name(&self.tables.message)
+            .key_condition_expression("uaid = :u AND chidmessageid > :channels")
+            .expression_attribute_values(":u", uaid_attr(uaid))
+            .expression_attribute_values(":channels", s(CHANNELS_ROW))
+            .consistent_read(true)
+            .limit(limit.clamp(1, self.page_size) as i32)
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .map_err(|e| backend("Query", e))?;
+        Ok((page.items.unwrap_or_default(), page.last_evaluated_key))
+    }
+}
+
+#[async_trait]
+impl Storage for DynamoStore {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        self.client
+            .put_item()
+            .table_name(&self.tables.router)
+            .set_item(Some(item::user_to_item(user)))
+            .send()
+            .await
+            .map_err(|e| backend("PutItem", e))?;
+        Ok(())
+    }
+
+    async fn update_user(&self, user: &User) -> Result<bool> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.tables.router)
+            .set_item(Some(item::user_to_item(user)))
+            .condition_expression(
+                "attribute_not_exists(uaid) OR attribute_not_exists(connected_at) OR connected_at <= :c",
+            )
+            .expression_attribute_values(":c", n(user.connected_at))
+            .send()
+            .await;
+        match put {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("PutItem", e)),
+        }
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend("GetItem", e))?;
+        out.item.as_ref().map(item::user_from_item).transpose()
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        self.client
+            .delete_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .send()
+            .await
+            .map_err(|e| backend("DeleteItem", e))?;
+        self.remove_message_rows(uaid).await
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("REMOVE node_id")
+            .condition_expression("node_id = :n AND connected_at = :c")
+            .expression_attribute_values(":n", s(node_id))
+            .expression_attribute_values(":c", n(connected_at))
+            .send()
+            .await;
+        match update {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("UpdateItem", e)),
+        }
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
+        let chid = channel_id.as_hyphenated().to_string();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .update_expression("ADD chids :set")
+            .condition_expression(
+                "attribute_not_exists(chids) OR contains(chids, :chid) OR size(chids) < :limit",
+            )
+            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
+            .expression_attribute_values(":chid", s(chid))
+            .expression_attribute_values(":limit", n(limit))
+            .send()
+            .await;
+        match update {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("UpdateItem", e)),
+        }
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend("GetItem", e))?;
+        let chids = match out.item.and_then(|mut i| i.remove("chids")) {
+            Some(AttributeValue::Ss(chids)) => chids,
+            _ => return Ok(HashSet::new()),
+        };
+        // The seeds' Python wrote hex, we write hyphenated; both parse.
+        Ok(chids
+            .iter()
+            .filter_map(|c| Uuid::parse_str(c).ok())
+            .collect())
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        Ok(self.get_channels(uaid).await?.contains(channel_id))
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let chid = channel_id.as_hyphenated().to_string();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .update_expression("DELETE chids :set")
+            .condition_expression("contains(chids, :chid)")
+            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
+            .expression_attribute_values(":chid", s(chid))
+            .send()
+            .await;
+        match update {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(backend("UpdateItem", e)),
+        }
+    }
+
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        // One BatchWriteItem may not name a key twice: the last write of a
+        // key wins, as it would one write at a time.
+        let mut seen = HashSet::new();
+        let mut messages: Vec<_> = messages
+            .into_iter()
+            .rev()
+            .filter(|m| seen.insert(m.sort_key()))
+            .collect();
+        messages.reverse();
+        let mut plain = Vec::new();
+        for message in &messages {
+            let item = item::message_to_item(uaid, message);
+            if message.topic.is_none() {
+                let put = PutRequest::builder()
+                    .set_item(Some(item))
+                    .build()
+                    .map_err(|e| StorageError::Backend(e.to_string()))?;
+                plain.push(WriteRequest::builder().put_request(put).build());
+                continue;
+            }
+            // A Topic message replaces the stored one unless that is newer.
+            let put = self
+                .client
+                .put_item()
+                .table_name(&self.tables.message)
+                .set_item(Some(item))
+                .condition_expression(
+                    "attribute_not_exists(sortkey_timestamp) OR sortkey_timestamp <= :ts",
+                )
+                .expression_attribute_values(":ts", n(message.sortkey_timestamp.unwrap_or(0)))
+                .send()
+                .await;
+            match put {
+                Ok(_) => {}
+                Err(e) if is_condition_failed(&e) => {}
+                Err(e) => return Err(backend("PutItem", e)),
+            }
+        }
+        self.batch_write(&self.tables.message, plain).await
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        let now = now_secs();
+        let (mut messages, mut expired) = (Vec::new(), Vec::new());
+        let mut start = None;
+        while messages.len() < limit {
+            let (items, next) = self
+                .message_page(uaid, limit - messages.len(), start)
+                .await?;
+            for item in &items {
+                match item::message_from_item(item) {
+                    Ok(m) if m.is_expired(now) => expired.push(m),
+                    Ok(m) => messages.push(m),
+                    Err(e) => tracing::warn!("skipping a stored message: {e}"),
+                }
+            }
+            start = next;
+            if start.is_none() {
+                break;
+            }
+        }
+        for m in expired {
+            self.remove_message(uaid, &m.sort_key(), &m.version).await?;
+        }
+        Ok(messages)
+    }
+
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+        let (mut count, mut start) = (0, None);
+        while count < up_to {
+            let page = self
+                .client
+                .query()
+                .table_name(&self.tables.message)
+                .key_condition_expression("uaid = :u AND chidmessageid > :channels")
+                .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
+                .expression_attribute_values(":u", uaid_attr(uaid))
+                .expression_attribute_values(":channels", s(CHANNELS_ROW))
+                .expression_attribute_values(":now", n(now_secs()))
+                .select(Select::Count)
+                .consistent_read(true)
+                .limit((up_to - count).clamp(1, self.page_size) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| backend("Query", e))?;
+            count += page.count.max(0) as usize;
+            start = page.last_evaluated_key;
+            if start.is_none() {
+                break;
+            }
+        }
+        Ok(count.min(up_to))
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        if self.delete_version(uaid, sort_key, version).await? {
+            return Ok(true);
+        }
+        match item::legacy_sort_key(sort_key) {
+            Some(legacy) => self.delete_version(uaid, &legacy, version).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn health_check(&self) -> Result<()> {
+        let router = self
+            .client
+            .get_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(&Uuid::nil())))
+            .send();
+        let message = self
+            .client
+            .get_item()
+            .table_name(&self.tables.message)
+            .set_key(Some(item::message_key(&Uuid::nil(), CHANNELS_ROW)))
+            .send();
+        let (router, message) = tokio::join!(router, message);
+        router.map_err(|e| backend(&format!("GetItem on table {}", self.tables.router), e))?;
+        message.map_err(|e| backend(&format!("GetItem on table {}", self.tables.message), e))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,350 @@
+//! A local DynamoDB-compatible server for the DynamoDB tests: moto
+//! (`moto[dynamodb]` from tests/py/requirements.txt), started on a free
+//! loopback port once per test binary. It is not AWS: it answers the same
+//! API, with the same conditions, pagination and TTL settings.
+//!
+//! Each test gets its own pair of tables ([`tables`]), so tests share the
+//! server without seeing each other's records.
+
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use autopush_storage::dynamodb::{DynamoStore, Tables};
+use tokio::sync::OnceCell;
+
+use crate::py::python;
+use crate::server::free_ports;
+
+/// moto's server, exiting when its stdin closes, i.e. when the test binary
+/// that started it exits, however it exits.
+const MOTO: &str = r#"
+import os, sys, threading
+from moto.server import main
+def watch():
+    sys.stdin.read()
+    os._exit(0)
+threading.Thread(target=watch, daemon=True).start()
+main(["-H", "127.0.0.1", "-p", sys.argv[1]])
+"#;
+
+pub struct LocalDynamo {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    _child: Child,
+    _stdin: ChildStdin,
+}
+
+static SHARED: OnceCell<LocalDynamo> = OnceCell::const_new();
+
+/// The server this test binary shares, started on first use.
+pub async fn local() -> &'static LocalDynamo {
+    SHARED.get_or_init(LocalDynamo::start).await
+}
+
+impl LocalDynamo {
+    async fn start() -> LocalDynamo {
+        let [port] = free_ports::<1>();
+        let log = tempfile::Builder::new()
+            .prefix("autopush-moto-")
+            .tempfile()
+            .expect("create moto log file")
+            .into_temp_path()
+            .keep()
+            .expect("keep moto log file");
+        let mut child = Command::new(python())
+            .args(["-c", MOTO, &port.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("open moto log"))
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start moto with {} (run scripts/test --setup-python): {e}",
+                    python().display()
+                )
+            });
+        let stdin = child.stdin.take().expect("moto stdin");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        loop {
+            if let Ok(reply) = http.get(format!("{endpoint}/moto-api/")).send().await
+                && reply.status().is_success()
+            {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "moto exited ({status}): {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "moto did not answer on {endpoint} within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        LocalDynamo {
+            endpoint,
+            _child: child,
+            _stdin: stdin,
+        }
+    }
+
+    /// The environment that points the AWS SDK (ours, boto3) at this server.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        aws_env(&self.endpoint)
+    }
+}
+
+/// The environment that points an AWS SDK at `endpoint`, with dummy
+/// credentials and a region.
+pub fn aws_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL_DYNAMODB", endpoint.to_owned()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_DEFAULT_REGION", "us-east-1".into()),
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_EC2_METADATA_DISABLED", "true".into()),
+    ]
+}
+
+/// Fresh table names for one test.
+pub fn tables() -> Tables {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    Tables {
+        router: format!("router_{tag}"),
+        message: format!("message_{tag}"),
+    }
+}
+
+/// A store on `endpoint` with the tables `tables` (not created).
+pub async fn connect(endpoint: &str, tables: Tables) -> DynamoStore {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+            "testing", "testing", None, None, "tests",
+        ));
+    DynamoStore::connect_with(config, tables)
+        .await
+        .expect("connect to the local DynamoDB")
+}
+
+/// Query page size of [`fresh_store`]: small, so a few dozen messages
+/// span several pages.
+pub const PAGE_SIZE: usize = 25;
+
+/// A store on the shared local server with fresh, created tables, reading
+/// [`PAGE_SIZE`] items per page.
+pub async fn fresh_store() -> DynamoStore {
+    let store = connect(&local().await.endpoint, tables())
+        .await
+        .with_page_size(PAGE_SIZE);
+    store.create_tables().await.expect("create tables");
+    store
+}
+
+/// A proxy in front of the local server that answers
+/// `ProvisionedThroughputExceededException` (HTTP 400, as DynamoDB does)
+/// instead of forwarding, while told to: for the next N requests, or until
+/// switched off. What a table over its capacity looks like to a client.
+/// It also counts the requests it sees by operation (what a DynamoDB bill
+/// is made of).
+pub struct ThrottlingProxy {
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+    state: std::sync::Arc<ThrottleState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ThrottleState {
+    always: std::sync::atomic::AtomicBool,
+    next: std::sync::atomic::AtomicUsize,
+    refused: std::sync::atomic::AtomicUsize,
+    /// Requests seen, by operation (`X-Amz-Target` without its prefix).
+    operations: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+}
+
+impl ThrottleState {
+    fn refuse(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let refuse = self.always.load(SeqCst)
+            || self
+                .next
+                .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if refuse {
+            self.refused.fetch_add(1, SeqCst);
+        }
+        refuse
+    }
+}
+
+impl ThrottlingProxy {
+    pub async fn start(upstream: &str) -> ThrottlingProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let endpoint = format!("http://{}", listener.local_addr().expect("proxy addr"));
+        let state = std::sync::Arc::new(ThrottleState::default());
+        let (upstream, shared) = (upstream.to_owned(), state.clone());
+        let task = tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(proxy_connection(
+                    socket,
+                    http.clone(),
+                    upstream.clone(),
+                    shared.clone(),
+                ));
+            }
+        });
+        ThrottlingProxy {
+            endpoint,
+            state,
+            task,
+        }
+    }
+
+    /// Refuse every request until [`ThrottlingProxy::stop`].
+    pub fn throttle(&self) {
+        self.state
+            .always
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Refuse the next `n` requests.
+    pub fn throttle_next(&self, n: usize) {
+        self.state
+            .next
+            .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn stop(&self) {
+        self.state
+            .always
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.state
+            .next
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Requests seen so far by operation (`GetItem`, `Query`, ...), and
+    /// the count restarted.
+    pub fn take_operations(&self) -> std::collections::BTreeMap<String, usize> {
+        std::mem::take(&mut *self.state.operations.lock().unwrap())
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> usize {
+        self.state.refused.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ThrottlingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serve HTTP/1.1 requests on one connection (keep-alive), forwarding each
+/// to `upstream` unless `state` says to refuse it.
+async fn proxy_connection(
+    mut socket: tokio::net::TcpStream,
+    http: reqwest::Client,
+    upstream: String,
+    state: std::sync::Arc<ThrottleState>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::new();
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 8192];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let mut lines = head.split("\r\n");
+        let path = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .unwrap_or("/")
+            .to_owned();
+        let headers: Vec<(String, String)> = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        let length: usize = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            let mut chunk = [0u8; 8192];
+            match socket.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = buf[head_end..head_end + length].to_vec();
+        if let Some((_, target)) = headers.iter().find(|(k, _)| k == "x-amz-target") {
+            let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+            *state
+                .operations
+                .lock()
+                .unwrap()
+                .entry(operation)
+                .or_default() += 1;
+        }
+        buf.drain(..head_end + length);
+        let (status, content_type, reply) = if state.refuse() {
+            (
+                400,
+                "application/x-amz-json-1.0".to_owned(),
+                br#"{"__type":"com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException","message":"The level of configured provisioned throughput for the table was exceeded."}"#.to_vec(),
+            )
+        } else {
+            let mut request = http.post(format!("{upstream}{path}")).body(body);
+            for (k, v) in &headers {
+                if !["host", "content-length", "connection"].contains(&k.as_str()) {
+                    request = request.header(k, v);
+                }
+            }
+            match request.send().await {
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let content_type = r
+                        .headers()
+                        .get("content-type")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("application/x-amz-json-1.0")
+                        .to_owned();
+                    (
+                        status,
+                        content_type,
+                        r.bytes().await.unwrap_or_default().to_vec(),
+                    )
+                }
+                Err(_) => (502, "text/plain".to_owned(), b"upstream failed".to_vec()),
+            }
+        };
+        let head = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+            reply.len()
+        );
+        if socket.write_all(head.as_bytes()).await.is_err()
+            || socket.write_all(&reply).await.is_err()
+        {
+            return;
+        }
+    }
+}

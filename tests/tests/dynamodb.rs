@@ -1,0 +1,491 @@
+//! `--db dynamodb` end to end, on a local DynamoDB-compatible server (moto,
+//! not AWS): the `db` subcommands, and split mode with two connection nodes
+//! and an endpoint node as separate processes.
+
+use std::collections::BTreeMap;
+
+use autopush_common::{User, time::now_millis};
+use autopush_storage::Storage;
+use autopush_storage::dynamodb::Tables;
+use autopush_tests::dynamo::ThrottlingProxy;
+use autopush_tests::server::run_autopush;
+use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, dynamo};
+
+/// `autopush ARGS` against the local server, with `tables`.
+async fn db_command(tables: &Tables, args: &[&str]) -> std::process::Output {
+    let endpoint = &dynamo::local().await.endpoint;
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(args)
+        .args(["--db", "dynamodb", "--router-table", &tables.router])
+        .args(["--message-table", &tables.message])
+        .envs(dynamo::aws_env(endpoint))
+        .kill_on_drop(true);
+    // drop-old-users queries the 7,440 hour keys of a month: about a minute
+    // on moto.
+    tokio::time::timeout(std::time::Duration::from_secs(300), cmd.output())
+        .await
+        .expect("autopush db did not finish")
+        .expect("run autopush db")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn db_commands_create_check_and_drop_old_users() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "preflight"]).await;
+    assert!(!out.status.success());
+    let said = text(&out.stdout);
+    assert!(
+        said.contains(&format!("router table {} does not exist", tables.router))
+            && said.contains(&format!("message table {} does not exist", tables.message)),
+        "{said}"
+    );
+
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("created"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Again: nothing to do, still success.
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("exists") && !said.contains("created"),
+        "{said}"
+    );
+
+    let out = db_command(&tables, &["db", "preflight"]).await;
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).starts_with("ready"));
+
+    // Users last seen two calendar months ago go, with their channels and
+    // messages; a recent user and a bridge registration of that month stay.
+    let store = dynamo::connect(&dynamo::local().await.endpoint, tables.clone()).await;
+    let two_months_ago = now_millis() - 62 * 86_400_000;
+    let mut old = User::new_webpush(uuid::Uuid::new_v4(), "http://gone", two_months_ago);
+    old.node_id = None;
+    let recent = User::new_webpush(uuid::Uuid::new_v4(), "http://here", now_millis());
+    let mut bridge = old.clone();
+    bridge.uaid = uuid::Uuid::new_v4();
+    bridge.router_type = autopush_common::RouterType::Fcm;
+    for user in [&old, &recent, &bridge] {
+        store.add_user(user).await.unwrap();
+        store
+            .add_channel(&user.uaid, &uuid::Uuid::new_v4(), 10)
+            .await
+            .unwrap();
+    }
+    let out = db_command(
+        &tables,
+        &["db", "drop-old-users", "--months", "2", "--pause", "0"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.trim_end().ends_with("dropped 1 users"), "{said}");
+    assert!(
+        said.contains("old users found"),
+        "no progress lines: {said}"
+    );
+    assert!(store.get_user(&old.uaid).await.unwrap().is_none());
+    assert!(store.get_channels(&old.uaid).await.unwrap().is_empty());
+    assert!(store.get_user(&recent.uaid).await.unwrap().is_some());
+    assert!(store.get_user(&bridge.uaid).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn db_commands_need_dynamodb() {
+    let out = run_autopush(&["db", "create-tables", "--db", "/tmp/nowhere"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--db dynamodb"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Without a region, or with tables missing, a node refuses to start and
+/// says why.
+#[tokio::test]
+async fn nodes_refuse_to_start_without_a_region_or_tables() {
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(["endpoint", "--db", "dynamodb", "--endpoint-port", "0"])
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .env_remove("AWS_PROFILE")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(autopush_tests::HANG_GUARD, cmd.output())
+        .await
+        .expect("autopush did not exit")
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("AWS_REGION"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let tables = dynamo::tables();
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
+    cmd.args(["endpoint", "--db", "dynamodb", "--endpoint-port", "0"])
+        .args(Cluster::shared_args(
+            &tables,
+            &keygen().await,
+            &keygen().await,
+        ))
+        .envs(dynamo::local().await.env())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(autopush_tests::HANG_GUARD * 2, cmd.output())
+        .await
+        .expect("autopush did not exit")
+        .unwrap();
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("autopush db preflight") && said.contains(&tables.router),
+        "{said}"
+    );
+}
+
+/// Split mode on one DynamoDB: an endpoint node and two connection nodes.
+struct Cluster {
+    endpoint: Server,
+    a: Server,
+    b: Server,
+}
+
+impl Cluster {
+    /// Start the three nodes on fresh tables. Every node gets the same
+    /// [`Cluster::shared_args`].
+    async fn start() -> Cluster {
+        let tables = dynamo::tables();
+        let out = db_command(&tables, &["db", "create-tables"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let keygen = async || {
+            text(&run_autopush(&["keygen"]).await.stdout)
+                .trim()
+                .to_owned()
+        };
+        let shared = Cluster::shared_args(&tables, &keygen().await, &keygen().await);
+        let env: Vec<(String, String)> = dynamo::local()
+            .await
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect();
+        let node = |role| Node {
+            role,
+            db: Some("dynamodb".into()),
+            endpoint_url: None,
+            env: env.clone(),
+            args: shared.clone(),
+        };
+        let endpoint = Server::start_node(node("endpoint")).await;
+        let connection = || Node {
+            endpoint_url: Some(endpoint.endpoint_base()),
+            ..node("connection")
+        };
+        let a = Server::start_node(connection()).await;
+        let b = Server::start_node(connection()).await;
+        Cluster { endpoint, a, b }
+    }
+
+    /// What every node of one cluster must agree on: the tables and the
+    /// keys (and any other cluster-wide secret, added here).
+    fn shared_args(tables: &Tables, crypto_key: &str, auth_key: &str) -> Vec<String> {
+        // `--flag=value`: a key may start with `-`.
+        vec![
+            format!("--router-table={}", tables.router),
+            format!("--message-table={}", tables.message),
+            format!("--crypto-key={crypto_key}"),
+            format!("--auth-key={auth_key}"),
+        ]
+    }
+}
+
+/// Receive everything up to `expected` notifications on `ws`, ack each, and
+/// count what arrived by plaintext.
+async fn receive_and_ack(
+    ws: &mut WsClient,
+    sub: &Subscription,
+    expected: usize,
+    seen: &mut BTreeMap<String, usize>,
+) {
+    for _ in 0..expected {
+        let (n, d) = sub.receive(ws).await;
+        ws.ack_notification(&n).await;
+        *seen.entry(d.text).or_default() += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
+    let cluster = Cluster::start().await;
+    let mut seen = BTreeMap::new();
+
+    // Subscribed on node A, a push through the endpoint node arrives on A.
+    let mut on_a = WsClient::connect_hello(&cluster.a.ws_url(), None).await;
+    let uaid = on_a.uaid().to_owned();
+    let sub = Subscription::new(&mut on_a).await;
+    assert!(sub.endpoint.starts_with(&cluster.endpoint.endpoint_base()));
+    sub.push_text("one").await;
+    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
+
+    // The client shows up on node B: A drops its stale connection, and the
+    // endpoint finds the client on B.
+    let mut on_b = cluster.b.reconnect(&uaid).await;
+    let closed = on_a.expect_closed().await;
+    assert!(
+        closed
+            .messages
+            .iter()
+            .all(|m| m["messageType"] != "notification"),
+        "{:?}",
+        closed.messages
+    );
+    sub.push_text("two").await;
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+
+    // Offline: the endpoint finds B without the client, stores the message;
+    // the client gets it on A.
+    on_b.close().await;
+    sub.push_text("three").await;
+    let mut on_a = cluster.a.reconnect(&uaid).await;
+    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
+
+    // Pushes racing the client's moves between nodes.
+    let mut ws = on_a;
+    let nodes = [&cluster.b, &cluster.a];
+    let rounds = 6;
+    for round in 0..rounds {
+        let pusher = {
+            let sub = sub.clone();
+            tokio::spawn(async move {
+                sub.push_text(&format!("race {round}")).await;
+            })
+        };
+        ws.close().await;
+        ws = nodes[round % 2].reconnect(&uaid).await;
+        pusher.await.unwrap();
+        // Direct or from storage, on whichever connection it reached.
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    ws.close().await;
+    let mut last = cluster.b.reconnect(&uaid).await;
+    last.assert_nothing_arrives().await;
+
+    let mut want: BTreeMap<String, usize> = ["one", "two", "three"]
+        .iter()
+        .map(|s| (s.to_string(), 1))
+        .collect();
+    want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
+    assert_eq!(seen, want);
+}
+
+/// DynamoDB refusing requests for throughput: a short burst is absorbed by
+/// the retries; a long one reaches senders as 503 errno 201 with
+/// Retry-After, clients as close 1013 and the heartbeat as failing; when it
+/// ends, everything accepted is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let node = Server::start_node(Node {
+        role: "all",
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: dynamo::aws_env(&proxy.endpoint)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
+    })
+    .await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+
+    proxy.throttle_next(3);
+    sub.push_text("absorbed").await;
+    assert_eq!(proxy.refused(), 3);
+
+    proxy.throttle();
+    let refused = sub.send(&SendOptions::text("refused")).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["errno"], 201, "{}", refused.body);
+    assert!(
+        refused.headers.contains_key("retry-after"),
+        "{:?}",
+        refused.headers
+    );
+    let http = reqwest::Client::new();
+    let heartbeat = http
+        .get(format!("{}/__heartbeat__", node.endpoint_base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status(), 503);
+    let mut ws = WsClient::connect(&node.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 503, "{reply}");
+    assert_eq!(ws.expect_closed().await.code, Some(1013));
+
+    proxy.stop();
+    let heartbeat = http
+        .get(format!("{}/__heartbeat__", node.endpoint_base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(heartbeat.status(), 200);
+    let mut ws = node.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "absorbed");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// Migration: tables written with the seeds' schema by Python (boto3, not
+/// our code) are read correctly: the router record, the channel set
+/// (dashed or hex), topic and timestamp messages, expired ones skipped, and
+/// an ack of a migrated message removes it.
+#[tokio::test]
+async fn records_written_by_the_seeds_schema_are_read() {
+    let local = dynamo::local().await;
+    let store = dynamo::fresh_store().await;
+    let tables = store.tables().clone();
+    let (uaid, a, b) = (
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/seed_dynamo.py");
+    let out = tokio::process::Command::new(autopush_tests::py::python())
+        .arg(script)
+        .args([&tables.router, &tables.message])
+        .arg(uaid.simple().to_string())
+        .args([a.to_string(), b.to_string()])
+        .envs(local.env())
+        .output()
+        .await
+        .expect("run seed_dynamo.py");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let wrote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let user = store.get_user(&uaid).await.unwrap().expect("migrated user");
+    assert_eq!(user.router_type, autopush_common::RouterType::WebPush);
+    assert_eq!(user.node_id.as_deref(), Some("http://old-node:8081"));
+    assert_eq!(serde_json::json!(user.connected_at), wrote["connected_at"]);
+    assert!(now_millis() - user.last_connect < 3_600_000 + 60_000);
+    assert_eq!(
+        store.get_channels(&uaid).await.unwrap(),
+        [a, b].into_iter().collect()
+    );
+    let messages = store.fetch_messages(&uaid, 10).await.unwrap();
+    let versions: Vec<_> = messages.iter().map(|m| m.version.as_str()).collect();
+    assert_eq!(versions, ["legacy-topic", "legacy-plain"]);
+    assert_eq!(messages[0].topic.as_deref(), Some("scores"));
+    assert_eq!(messages[0].channel_id, a);
+    assert_eq!(messages[0].data.as_deref(), Some("dG9waWM"));
+    let headers = messages[0].headers.as_ref().unwrap();
+    assert_eq!(headers["crypto_key"], "dh=def");
+    assert_eq!(messages[1].channel_id, b);
+    assert_eq!(messages[1].ttl, 600);
+    // A connection newer than the migrated one takes over; an ack removes.
+    let mut newer = User::new_webpush(uaid, "http://new-node:8081", now_millis() + 1);
+    newer.router_data = None;
+    assert!(store.update_user(&newer).await.unwrap());
+    let plain = &messages[1];
+    assert!(
+        store
+            .remove_message(&uaid, &plain.sort_key(), &plain.version)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 1);
+}
+
+/// The DynamoDB requests one message costs, counted at the wire: delivered
+/// directly to a connected client, and stored for an offline one then
+/// drained. Printed for BENCHMARKS.md; bounded here so a change that adds
+/// requests per message is noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_delivered_message() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let node = Server::start_node(Node {
+        role: "all",
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: dynamo::aws_env(&proxy.endpoint)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
+    })
+    .await;
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+
+    let count = 10;
+    proxy.take_operations();
+    for i in 0..count {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    // The session handles the close after the last ack (and its delete).
+    let uaid = ws.uaid().to_owned();
+    ws.close().await;
+    let direct = proxy.take_operations();
+    for i in 0..count {
+        sub.push_text(&format!("stored {i}")).await;
+    }
+    let stored = proxy.take_operations();
+    let mut ws = node.reconnect(&uaid).await;
+    for _ in 0..count {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let drained = proxy.take_operations();
+    eprintln!(
+        "DynamoDB requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+         stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
+    );
+    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
+    assert!(total(&direct) <= 5 * count, "{direct:?}");
+    // Plus the one optimistic node_id clear when the first push finds the
+    // client gone.
+    assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
+    assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+}

@@ -1,0 +1,392 @@
+//! One behavioural suite for the `Storage` trait, run against every
+//! backend: the embedded store (redb in a temp dir) and DynamoDB (a local
+//! moto server, see `autopush_tests::dynamo`), so the two cannot drift.
+//! Each test is written once in `suite` and instantiated per backend by
+//! `for_backend!`.
+
+use std::sync::Arc;
+
+use autopush_common::{Notification, RouterType, User, time::now_secs};
+use autopush_storage::{Storage, embedded::EmbeddedStore};
+use autopush_tests::dynamo;
+use tempfile::TempDir;
+use uuid::Uuid;
+
+/// A store under test, with whatever must live as long as it.
+struct Backend {
+    store: Arc<dyn Storage>,
+    _dir: Option<TempDir>,
+}
+
+async fn embedded() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    Backend {
+        store: Arc::new(store),
+        _dir: Some(dir),
+    }
+}
+
+async fn dynamodb() -> Backend {
+    Backend {
+        store: Arc::new(dynamo::fresh_store().await),
+        _dir: None,
+    }
+}
+
+fn message(channel_id: Uuid, topic: Option<&str>, ts: u64, ttl: u64, data: &str) -> Notification {
+    Notification {
+        channel_id,
+        version: format!("v-{data}-{ts}"),
+        ttl,
+        timestamp: now_secs(),
+        topic: topic.map(str::to_owned),
+        sortkey_timestamp: Some(ts),
+        data: Some(data.to_owned()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    }
+}
+
+fn data(messages: &[Notification]) -> Vec<String> {
+    messages.iter().map(|m| m.data.clone().unwrap()).collect()
+}
+
+mod suite {
+    use super::*;
+
+    pub async fn topics_first_then_arrival_order_and_topics_replace(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        store
+            .save_messages(
+                &uaid,
+                vec![
+                    message(chid, None, 2, 60, "b"),
+                    message(chid, None, 1, 60, "a"),
+                    message(chid, Some("t"), 3, 60, "old"),
+                    message(chid, None, 4, 0, "expired"),
+                ],
+            )
+            .await
+            .unwrap();
+        store
+            .save_messages(&uaid, vec![message(chid, Some("t"), 5, 60, "new")])
+            .await
+            .unwrap();
+        let got = store.fetch_messages(&uaid, 10).await.unwrap();
+        assert_eq!(data(&got), ["new", "a", "b"]);
+        // The expired one was deleted on the way.
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 3);
+        assert_eq!(store.fetch_messages(&uaid, 2).await.unwrap().len(), 2);
+
+        let first = store.fetch_messages(&uaid, 1).await.unwrap().remove(0);
+        assert!(
+            store
+                .remove_message(&uaid, &first.sort_key(), &first.version)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .remove_message(&uaid, &first.sort_key(), &first.version)
+                .await
+                .unwrap()
+        );
+        // Another user's messages are separate.
+        assert!(
+            store
+                .fetch_messages(&Uuid::new_v4(), 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    /// The same message twice in one call (e.g. written back at disconnect
+    /// while its durable copy is in the same batch) is stored once.
+    pub async fn one_key_twice_in_a_batch_is_stored_once(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let first = message(chid, None, 1, 60, "first");
+        let mut again = first.clone();
+        again.data = Some("again".into());
+        store
+            .save_messages(&uaid, vec![first, again.clone()])
+            .await
+            .unwrap();
+        assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![again]);
+    }
+
+    /// Everything a message carries comes back as it was stored.
+    pub async fn messages_round_trip(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut m = message(chid, Some("topic"), 7, 600, "body");
+        m.headers = Some(
+            [("encoding".to_owned(), "aes128gcm".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        m.urgency = Some(autopush_common::Urgency::Low);
+        m.durable = true;
+        let mut plain = message(chid, None, 8, 600, "plain");
+        plain.data = None;
+        store
+            .save_messages(&uaid, vec![m.clone(), plain.clone()])
+            .await
+            .unwrap();
+        assert_eq!(
+            store.fetch_messages(&uaid, 10).await.unwrap(),
+            vec![m, plain]
+        );
+    }
+
+    /// The ack race of a Topic message: the client holds T1 unacknowledged,
+    /// the sender replaces it with T2 under the same Topic, then the client
+    /// acks T1. T2 must survive, and acking T2 removes it.
+    pub async fn acking_a_replaced_topic_message_keeps_the_newer_one(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let t1 = message(chid, Some("score"), 1, 60, "t1");
+        let t2 = message(chid, Some("score"), 2, 60, "t2");
+        store.save_messages(&uaid, vec![t1.clone()]).await.unwrap();
+        store.save_messages(&uaid, vec![t2.clone()]).await.unwrap();
+        assert!(
+            !store
+                .remove_message(&uaid, &t1.sort_key(), &t1.version)
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            store.fetch_messages(&uaid, 10).await.unwrap(),
+            vec![t2.clone()]
+        );
+        assert!(
+            store
+                .remove_message(&uaid, &t2.sort_key(), &t2.version)
+                .await
+                .unwrap()
+        );
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    }
+
+    /// An older Topic message written back late (an unacknowledged direct
+    /// one stored at disconnect) never replaces a newer one already stored.
+    pub async fn an_older_topic_message_never_replaces_a_newer_one(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let older = message(chid, Some("score"), 1, 60, "older");
+        let newer = message(chid, Some("score"), 2, 60, "newer");
+        store
+            .save_messages(&uaid, vec![newer.clone()])
+            .await
+            .unwrap();
+        store.save_messages(&uaid, vec![older]).await.unwrap();
+        assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![newer]);
+    }
+
+    /// Counting stops at what the caller asks for; expired messages never count.
+    pub async fn counting_is_bounded_and_skips_expired_messages(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut batch: Vec<_> = (0..10)
+            .map(|i| message(chid, None, 100 + i, 60, "live"))
+            .collect();
+        batch.extend((0..5).map(|i| message(chid, None, i, 0, "expired")));
+        store.save_messages(&uaid, batch).await.unwrap();
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 10);
+        assert_eq!(store.count_messages(&uaid, 4).await.unwrap(), 4);
+        assert_eq!(store.count_messages(&uaid, 0).await.unwrap(), 0);
+    }
+
+    /// More messages than one query page holds (the DynamoDB store here
+    /// reads `dynamo::PAGE_SIZE` a page): fetching, counting and removing
+    /// the user see all of them, behind more expired ones than a page.
+    pub async fn large_backlogs_are_read_across_pages(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let page = dynamo::PAGE_SIZE as u64;
+        store.add_channel(&uaid, &chid, 10).await.unwrap();
+        let mut batch: Vec<_> = (0..page * 2 + 3)
+            .map(|i| message(chid, None, i, 0, "expired"))
+            .collect();
+        batch.extend(
+            (0..page * 3 + 5).map(|i| message(chid, None, 10_000 + i, 60, &format!("m{i:03}"))),
+        );
+        store.save_messages(&uaid, batch).await.unwrap();
+        let live = (page * 3 + 5) as usize;
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), live);
+        assert_eq!(
+            store.count_messages(&uaid, live - 7).await.unwrap(),
+            live - 7
+        );
+        let got = store.fetch_messages(&uaid, live - 2).await.unwrap();
+        assert_eq!(got.len(), live - 2);
+        assert_eq!(got[0].data.as_deref(), Some("m000"));
+        assert_eq!(got[live - 3].data, Some(format!("m{:03}", live - 3)));
+        // The expired ones were deleted on the way.
+        assert_eq!(
+            store.fetch_messages(&uaid, usize::MAX).await.unwrap().len(),
+            live
+        );
+        store.remove_user(&uaid).await.unwrap();
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 0);
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+    }
+
+    /// A user's channels are capped; re-adding one it has always succeeds.
+    pub async fn channels_per_user_are_capped(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        let held: Vec<_> = (0..3).map(|_| Uuid::new_v4()).collect();
+        for chid in &held {
+            assert!(store.add_channel(&uaid, chid, 3).await.unwrap());
+        }
+        assert!(!store.add_channel(&uaid, &Uuid::new_v4(), 3).await.unwrap());
+        assert!(store.add_channel(&uaid, &held[0], 3).await.unwrap());
+        assert_eq!(store.get_channels(&uaid).await.unwrap().len(), 3);
+        // Another user is not affected.
+        assert!(
+            store
+                .add_channel(&Uuid::new_v4(), &Uuid::new_v4(), 3)
+                .await
+                .unwrap()
+        );
+    }
+
+    pub async fn older_connections_never_overwrite_newer_ones(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        assert!(
+            store
+                .update_user(&User::new_webpush(uaid, "http://a", 10))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .update_user(&User::new_webpush(uaid, "http://b", 5))
+                .await
+                .unwrap()
+        );
+        let stored = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(stored.node_id.as_deref(), Some("http://a"));
+        assert_eq!(stored.connected_at, 10);
+
+        // node_id is cleared only for the exact connection the endpoint saw.
+        assert!(!store.remove_node_id(&uaid, "http://a", 9).await.unwrap());
+        assert!(!store.remove_node_id(&uaid, "http://b", 10).await.unwrap());
+        assert!(store.remove_node_id(&uaid, "http://a", 10).await.unwrap());
+        assert_eq!(store.get_user(&uaid).await.unwrap().unwrap().node_id, None);
+        assert!(!store.remove_node_id(&uaid, "http://a", 10).await.unwrap());
+    }
+
+    /// Connections racing to record themselves: the newest wins, whatever
+    /// the order the writes land in.
+    pub async fn racing_connections_leave_the_newest(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        let writes: Vec<_> = (1..=20u64)
+            .rev()
+            .map(|at| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .update_user(&User::new_webpush(uaid, &format!("http://n{at}"), at))
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        for w in writes {
+            w.await.unwrap();
+        }
+        let stored = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.node_id.as_deref(), stored.connected_at),
+            (Some("http://n20"), 20)
+        );
+    }
+
+    /// A bridge registration keeps its router data.
+    pub async fn users_round_trip(store: Arc<dyn Storage>) {
+        let mut user = User::new_webpush(Uuid::new_v4(), "http://a", 1_700_000_000_000);
+        user.router_type = RouterType::Fcm;
+        user.node_id = None;
+        user.router_data = Some(serde_json::json!({
+            "token": "abc", "app_id": "app", "n": 3, "nested": {"on": true, "list": [1, "x"]}
+        }));
+        user.over_msg_limit = true;
+        store.add_user(&user).await.unwrap();
+        let stored = store.get_user(&user.uaid).await.unwrap().unwrap();
+        assert_eq!(stored.router_type, RouterType::Fcm);
+        assert_eq!(stored.router_data, user.router_data);
+        assert_eq!(stored.node_id, None);
+        assert_eq!(stored.connected_at, user.connected_at);
+        assert!(stored.over_msg_limit);
+        // last_connect is kept to the hour at least (DynamoDB keys it by hour).
+        assert!(user.last_connect - stored.last_connect < 3_600_000);
+        assert!(store.get_user(&Uuid::new_v4()).await.unwrap().is_none());
+    }
+
+    pub async fn channels_and_user_removal(store: Arc<dyn Storage>) {
+        let (uaid, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        store
+            .add_user(&User::new_webpush(uaid, "http://a", 1))
+            .await
+            .unwrap();
+        assert!(store.add_channel(&uaid, &a, 10).await.unwrap());
+        assert!(store.add_channel(&uaid, &b, 10).await.unwrap());
+        assert_eq!(
+            store.get_channels(&uaid).await.unwrap(),
+            [a, b].into_iter().collect()
+        );
+        assert!(store.remove_channel(&uaid, &a).await.unwrap());
+        assert!(!store.remove_channel(&uaid, &a).await.unwrap());
+        assert!(!store.has_channel(&uaid, &a).await.unwrap());
+        assert!(store.has_channel(&uaid, &b).await.unwrap());
+        assert!(store.remove_channel(&uaid, &b).await.unwrap());
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+        assert!(store.add_channel(&uaid, &b, 10).await.unwrap());
+        assert!(!store.remove_channel(&Uuid::new_v4(), &b).await.unwrap());
+        store
+            .save_messages(&uaid, vec![message(b, None, 1, 60, "x")])
+            .await
+            .unwrap();
+
+        store.remove_user(&uaid).await.unwrap();
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 0);
+        store.health_check().await.unwrap();
+    }
+}
+
+macro_rules! for_backend {
+    ($backend:ident: $($test:ident),* $(,)?) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    let backend = super::$backend().await;
+                    super::suite::$test(backend.store.clone()).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! suite_for {
+    ($($backend:ident),*) => {
+        $(
+            for_backend!($backend:
+                topics_first_then_arrival_order_and_topics_replace,
+                messages_round_trip,
+                one_key_twice_in_a_batch_is_stored_once,
+                acking_a_replaced_topic_message_keeps_the_newer_one,
+                an_older_topic_message_never_replaces_a_newer_one,
+                counting_is_bounded_and_skips_expired_messages,
+                large_backlogs_are_read_across_pages,
+                channels_per_user_are_capped,
+                older_connections_never_overwrite_newer_ones,
+                racing_connections_leave_the_newest,
+                users_round_trip,
+                channels_and_user_removal,
+            );
+        )*
+    };
+}
+
+suite_for!(embedded, dynamodb);
