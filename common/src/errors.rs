@@ -23,7 +23,7 @@ pub enum ApiError {
     #[error(
         "Data payload too large for this subscription's bridge: at most {0} bytes. The device \
          is reached through a bridge (APNs or FCM) whose messages carry the body base64-encoded \
-         with the encryption headers, so they hold less than a Web Push message"
+         with the encryption headers, so bridged messages hold less than Web Push ones"
     )]
     BridgePayloadTooLarge(usize),
     #[error("No such subscription")]

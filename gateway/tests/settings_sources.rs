@@ -184,6 +184,11 @@ const BRIDGES: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Settings that are an error without `--db dynamodb`, so a row setting
+/// only them cannot stand alone; the settings module's own tests read them
+/// from each source.
+const NEEDS_DYNAMODB: &[&str] = &["router_table", "message_table"];
+
 fn declared() -> Vec<(String, String, String)> {
     SettingsLayer::augment_args(Command::new("autopush"))
         .get_arguments()
@@ -278,7 +283,7 @@ fn every_setting_has_a_case_a_flag_and_an_env_var() {
             }
             continue;
         }
-        if !CASES.iter().any(|c| c.name == *name) {
+        if !CASES.iter().any(|c| c.name == *name) && !NEEDS_DYNAMODB.contains(&name.as_str()) {
             problems.push(format!("{name}: no row in CASES"));
         }
         if flag(name) != format!("--{long}") {

@@ -217,6 +217,8 @@ impl Cluster {
             format!("--message-table={}", tables.message),
             format!("--crypto-key={crypto_key}"),
             format!("--auth-key={auth_key}"),
+            // Node-to-node calls are signed; any shared secret will do here.
+            format!("--router-key={auth_key}"),
         ]
     }
 }
