@@ -77,6 +77,19 @@ fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
     e.code() == Some("ConditionalCheckFailedException")
 }
 
+/// The outcome of a conditional write `op`: whether its condition held (and
+/// the write was made), or the backend's error.
+fn condition_held<T, E>(result: std::result::Result<T, SdkError<E>>, op: &str) -> Result<bool>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match result {
+        Ok(_) => Ok(true),
+        Err(e) if is_condition_failed(&e) => Ok(false),
+        Err(e) => Err(backend(op, e)),
+    }
+}
+
 /// `uaid` as a key value: hex without dashes, as the seeds store it.
 fn uaid_attr(uaid: &Uuid) -> AttributeValue {
     s(uaid.simple().to_string())
@@ -226,11 +239,7 @@ impl DynamoStore {
             .expression_attribute_values(":v", s(version))
             .send()
             .await;
-        match delete {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("DeleteItem", e)),
-        }
+        condition_held(delete, "DeleteItem")
     }
 
     /// One page of `uaid`'s messages (sort keys after the channel row).
@@ -282,11 +291,7 @@ impl Storage for DynamoStore {
             .expression_attribute_values(":c", n(user.connected_at))
             .send()
             .await;
-        match put {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("PutItem", e)),
-        }
+        condition_held(put, "PutItem")
     }
 
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
@@ -325,11 +330,7 @@ impl Storage for DynamoStore {
             .expression_attribute_values(":c", n(connected_at))
             .send()
             .await;
-        match update {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("UpdateItem", e)),
-        }
+        condition_held(update, "UpdateItem")
     }
 
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
@@ -348,11 +349,7 @@ impl Storage for DynamoStore {
             .expression_attribute_values(":limit", n(limit))
             .send()
             .await;
-        match update {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("UpdateItem", e)),
-        }
+        condition_held(update, "UpdateItem")
     }
 
     async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
@@ -393,11 +390,7 @@ impl Storage for DynamoStore {
             .expression_attribute_values(":chid", s(chid))
             .send()
             .await;
-        match update {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(backend("UpdateItem", e)),
-        }
+        condition_held(update, "UpdateItem")
     }
 
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
