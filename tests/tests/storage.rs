@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use autopush_common::{Notification, RouterType, User, time::now_secs};
-use autopush_storage::{Storage, embedded::EmbeddedStore};
+use autopush_storage::{Storage, StorageError, embedded::EmbeddedStore};
 use autopush_tests::dynamo;
 use tempfile::TempDir;
 use uuid::Uuid;
@@ -115,6 +115,32 @@ mod suite {
             .await
             .unwrap();
         assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![again]);
+    }
+
+    /// Two endpoint nodes that stamp messages for one channel in the same
+    /// microsecond give them the same key. The second must not replace the
+    /// first, which was already answered 201: it is refused (its sender
+    /// hears 503 and sends again), the others in its call are stored, and
+    /// writing the same message again is fine.
+    pub async fn a_plain_message_never_replaces_another_under_its_key(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let first = message(chid, None, 42, 60, "first");
+        let second = message(chid, None, 42, 60, "second");
+        assert_eq!(first.sort_key(), second.sort_key());
+        store.save_messages(&uaid, vec![first.clone()]).await.unwrap();
+        let other = message(chid, None, 43, 60, "other");
+        let refused = store
+            .save_messages(&uaid, vec![second, other.clone()])
+            .await;
+        assert!(
+            matches!(refused, Err(StorageError::KeyTaken(_))),
+            "{refused:?}"
+        );
+        store.save_messages(&uaid, vec![first.clone()]).await.unwrap();
+        assert_eq!(
+            store.fetch_messages(&uaid, 10).await.unwrap(),
+            vec![first, other]
+        );
     }
 
     /// Everything a message carries comes back as it was stored.
@@ -375,6 +401,7 @@ macro_rules! suite_for {
                 topics_first_then_arrival_order_and_topics_replace,
                 messages_round_trip,
                 one_key_twice_in_a_batch_is_stored_once,
+                a_plain_message_never_replaces_another_under_its_key,
                 acking_a_replaced_topic_message_keeps_the_newer_one,
                 an_older_topic_message_never_replaces_a_newer_one,
                 counting_is_bounded_and_skips_expired_messages,
