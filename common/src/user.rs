@@ -57,6 +57,11 @@ pub struct User {
     /// at its next hello it starts over with a new UAID.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub over_msg_limit: bool,
+    /// With legacy monthly message tables (`--message-table-rotation`): the
+    /// message table holding this user's channels and the messages it has
+    /// not read yet, e.g. `message_2026_11`. Kept as read; `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_month: Option<String>,
 }
 
 impl User {
@@ -70,6 +75,7 @@ impl User {
             connected_at,
             last_connect: connected_at,
             over_msg_limit: false,
+            current_month: None,
         }
     }
 }

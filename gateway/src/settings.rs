@@ -55,6 +55,11 @@ pub struct SettingsLayer {
     /// DynamoDB message table, with --db dynamodb [default: message]
     #[arg(long, env = "AUTOPUSH_MESSAGE_TABLE", global = true)]
     pub message_table: Option<String>,
+    /// Legacy monthly message tables as Python autopush rotated them:
+    /// MESSAGE_TABLE is then the prefix of MESSAGE_TABLE_YYYY_MM, with
+    /// --db dynamodb [default: false]
+    #[arg(long, env = "AUTOPUSH_MESSAGE_TABLE_ROTATION", global = true)]
+    pub message_table_rotation: Option<bool>,
     /// Endpoint encryption key(s), comma-separated, first encrypts (also read from CRYPTO_KEY)
     /// [default: generated once and kept in the data directory, all-in-one only]
     #[arg(
@@ -365,11 +370,12 @@ impl Settings {
             None => Db::Embedded(PathBuf::from("./autopush-data")),
         };
         if db != Db::DynamoDb {
-            for (name, value) in [
-                ("router_table", &l.router_table),
-                ("message_table", &l.message_table),
+            for (name, given) in [
+                ("router_table", l.router_table.is_some()),
+                ("message_table", l.message_table.is_some()),
+                ("message_table_rotation", l.message_table_rotation.is_some()),
             ] {
-                if value.is_some() {
+                if given {
                     return Err(format!("{name} applies to --db dynamodb only"));
                 }
             }
@@ -378,6 +384,7 @@ impl Settings {
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
             message: l.message_table.unwrap_or(defaults.message),
+            rotate_messages: l.message_table_rotation.unwrap_or(false),
         };
         for name in [&tables.router, &tables.message] {
             let valid = (3..=255).contains(&name.len())
@@ -493,6 +500,39 @@ mod tests {
         );
         let e = Settings::from_layer(layer("dynamodb", "no spaces")).unwrap_err();
         assert!(e.contains("not a DynamoDB table name"), "{e}");
+    }
+
+    #[test]
+    fn message_table_rotation_is_off_by_default_and_needs_dynamodb() {
+        let dynamodb = SettingsLayer {
+            db: Some("dynamodb".into()),
+            ..SettingsLayer::default()
+        };
+        assert!(
+            !Settings::from_layer(dynamodb.clone())
+                .unwrap()
+                .tables
+                .rotate_messages
+        );
+        let rotating = SettingsLayer {
+            message_table_rotation: Some(true),
+            ..dynamodb
+        };
+        assert!(
+            Settings::from_layer(rotating.clone())
+                .unwrap()
+                .tables
+                .rotate_messages
+        );
+        let embedded = SettingsLayer {
+            db: None,
+            ..rotating
+        };
+        let e = Settings::from_layer(embedded).unwrap_err();
+        assert!(
+            e.contains("message_table_rotation applies to --db dynamodb only"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -187,7 +187,7 @@ const BRIDGES: &[(&str, &str, &str)] = &[
 /// Settings that are an error without `--db dynamodb`, so a row setting
 /// only them cannot stand alone; the settings module's own tests read them
 /// from each source.
-const NEEDS_DYNAMODB: &[&str] = &["router_table", "message_table"];
+const NEEDS_DYNAMODB: &[&str] = &["router_table", "message_table", "message_table_rotation"];
 
 fn declared() -> Vec<(String, String, String)> {
     SettingsLayer::augment_args(Command::new("autopush"))

@@ -22,6 +22,7 @@ pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value>
         connected_at: now,
         last_connect: now,
         over_msg_limit: false,
+        current_month: None,
     };
     state.storage.add_user(&user).await?;
     let (channel_id, endpoint) = add_channel(state, &uaid, &input).await?;

@@ -26,8 +26,13 @@ pub enum StorageError {
     InUse(String),
     #[error("storage backend error: {0}")]
     Backend(String),
+    /// The backend has no such table (DynamoDB's ResourceNotFoundException).
+    #[error("storage backend error: {0}")]
+    NoTable(String),
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    #[error("another message is stored under {0}: send it again")]
+    KeyTaken(String),
 }
 
 impl From<StorageError> for ApiError {
@@ -72,6 +77,11 @@ pub trait Storage: Send + Sync {
     /// channel and topic, unless the stored one is newer (a larger
     /// `sortkey_timestamp`): an older message written back late, e.g. an
     /// unacknowledged direct one at disconnect, never replaces a newer one.
+    /// One without a topic never replaces a different message under its key
+    /// (two endpoint nodes stamped the same microsecond): the others are
+    /// stored and the call fails with [`StorageError::KeyTaken`], so the
+    /// sender hears 503 and sends again instead of a 201 for a message that
+    /// overwrote another. Writing the same message again is fine.
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()>;
 
     /// Up to `limit` unexpired messages: topic messages first, then the rest

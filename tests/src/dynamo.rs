@@ -117,6 +117,7 @@ pub fn tables() -> Tables {
     Tables {
         router: format!("router_{tag}"),
         message: format!("message_{tag}"),
+        rotate_messages: false,
     }
 }
 

@@ -491,3 +491,232 @@ async fn requests_per_delivered_message() {
     assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
 }
+
+/// A store on the local server reading `message` as its one message table:
+/// what a node without rotation, or an endpoint that read an old month,
+/// sees of one monthly table.
+async fn one_table(router: &str, message: &str) -> autopush_storage::dynamodb::DynamoStore {
+    let tables = Tables {
+        router: router.to_owned(),
+        message: message.to_owned(),
+        rotate_messages: false,
+    };
+    let store = dynamo::connect(&dynamo::local().await.endpoint, tables).await;
+    store.create_tables().await.expect("create tables");
+    store
+}
+
+/// Legacy monthly message tables (`--message-table-rotation`), on records
+/// Python autopush wrote into last month's table: the user reads there
+/// until nothing is left unread, then moves to this month's table with its
+/// channels; a message an endpoint stores in the old table after the move
+/// is still read; users more than a month behind are gone, bridge users
+/// keep their table.
+#[tokio::test]
+async fn monthly_tables_move_users_forward_without_loss() {
+    use autopush_storage::dynamodb::months::MonthTables;
+    let local = dynamo::local().await;
+    let mut tables = dynamo::tables();
+    tables.rotate_messages = true;
+    let months = MonthTables::new(&tables.message);
+    let (this_month, last_month) = (months.month(0), months.month(-1));
+    let store = dynamo::connect(&local.endpoint, tables.clone()).await;
+    let report = store.create_tables().await.unwrap().join("\n");
+    for made in [&this_month, &months.month(1)] {
+        assert!(
+            report.contains(&format!("message table {made}: created")),
+            "{report}"
+        );
+    }
+    let last = one_table(&tables.router, &last_month).await;
+    let now = one_table(&tables.router, &this_month).await;
+
+    let (uaid, a, b) = (
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+        uuid::Uuid::new_v4(),
+    );
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/seed_dynamo.py");
+    let out = tokio::process::Command::new(autopush_tests::py::python())
+        .arg(script)
+        .args([&tables.router, &last_month])
+        .arg(uaid.simple().to_string())
+        .args([a.to_string(), b.to_string()])
+        .envs(local.env())
+        .output()
+        .await
+        .expect("run seed_dynamo.py");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let month_of = async |uaid| {
+        store
+            .get_user(&uaid)
+            .await
+            .unwrap()
+            .and_then(|u| u.current_month)
+    };
+    assert_eq!(month_of(uaid).await.as_ref(), Some(&last_month));
+    let channels: std::collections::HashSet<_> = [a, b].into_iter().collect();
+    assert_eq!(store.get_channels(&uaid).await.unwrap(), channels);
+    // An endpoint stores where the user's month says.
+    let pushed = autopush_common::Notification {
+        version: "pushed-to-last-month".into(),
+        ..store_message(a)
+    };
+    store.save_messages(&uaid, vec![pushed]).await.unwrap();
+    assert_eq!(last.count_messages(&uaid, 10).await.unwrap(), 3);
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 3);
+
+    // Read, but not all acked: the user stays on last month's table.
+    let unread = store.fetch_messages(&uaid, 10).await.unwrap();
+    assert_eq!(unread.len(), 3);
+    let (acked, kept) = unread.split_at(2);
+    for m in acked {
+        assert!(
+            store
+                .remove_message(&uaid, &m.sort_key(), &m.version)
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap().len(), 1);
+    assert_eq!(month_of(uaid).await.as_ref(), Some(&last_month));
+    let m = &kept[0];
+    assert!(
+        store
+            .remove_message(&uaid, &m.sort_key(), &m.version)
+            .await
+            .unwrap()
+    );
+
+    // All acked: the next look moves the user, channels first.
+    assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    assert_eq!(month_of(uaid).await.as_ref(), Some(&this_month));
+    assert_eq!(now.get_channels(&uaid).await.unwrap(), channels);
+    assert!(store.has_channel(&uaid, &b).await.unwrap());
+
+    // An endpoint that read the old month just before the move stores in
+    // the old table just after it: still read, counted and removable.
+    let mut late = autopush_common::Notification {
+        version: "late".into(),
+        sortkey_timestamp: Some(autopush_common::time::unique_micros()),
+        ..store_message(b)
+    };
+    last.save_messages(&uaid, vec![late.clone()]).await.unwrap();
+    // And one stored after the move lands in this month's table.
+    late.version = "after".into();
+    late.sortkey_timestamp = Some(autopush_common::time::unique_micros());
+    store.save_messages(&uaid, vec![late]).await.unwrap();
+    assert_eq!(now.count_messages(&uaid, 10).await.unwrap(), 1);
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 2);
+    let both = store.fetch_messages(&uaid, 10).await.unwrap();
+    let mut versions: Vec<_> = both.iter().map(|m| m.version.as_str()).collect();
+    versions.sort();
+    assert_eq!(versions, ["after", "late"]);
+    for m in &both {
+        assert!(
+            store
+                .remove_message(&uaid, &m.sort_key(), &m.version)
+                .await
+                .unwrap()
+        );
+    }
+    assert_eq!(last.count_messages(&uaid, 10).await.unwrap(), 0);
+
+    // A webpush user two months behind is gone (410, a new UAID at hello);
+    // a bridge user registered then keeps its table and channels.
+    let two_back = months.month(-2);
+    let old = one_table(&tables.router, &two_back).await;
+    let mut behind = User::new_webpush(uuid::Uuid::new_v4(), "http://gone", now_millis());
+    behind.current_month = Some(two_back.clone());
+    let mut bridge = behind.clone();
+    bridge.uaid = uuid::Uuid::new_v4();
+    bridge.router_type = autopush_common::RouterType::Fcm;
+    for user in [&behind, &bridge] {
+        store.add_user(user).await.unwrap();
+        old.add_channel(&user.uaid, &a, 10).await.unwrap();
+    }
+    assert!(store.get_user(&behind.uaid).await.unwrap().is_none());
+    assert_eq!(month_of(bridge.uaid).await.as_ref(), Some(&two_back));
+    assert!(store.has_channel(&bridge.uaid, &a).await.unwrap());
+    // A new user starts on this month's table.
+    let fresh = User::new_webpush(uuid::Uuid::new_v4(), "http://here", now_millis());
+    assert!(store.update_user(&fresh).await.unwrap());
+    assert_eq!(month_of(fresh.uaid).await.as_ref(), Some(&this_month));
+}
+
+/// A plain stored message on `channel_id`.
+fn store_message(channel_id: uuid::Uuid) -> autopush_common::Notification {
+    autopush_common::Notification {
+        channel_id,
+        version: "v".into(),
+        ttl: 600,
+        timestamp: autopush_common::time::now_secs(),
+        topic: None,
+        data: Some("ZGF0YQ".into()),
+        headers: None,
+        sortkey_timestamp: Some(autopush_common::time::unique_micros()),
+        urgency: None,
+        durable: false,
+    }
+}
+
+/// `--message-table-rotation true` end to end: `db create-tables` makes
+/// this month's and next month's tables, preflight accepts them, and a node
+/// delivers stored messages from them.
+#[tokio::test]
+async fn monthly_tables_from_the_command_line() {
+    use autopush_storage::dynamodb::months::MonthTables;
+    let tables = dynamo::tables();
+    let months = MonthTables::new(&tables.message);
+    let rotation = ["--message-table-rotation", "true"];
+    let out = db_command(&tables, &[&["db", "create-tables"][..], &rotation].concat()).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    for made in [months.month(0), months.month(1)] {
+        assert!(
+            said.contains(&format!("message table {made}: created")),
+            "{said}"
+        );
+    }
+    let out = db_command(&tables, &[&["db", "preflight"][..], &rotation].concat()).await;
+    assert!(
+        text(&out.stdout).starts_with("ready"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let mut args = Cluster::shared_args(&tables, &keygen().await, &keygen().await);
+    args.push("--message-table-rotation=true".into());
+    let node = Server::start_node(Node {
+        role: "all",
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: dynamo::local()
+            .await
+            .env()
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        args,
+    })
+    .await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+    sub.push_text("monthly").await;
+    let mut ws = node.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "monthly");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+    let mut rotating = tables.clone();
+    rotating.rotate_messages = true;
+    let store = dynamo::connect(&dynamo::local().await.endpoint, rotating).await;
+    let uaid = uuid::Uuid::parse_str(&uaid).unwrap();
+    let user = store.get_user(&uaid).await.unwrap().expect("user");
+    assert_eq!(user.current_month, Some(months.month(0)));
+}

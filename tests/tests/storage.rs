@@ -127,7 +127,10 @@ mod suite {
         let first = message(chid, None, 42, 60, "first");
         let second = message(chid, None, 42, 60, "second");
         assert_eq!(first.sort_key(), second.sort_key());
-        store.save_messages(&uaid, vec![first.clone()]).await.unwrap();
+        store
+            .save_messages(&uaid, vec![first.clone()])
+            .await
+            .unwrap();
         let other = message(chid, None, 43, 60, "other");
         let refused = store
             .save_messages(&uaid, vec![second, other.clone()])
@@ -136,7 +139,10 @@ mod suite {
             matches!(refused, Err(StorageError::KeyTaken(_))),
             "{refused:?}"
         );
-        store.save_messages(&uaid, vec![first.clone()]).await.unwrap();
+        store
+            .save_messages(&uaid, vec![first.clone()])
+            .await
+            .unwrap();
         assert_eq!(
             store.fetch_messages(&uaid, 10).await.unwrap(),
             vec![first, other]

@@ -81,6 +81,7 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
     user.over_msg_limit = over_limit;
     if let Some(prev) = &previous {
         user.router_data = prev.router_data.clone();
+        user.current_month = prev.current_month.clone();
     }
     if let Err(e) = ctx.storage.update_user(&user).await {
         leave(ctx, uaid, connected_at, membership).await;

@@ -200,6 +200,7 @@ mod tests {
             connected_at: 0,
             last_connect: 0,
             over_msg_limit: false,
+            current_month: None,
         }
     }
 

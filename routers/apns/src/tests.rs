@@ -43,6 +43,7 @@ fn user(router: &ApnsRouter, token: &str, channel: &str) -> User {
         connected_at: 0,
         last_connect: 0,
         over_msg_limit: false,
+        current_month: None,
     }
 }
 

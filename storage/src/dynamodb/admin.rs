@@ -5,9 +5,9 @@ use std::time::Duration;
 use autopush_common::time::now_millis;
 use aws_sdk_dynamodb::error::ProvideErrorMetadata;
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
-    ProjectionType, ScalarAttributeType, TableDescription, TableStatus, TimeToLiveSpecification,
-    TimeToLiveStatus,
+    AttributeDefinition, AttributeValue, BillingMode, GlobalSecondaryIndex, KeySchemaElement,
+    KeyType, Projection, ProjectionType, ReturnValue, ScalarAttributeType, TableDescription,
+    TableStatus, TimeToLiveSpecification, TimeToLiveStatus,
 };
 use uuid::Uuid;
 
@@ -105,40 +105,47 @@ impl DynamoStore {
                 Err(e) => return Err(backend("CreateTable", e)),
             }
         }
-        let message = &self.tables.message;
-        if self.describe(message).await?.is_some() {
-            report.push(format!("message table {message}: exists"));
-        } else {
-            let created = self
-                .client
-                .create_table()
-                .table_name(message)
-                .attribute_definitions(attribute("uaid", ScalarAttributeType::S)?)
-                .attribute_definitions(attribute("chidmessageid", ScalarAttributeType::S)?)
-                .key_schema(key("uaid", KeyType::Hash)?)
-                .key_schema(key("chidmessageid", KeyType::Range)?)
-                .billing_mode(BillingMode::PayPerRequest)
-                .send()
-                .await;
-            match created {
-                Ok(_) => report.push(format!("message table {message}: created")),
-                Err(e) if e.code() == Some("ResourceInUseException") => {
-                    report.push(format!("message table {message}: exists"))
-                }
-                Err(e) => return Err(backend("CreateTable", e)),
-            }
+        for message in self.message_tables_now() {
+            report.push(self.create_message_table(&message).await?);
         }
         self.wait_active(router).await?;
-        self.wait_active(message).await?;
-        report.push(self.enable_ttl().await?);
+        for message in self.message_tables_now() {
+            self.wait_active(&message).await?;
+            report.push(self.enable_ttl(&message).await?);
+        }
         Ok(report)
     }
 
-    async fn ttl_enabled(&self) -> Result<Option<bool>> {
+    /// Create message table `message` unless it exists.
+    async fn create_message_table(&self, message: &str) -> Result<String> {
+        if self.describe(message).await?.is_some() {
+            return Ok(format!("message table {message}: exists"));
+        }
+        let created = self
+            .client
+            .create_table()
+            .table_name(message)
+            .attribute_definitions(attribute("uaid", ScalarAttributeType::S)?)
+            .attribute_definitions(attribute("chidmessageid", ScalarAttributeType::S)?)
+            .key_schema(key("uaid", KeyType::Hash)?)
+            .key_schema(key("chidmessageid", KeyType::Range)?)
+            .billing_mode(BillingMode::PayPerRequest)
+            .send()
+            .await;
+        match created {
+            Ok(_) => Ok(format!("message table {message}: created")),
+            Err(e) if e.code() == Some("ResourceInUseException") => {
+                Ok(format!("message table {message}: exists"))
+            }
+            Err(e) => Err(backend("CreateTable", e)),
+        }
+    }
+
+    async fn ttl_enabled(&self, message: &str) -> Result<Option<bool>> {
         let out = self
             .client
             .describe_time_to_live()
-            .table_name(&self.tables.message)
+            .table_name(message)
             .send()
             .await;
         match out {
@@ -155,9 +162,8 @@ impl DynamoStore {
         }
     }
 
-    async fn enable_ttl(&self) -> Result<String> {
-        let message = &self.tables.message;
-        match self.ttl_enabled().await? {
+    async fn enable_ttl(&self, message: &str) -> Result<String> {
+        match self.ttl_enabled(message).await? {
             Some(true) => return Ok(format!("message table {message}: TTL on expiry: on")),
             None => {
                 return Ok(format!(
@@ -186,7 +192,7 @@ impl DynamoStore {
     /// missing or refused, one line each; empty means ready.
     pub async fn preflight(&self) -> Result<Vec<String>> {
         let mut problems = Vec::new();
-        let (router, message) = (&self.tables.router, &self.tables.message);
+        let router = &self.tables.router;
         match self.describe(router).await {
             Ok(None) => problems.push(format!(
                 "router table {router} does not exist (run `autopush db create-tables`)"
@@ -211,29 +217,31 @@ impl DynamoStore {
             }
             Err(e) => problems.push(format!("cannot describe router table {router}: {e}")),
         }
-        match self.describe(message).await {
-            Ok(None) => problems.push(format!(
-                "message table {message} does not exist (run `autopush db create-tables`)"
-            )),
-            Ok(Some(desc)) => {
-                let want = [
-                    ("uaid".to_owned(), KeyType::Hash),
-                    ("chidmessageid".to_owned(), KeyType::Range),
-                ];
-                if key_names(desc.key_schema()) != want {
-                    problems.push(format!(
-                        "message table {message} must have the partition key uaid (S) and the sort key chidmessageid (S)"
-                    ));
+        for message in self.message_tables_now() {
+            match self.describe(&message).await {
+                Ok(None) => problems.push(format!(
+                    "message table {message} does not exist (run `autopush db create-tables`)"
+                )),
+                Ok(Some(desc)) => {
+                    let want = [
+                        ("uaid".to_owned(), KeyType::Hash),
+                        ("chidmessageid".to_owned(), KeyType::Range),
+                    ];
+                    if key_names(desc.key_schema()) != want {
+                        problems.push(format!(
+                            "message table {message} must have the partition key uaid (S) and the sort key chidmessageid (S)"
+                        ));
+                    }
+                    match self.ttl_enabled(&message).await {
+                        Ok(Some(false)) => problems.push(format!(
+                            "message table {message} has no TTL on {TTL_ATTRIBUTE} (run `autopush db create-tables`); expired messages would stay until read"
+                        )),
+                        Ok(_) => {}
+                        Err(e) => problems.push(format!("cannot read the TTL of {message}: {e}")),
+                    }
                 }
-                match self.ttl_enabled().await {
-                    Ok(Some(false)) => problems.push(format!(
-                        "message table {message} has no TTL on {TTL_ATTRIBUTE} (run `autopush db create-tables`); expired messages would stay until read"
-                    )),
-                    Ok(_) => {}
-                    Err(e) => problems.push(format!("cannot read the TTL of {message}: {e}")),
-                }
+                Err(e) => problems.push(format!("cannot describe message table {message}: {e}")),
             }
-            Err(e) => problems.push(format!("cannot describe message table {message}: {e}")),
         }
         if !problems.is_empty() {
             return Ok(problems);
@@ -245,7 +253,8 @@ impl DynamoStore {
     /// Write, read and delete one record in each table.
     async fn preflight_round_trip(&self) -> Vec<String> {
         let mut problems = Vec::new();
-        let (router, message) = (&self.tables.router, &self.tables.message);
+        let router = &self.tables.router;
+        let message = &self.message_tables_now()[0];
         let user_item = item::user_to_item(&autopush_common::User::new_webpush(
             PREFLIGHT_UAID,
             "preflight",
@@ -386,11 +395,26 @@ impl DynamoStore {
             )
             .expression_attribute_values(":k", n(hour_key))
             .expression_attribute_values(":webpush", s("webpush"))
+            .return_values(ReturnValue::AllOld)
             .send()
             .await;
         match deleted {
-            Ok(_) => {
-                self.remove_message_rows(uaid).await?;
+            Ok(out) => {
+                let mut tables = self.message_tables_now();
+                if let Some(months) = &self.months {
+                    tables.push(months.month(-1));
+                }
+                // With rotation, the month the user was last on (a table
+                // the operator may have dropped already).
+                if let Some(AttributeValue::S(month)) = out
+                    .attributes
+                    .as_ref()
+                    .and_then(|old| old.get("current_month"))
+                    && !tables.contains(month)
+                {
+                    tables.push(month.clone());
+                }
+                self.remove_message_rows(uaid, &tables).await?;
                 Ok(true)
             }
             Err(e) if super::is_condition_failed(&e) => Ok(false),

@@ -9,6 +9,8 @@
 //! (`01:{chid}:{topic}` or `02:{sortkey_timestamp}:{chid}`), with
 //! `timestamp`, `ttl`, `expiry` (the TTL attribute), `updateid` (the message
 //! id, the version a client acks), `data`, `headers`, `sortkey_timestamp`.
+//! With legacy monthly rotation the router record also names the user's
+//! message table in `current_month`.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -104,8 +106,13 @@ pub fn month_keys(year: i64, month: u32) -> impl Iterator<Item = u64> {
 
 /// The UTC (year, month) `months` calendar months before the one `millis` is in.
 pub fn months_before(millis: u64, months: u32) -> (i64, u32) {
+    month_offset(millis, -i64::from(months))
+}
+
+/// The UTC (year, month) `delta` calendar months from the one `millis` is in.
+pub fn month_offset(millis: u64, delta: i64) -> (i64, u32) {
     let (y, m, _) = civil_from_days((millis / 86_400_000) as i64);
-    let total = y * 12 + (m as i64 - 1) - months as i64;
+    let total = y * 12 + (m as i64 - 1) + delta;
     (total.div_euclid(12), (total.rem_euclid(12) + 1) as u32)
 }
 
@@ -189,6 +196,9 @@ pub fn user_to_item(user: &User) -> Item {
     if user.over_msg_limit {
         item.insert("over_msg_limit".into(), AttributeValue::Bool(true));
     }
+    if let Some(month) = &user.current_month {
+        item.insert("current_month".into(), s(month));
+    }
     item
 }
 
@@ -209,6 +219,7 @@ pub fn user_from_item(item: &Item) -> Result<User> {
             .map(last_connect_millis)
             .unwrap_or(0),
         over_msg_limit: matches!(item.get("over_msg_limit"), Some(AttributeValue::Bool(true))),
+        current_month: get_s(item, "current_month").map(str::to_owned),
     })
 }
 

@@ -8,10 +8,12 @@
 //! `ThrottlingException`), 5xx and timeouts, inside [`RETRY_BUDGET`]; past
 //! it the error reaches the caller as [`StorageError::Backend`] (503 errno
 //! 201 to senders, close 1013 to clients). DynamoDB's TTL deletes expired
-//! messages lazily, so reads filter them too.
+//! messages lazily, so reads filter them too. Legacy monthly message
+//! tables (`--message-table-rotation`) are described in [`months`].
 
 pub mod admin;
 pub mod item;
+pub mod months;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -23,11 +25,12 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
 use uuid::Uuid;
 
 use crate::{Result, Storage, StorageError};
 use item::{CHANNELS_ROW, Item, n, s};
+use months::{Home, MonthTables};
 
 /// How long one storage call may take, retries included.
 pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -39,6 +42,9 @@ const BATCH_WRITE_MAX: usize = 25;
 pub struct Tables {
     pub router: String,
     pub message: String,
+    /// Legacy monthly rotation: `message` is then the prefix of one table per
+    /// month (see [`months`]).
+    pub rotate_messages: bool,
 }
 
 impl Default for Tables {
@@ -46,6 +52,7 @@ impl Default for Tables {
         Tables {
             router: "router".into(),
             message: "message".into(),
+            rotate_messages: false,
         }
     }
 }
@@ -54,6 +61,8 @@ impl Default for Tables {
 pub struct DynamoStore {
     client: Client,
     tables: Tables,
+    /// With legacy rotation, the monthly message tables.
+    months: Option<MonthTables>,
     /// Most items one Query page asks for (DynamoDB also stops at 1 MB).
     page_size: usize,
 }
@@ -65,6 +74,10 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
     match e.code() {
+        Some(code @ "ResourceNotFoundException") => StorageError::NoTable(format!(
+            "DynamoDB {op}: {code}: {}",
+            e.message().unwrap_or_default()
+        )),
         Some(code) => StorageError::Backend(format!(
             "DynamoDB {op}: {code}: {}",
             e.message().unwrap_or_default()
@@ -134,6 +147,9 @@ impl DynamoStore {
         }
         Ok(DynamoStore {
             client: Client::new(&config),
+            months: tables
+                .rotate_messages
+                .then(|| MonthTables::new(&tables.message)),
             tables,
             page_size: 1000,
         })
@@ -154,15 +170,64 @@ impl DynamoStore {
         &self.tables
     }
 
-    /// Every row key of `uaid` in the message table, page by page.
-    async fn message_keys(&self, uaid: &Uuid) -> Result<Vec<Item>> {
+    /// The message tables in use now: the one table, or with rotation this
+    /// month's and the next (made ahead, as the seeds ask).
+    pub fn message_tables_now(&self) -> Vec<String> {
+        match &self.months {
+            Some(months) => vec![months.month(0), months.month(1)],
+            None => vec![self.tables.message.clone()],
+        }
+    }
+
+    /// The router record as stored, stale or not.
+    async fn read_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend("GetItem", e))?;
+        out.item.as_ref().map(item::user_from_item).transpose()
+    }
+
+    /// Where `uaid`'s channels and messages are. Without rotation that is
+    /// the one message table, known without asking; with it, the router
+    /// record says.
+    async fn home(&self, uaid: &Uuid) -> Result<Home> {
+        match &self.months {
+            None => Ok(Home {
+                table: self.tables.message.clone(),
+                reads: vec![self.tables.message.clone()],
+            }),
+            Some(months) => Ok(months.home(self.read_user(uaid).await?.as_ref())),
+        }
+    }
+
+    /// `user` as written: with rotation a user without a month starts in
+    /// this month's table.
+    fn with_month<'a>(&self, user: &'a User) -> std::borrow::Cow<'a, User> {
+        match &self.months {
+            Some(months) if user.current_month.is_none() => {
+                let mut user = user.clone();
+                user.current_month = Some(months.month(0));
+                std::borrow::Cow::Owned(user)
+            }
+            _ => std::borrow::Cow::Borrowed(user),
+        }
+    }
+
+    /// Every row key of `uaid` in message table `table`, page by page.
+    async fn message_keys(&self, table: &str, uaid: &Uuid) -> Result<Vec<Item>> {
         let mut keys = Vec::new();
         let mut start = None;
         loop {
             let page = self
                 .client
                 .query()
-                .table_name(&self.tables.message)
+                .table_name(table)
                 .key_condition_expression("uaid = :u")
                 .expression_attribute_values(":u", uaid_attr(uaid))
                 .projection_expression("uaid, chidmessageid")
@@ -170,8 +235,13 @@ impl DynamoStore {
                 .limit(self.page_size as i32)
                 .set_exclusive_start_key(start)
                 .send()
-                .await
-                .map_err(|e| backend("Query", e))?;
+                .await;
+            let page = match page {
+                Ok(page) => page,
+                // A monthly table the operator dropped holds nothing.
+                Err(e) if e.code() == Some("ResourceNotFoundException") => return Ok(keys),
+                Err(e) => return Err(backend("Query", e)),
+            };
             keys.extend(page.items.unwrap_or_default());
             start = page.last_evaluated_key;
             if start.is_none() {
@@ -213,27 +283,36 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Delete every message-table row of `uaid` (channels and messages).
-    async fn remove_message_rows(&self, uaid: &Uuid) -> Result<()> {
-        let deletes = self
-            .message_keys(uaid)
-            .await?
-            .into_iter()
-            .map(|key| {
-                let delete = DeleteRequest::builder().set_key(Some(key)).build();
-                delete.map(|d| WriteRequest::builder().delete_request(d).build())
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| StorageError::Backend(e.to_string()))?;
-        self.batch_write(&self.tables.message, deletes).await
+    /// Delete every row of `uaid` (channels and messages) in `tables`.
+    async fn remove_message_rows(&self, uaid: &Uuid, tables: &[String]) -> Result<()> {
+        for table in tables {
+            let deletes = self
+                .message_keys(table, uaid)
+                .await?
+                .into_iter()
+                .map(|key| {
+                    let delete = DeleteRequest::builder().set_key(Some(key)).build();
+                    delete.map(|d| WriteRequest::builder().delete_request(d).build())
+                })
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| StorageError::Backend(e.to_string()))?;
+            self.batch_write(table, deletes).await?;
+        }
+        Ok(())
     }
 
-    /// Delete the message under `sort_key` if it is still `version`.
-    async fn delete_version(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+    /// Delete the message under `sort_key` in `table` if it is still `version`.
+    async fn delete_version(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+    ) -> Result<bool> {
         let delete = self
             .client
             .delete_item()
-            .table_name(&self.tables.message)
+            .table_name(table)
             .set_key(Some(item::message_key(uaid, sort_key)))
             .condition_expression("updateid = :v")
             .expression_attribute_values(":v", s(version))
@@ -242,9 +321,11 @@ impl DynamoStore {
         condition_held(delete, "DeleteItem")
     }
 
-    /// One page of `uaid`'s messages (sort keys after the channel row).
+    /// One page of `uaid`'s messages in `table` (sort keys after the
+    /// channel row).
     async fn message_page(
         &self,
+        table: &str,
         uaid: &Uuid,
         limit: usize,
         start: Option<Item>,
@@ -252,7 +333,7 @@ impl DynamoStore {
         let page = self
             .client
             .query()
-            .table_name(&self.tables.message)
+            .table_name(table)
             .key_condition_expression("uaid = :u AND chidmessageid > :channels")
             .expression_attribute_values(":u", uaid_attr(uaid))
             .expression_attribute_values(":channels", s(CHANNELS_ROW))
@@ -264,184 +345,56 @@ impl DynamoStore {
             .map_err(|e| backend("Query", e))?;
         Ok((page.items.unwrap_or_default(), page.last_evaluated_key))
     }
-}
 
-#[async_trait]
-impl Storage for DynamoStore {
-    async fn add_user(&self, user: &User) -> Result<()> {
-        self.client
-            .put_item()
-            .table_name(&self.tables.router)
-            .set_item(Some(item::user_to_item(user)))
+    /// The channel set in `table` as stored (the seeds' Python wrote hex,
+    /// we write hyphenated).
+    async fn chids_in(&self, table: &str, uaid: &Uuid) -> Result<Vec<String>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .consistent_read(true)
             .send()
             .await
-            .map_err(|e| backend("PutItem", e))?;
+            .map_err(|e| backend("GetItem", e))?;
+        Ok(match out.item.and_then(|mut i| i.remove("chids")) {
+            Some(AttributeValue::Ss(chids)) => chids,
+            _ => Vec::new(),
+        })
+    }
+
+    /// Add `chids` to the channel set in `table`.
+    async fn add_chids(&self, table: &str, uaid: &Uuid, chids: Vec<String>) -> Result<()> {
+        if chids.is_empty() {
+            return Ok(()); // DynamoDB has no empty sets
+        }
+        self.client
+            .update_item()
+            .table_name(table)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .update_expression("ADD chids :set")
+            .expression_attribute_values(":set", AttributeValue::Ss(chids))
+            .send()
+            .await
+            .map_err(|e| backend("UpdateItem", e))?;
         Ok(())
     }
 
-    async fn update_user(&self, user: &User) -> Result<bool> {
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.tables.router)
-            .set_item(Some(item::user_to_item(user)))
-            .condition_expression(
-                "attribute_not_exists(uaid) OR attribute_not_exists(connected_at) OR connected_at <= :c",
-            )
-            .expression_attribute_values(":c", n(user.connected_at))
-            .send()
-            .await;
-        condition_held(put, "PutItem")
-    }
-
-    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| backend("GetItem", e))?;
-        out.item.as_ref().map(item::user_from_item).transpose()
-    }
-
-    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
-        self.client
-            .delete_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
-            .send()
-            .await
-            .map_err(|e| backend("DeleteItem", e))?;
-        self.remove_message_rows(uaid).await
-    }
-
-    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
-        let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
-            .update_expression("REMOVE node_id")
-            .condition_expression("node_id = :n AND connected_at = :c")
-            .expression_attribute_values(":n", s(node_id))
-            .expression_attribute_values(":c", n(connected_at))
-            .send()
-            .await;
-        condition_held(update, "UpdateItem")
-    }
-
-    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
-        let chid = channel_id.as_hyphenated().to_string();
-        let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.message)
-            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
-            .update_expression("ADD chids :set")
-            .condition_expression(
-                "attribute_not_exists(chids) OR contains(chids, :chid) OR size(chids) < :limit",
-            )
-            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
-            .expression_attribute_values(":chid", s(chid))
-            .expression_attribute_values(":limit", n(limit))
-            .send()
-            .await;
-        condition_held(update, "UpdateItem")
-    }
-
-    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.tables.message)
-            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| backend("GetItem", e))?;
-        let chids = match out.item.and_then(|mut i| i.remove("chids")) {
-            Some(AttributeValue::Ss(chids)) => chids,
-            _ => return Ok(HashSet::new()),
-        };
-        // The seeds' Python wrote hex, we write hyphenated; both parse.
-        Ok(chids
-            .iter()
-            .filter_map(|c| Uuid::parse_str(c).ok())
-            .collect())
-    }
-
-    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
-        Ok(self.get_channels(uaid).await?.contains(channel_id))
-    }
-
-    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
-        let chid = channel_id.as_hyphenated().to_string();
-        let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.message)
-            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
-            .update_expression("DELETE chids :set")
-            .condition_expression("contains(chids, :chid)")
-            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
-            .expression_attribute_values(":chid", s(chid))
-            .send()
-            .await;
-        condition_held(update, "UpdateItem")
-    }
-
-    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
-        // One BatchWriteItem may not name a key twice: the last write of a
-        // key wins, as it would one write at a time.
-        let mut seen = HashSet::new();
-        let mut messages: Vec<_> = messages
-            .into_iter()
-            .rev()
-            .filter(|m| seen.insert(m.sort_key()))
-            .collect();
-        messages.reverse();
-        let mut plain = Vec::new();
-        for message in &messages {
-            let item = item::message_to_item(uaid, message);
-            if message.topic.is_none() {
-                let put = PutRequest::builder()
-                    .set_item(Some(item))
-                    .build()
-                    .map_err(|e| StorageError::Backend(e.to_string()))?;
-                plain.push(WriteRequest::builder().put_request(put).build());
-                continue;
-            }
-            // A Topic message replaces the stored one unless that is newer.
-            let put = self
-                .client
-                .put_item()
-                .table_name(&self.tables.message)
-                .set_item(Some(item))
-                .condition_expression(
-                    "attribute_not_exists(sortkey_timestamp) OR sortkey_timestamp <= :ts",
-                )
-                .expression_attribute_values(":ts", n(message.sortkey_timestamp.unwrap_or(0)))
-                .send()
-                .await;
-            match put {
-                Ok(_) => {}
-                Err(e) if is_condition_failed(&e) => {}
-                Err(e) => return Err(backend("PutItem", e)),
-            }
-        }
-        self.batch_write(&self.tables.message, plain).await
-    }
-
-    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+    /// Up to `limit` unexpired messages of `uaid` in `table`, deleting the
+    /// expired ones found on the way.
+    async fn fetch_from(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        limit: usize,
+    ) -> Result<Vec<Notification>> {
         let now = now_secs();
         let (mut messages, mut expired) = (Vec::new(), Vec::new());
         let mut start = None;
         while messages.len() < limit {
             let (items, next) = self
-                .message_page(uaid, limit - messages.len(), start)
+                .message_page(table, uaid, limit - messages.len(), start)
                 .await?;
             for item in &items {
                 match item::message_from_item(item) {
@@ -456,18 +409,20 @@ impl Storage for DynamoStore {
             }
         }
         for m in expired {
-            self.remove_message(uaid, &m.sort_key(), &m.version).await?;
+            self.delete_message_in(table, uaid, &m.sort_key(), &m.version)
+                .await?;
         }
         Ok(messages)
     }
 
-    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+    /// Unexpired messages of `uaid` in `table`, counted up to `up_to`.
+    async fn count_in(&self, table: &str, uaid: &Uuid, up_to: usize) -> Result<usize> {
         let (mut count, mut start) = (0, None);
         while count < up_to {
             let page = self
                 .client
                 .query()
-                .table_name(&self.tables.message)
+                .table_name(table)
                 .key_condition_expression("uaid = :u AND chidmessageid > :channels")
                 .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
                 .expression_attribute_values(":u", uaid_attr(uaid))
@@ -489,17 +444,264 @@ impl Storage for DynamoStore {
         Ok(count.min(up_to))
     }
 
-    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
-        if self.delete_version(uaid, sort_key, version).await? {
+    /// Delete the message under `sort_key` (or the key Python autopush gave
+    /// it) in `table` if it is still `version`.
+    async fn delete_message_in(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+    ) -> Result<bool> {
+        if self.delete_version(table, uaid, sort_key, version).await? {
             return Ok(true);
         }
         match item::legacy_sort_key(sort_key) {
-            Some(legacy) => self.delete_version(uaid, &legacy, version).await,
+            Some(legacy) => self.delete_version(table, uaid, &legacy, version).await,
             None => Ok(false),
         }
     }
 
+    /// The seeds' `update_message_month`: move a user whose table `from`
+    /// holds nothing unread to this month's table `to`. The channel set is
+    /// copied first, so an endpoint that sees the new month finds the
+    /// channels there; the flip is conditional on the month read, so of two
+    /// sessions moving the same user one flips and the other does nothing.
+    async fn move_to_month(&self, uaid: &Uuid, from: &str, to: &str) -> Result<()> {
+        let copied = self.chids_in(from, uaid).await?;
+        self.add_chids(to, uaid, copied.clone()).await?;
+        let flip = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("SET current_month = :to")
+            .condition_expression("current_month = :from")
+            .expression_attribute_values(":to", s(to))
+            .expression_attribute_values(":from", s(from))
+            .send()
+            .await;
+        if !condition_held(flip, "UpdateItem")? {
+            return Ok(());
+        }
+        tracing::debug!(uaid = %autopush_common::ids::uaid_tag(uaid), from, to, "moved to this month's message table");
+        // A channel another node registered in `from` between the copy and
+        // the flip.
+        let late: Vec<_> = self
+            .chids_in(from, uaid)
+            .await?
+            .into_iter()
+            .filter(|c| !copied.contains(c))
+            .collect();
+        self.add_chids(to, uaid, late).await
+    }
+}
+
+#[async_trait]
+impl Storage for DynamoStore {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        self.client
+            .put_item()
+            .table_name(&self.tables.router)
+            .set_item(Some(item::user_to_item(&self.with_month(user))))
+            .send()
+            .await
+            .map_err(|e| backend("PutItem", e))?;
+        Ok(())
+    }
+
+    async fn update_user(&self, user: &User) -> Result<bool> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.tables.router)
+            .set_item(Some(item::user_to_item(&self.with_month(user))))
+            .condition_expression(
+                "attribute_not_exists(uaid) OR attribute_not_exists(connected_at) OR connected_at <= :c",
+            )
+            .expression_attribute_values(":c", n(user.connected_at))
+            .send()
+            .await;
+        condition_held(put, "PutItem")
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let user = self.read_user(uaid).await?;
+        Ok(match &self.months {
+            Some(months) => user.filter(|u| !months.is_stale(u)),
+            None => user,
+        })
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        let home = self.home(uaid).await?;
+        self.client
+            .delete_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .send()
+            .await
+            .map_err(|e| backend("DeleteItem", e))?;
+        self.remove_message_rows(uaid, &home.reads).await
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("REMOVE node_id")
+            .condition_expression("node_id = :n AND connected_at = :c")
+            .expression_attribute_values(":n", s(node_id))
+            .expression_attribute_values(":c", n(connected_at))
+            .send()
+            .await;
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
+        let home = self.home(uaid).await?;
+        let chid = channel_id.as_hyphenated().to_string();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&home.table)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .update_expression("ADD chids :set")
+            .condition_expression(
+                "attribute_not_exists(chids) OR contains(chids, :chid) OR size(chids) < :limit",
+            )
+            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
+            .expression_attribute_values(":chid", s(chid))
+            .expression_attribute_values(":limit", n(limit))
+            .send()
+            .await;
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        let home = self.home(uaid).await?;
+        Ok(self
+            .chids_in(&home.table, uaid)
+            .await?
+            .iter()
+            .filter_map(|c| Uuid::parse_str(c).ok())
+            .collect())
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        Ok(self.get_channels(uaid).await?.contains(channel_id))
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let home = self.home(uaid).await?;
+        let chid = channel_id.as_hyphenated().to_string();
+        let update = self
+            .client
+            .update_item()
+            .table_name(&home.table)
+            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
+            .update_expression("DELETE chids :set")
+            .condition_expression("contains(chids, :chid)")
+            .expression_attribute_values(":set", AttributeValue::Ss(vec![chid.clone()]))
+            .expression_attribute_values(":chid", s(chid))
+            .send()
+            .await;
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let table = self.home(uaid).await?.table;
+        let mut taken = None;
+        for message in &messages {
+            // A Topic message replaces the stored one unless that is newer;
+            // any other never replaces a different message under its key.
+            let put = self
+                .client
+                .put_item()
+                .table_name(&table)
+                .set_item(Some(item::message_to_item(uaid, message)));
+            let put = match message.topic {
+                Some(_) => put
+                    .condition_expression(
+                        "attribute_not_exists(sortkey_timestamp) OR sortkey_timestamp <= :ts",
+                    )
+                    .expression_attribute_values(":ts", n(message.sortkey_timestamp.unwrap_or(0))),
+                None => put
+                    .condition_expression("attribute_not_exists(updateid) OR updateid = :v")
+                    .expression_attribute_values(":v", s(&message.version)),
+            };
+            if !condition_held(put.send().await, "PutItem")? && message.topic.is_none() {
+                taken.get_or_insert_with(|| message.sort_key());
+            }
+        }
+        match taken {
+            Some(key) => Err(StorageError::KeyTaken(key)),
+            None => Ok(()),
+        }
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        let home = self.home(uaid).await?;
+        let mut messages = Vec::new();
+        for table in &home.reads {
+            if messages.len() >= limit {
+                break;
+            }
+            let found = home
+                .unless_absent(table, self.fetch_from(table, uaid, limit - messages.len()))
+                .await?;
+            if let Some(months) = &self.months
+                && found.is_empty()
+                && *table == home.table
+                && months.is_behind(table)
+            {
+                self.move_to_month(uaid, table, &months.month(0)).await?;
+            }
+            messages.extend(found);
+        }
+        Ok(messages)
+    }
+
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+        let mut count = 0;
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            if count >= up_to {
+                break;
+            }
+            count += home
+                .unless_absent(table, self.count_in(table, uaid, up_to - count))
+                .await?;
+        }
+        Ok(count)
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            if home
+                .unless_absent(
+                    table,
+                    self.delete_message_in(table, uaid, sort_key, version),
+                )
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     async fn health_check(&self) -> Result<()> {
+        let message_table = match &self.months {
+            Some(months) => months.month(0),
+            None => self.tables.message.clone(),
+        };
         let router = self
             .client
             .get_item()
@@ -509,12 +711,12 @@ impl Storage for DynamoStore {
         let message = self
             .client
             .get_item()
-            .table_name(&self.tables.message)
+            .table_name(&message_table)
             .set_key(Some(item::message_key(&Uuid::nil(), CHANNELS_ROW)))
             .send();
         let (router, message) = tokio::join!(router, message);
         router.map_err(|e| backend(&format!("GetItem on table {}", self.tables.router), e))?;
-        message.map_err(|e| backend(&format!("GetItem on table {}", self.tables.message), e))?;
+        message.map_err(|e| backend(&format!("GetItem on table {message_table}"), e))?;
         Ok(())
     }
 }

@@ -263,27 +263,37 @@ impl Storage for EmbeddedStore {
             return Ok(());
         }
         let uaid = uaid.as_u128();
-        self.write(move |txn| {
-            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            for message in &messages {
-                let key = message.sort_key();
-                if message.topic.is_some()
-                    && let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)?
-                {
-                    let stored: Notification =
-                        serde_json::from_slice(stored.value()).map_err(corrupt)?;
-                    if stored.sortkey_timestamp > message.sortkey_timestamp {
-                        continue;
+        let taken = self
+            .write(move |txn| {
+                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                let mut taken = Vec::new();
+                for message in &messages {
+                    let key = message.sort_key();
+                    if let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)? {
+                        let stored: Notification =
+                            serde_json::from_slice(stored.value()).map_err(corrupt)?;
+                        if message.topic.is_some()
+                            && stored.sortkey_timestamp > message.sortkey_timestamp
+                        {
+                            continue;
+                        }
+                        if message.topic.is_none() && stored.version != message.version {
+                            taken.push(key);
+                            continue;
+                        }
                     }
+                    let json = serde_json::to_vec(message).map_err(corrupt)?;
+                    table
+                        .insert((uaid, key.as_str()), json.as_slice())
+                        .map_err(backend)?;
                 }
-                let json = serde_json::to_vec(message).map_err(corrupt)?;
-                table
-                    .insert((uaid, key.as_str()), json.as_slice())
-                    .map_err(backend)?;
-            }
-            Ok(())
-        })
-        .await
+                Ok(taken)
+            })
+            .await?;
+        match taken.first() {
+            Some(key) => Err(StorageError::KeyTaken(key.clone())),
+            None => Ok(()),
+        }
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
