@@ -195,3 +195,99 @@ async fn counters_follow_pushes_acks_nacks_and_refusals() {
     let unsigned = get(&format!("{}/user/{uaid}", server.router_base())).await;
     unsigned.assert_error(401, 109);
 }
+
+/// A client still over `--msg-limit` at its second hello starts over: the
+/// hello is counted with `outcome="reset"`, and the first two as
+/// `new` and `existing`.
+#[tokio::test]
+async fn a_reset_over_the_message_limit_is_its_own_hello_outcome() {
+    let server = Server::start_with(&["--msg-limit", "1"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    for i in 0..3 {
+        sub.push_text(&format!("message {i}")).await;
+    }
+    // Over the limit: the first message only; the UAID is kept this time.
+    let mut ws = server.reconnect(&uaid).await;
+    let (notification, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&notification).await;
+    ws.close().await;
+    // Still over: a new UAID.
+    let mut ws = WsClient::connect(&server.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_ne!(reply["uaid"], uaid.as_str(), "{reply}");
+    ws.close().await;
+
+    let s = scrape_until(&server.router_base(), |s| closed(s) == 3.0).await;
+    for (outcome, count) in [("new", 1.0), ("existing", 1.0), ("reset", 1.0)] {
+        assert_eq!(
+            s.value("ua_command_hello", &[("outcome", outcome)]),
+            count,
+            "{outcome}"
+        );
+    }
+}
+
+/// With `--statsd-host`, the same metrics go out as statsd datagrams named
+/// `LABEL.NAME` with their labels as tags, and never name a user.
+#[tokio::test]
+async fn statsd_datagrams_carry_the_same_metrics() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let statsd = socket.local_addr().unwrap().to_string();
+    let server = Server::start_with(&["--statsd-host", &statsd, "--statsd-label", "push"]).await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::with_vapid(&mut ws).await;
+    let token = sub
+        .endpoint
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+
+    // The exporter sends when its 256-byte buffer fills, so keep the
+    // service busy until every expected name has been seen.
+    let wanted = [
+        "push.ua.command.hello",
+        "push.ua.command.ack",
+        "push.notification.received",
+        "push.notification.delivery",
+        "push.storage.time",
+    ];
+    let mut lines: Vec<String> = Vec::new();
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    let mut buf = vec![0u8; 65_536];
+    while !wanted
+        .iter()
+        .all(|name| lines.iter().any(|l| l.starts_with(&format!("{name}:"))))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not every metric arrived: {lines:?}"
+        );
+        sub.push_text("counted").await;
+        let (notification, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&notification).await;
+        while let Ok(Ok(n)) =
+            tokio::time::timeout(std::time::Duration::from_millis(50), socket.recv(&mut buf)).await
+        {
+            let datagram = String::from_utf8_lossy(&buf[..n]).into_owned();
+            lines.extend(datagram.lines().map(str::to_owned));
+        }
+    }
+    let received = lines
+        .iter()
+        .find(|l| l.starts_with("push.notification.received:"))
+        .unwrap();
+    // name:value|c|#tag:value,...
+    let (_, tags) = received.split_once("|#").expect("tags");
+    let tags: Vec<_> = tags.split(',').collect();
+    assert!(tags.contains(&"router_type:webpush"), "{received}");
+    assert!(tags.contains(&"status:201"), "{received}");
+    assert!(received.contains(":1|c"), "{received}");
+    for line in &lines {
+        assert!(
+            !line.contains(&uaid) && !line.contains(&token),
+            "{line} names a user or endpoint"
+        );
+    }
+}
