@@ -155,3 +155,26 @@ async fn diagnose_names_the_directory_it_looked_in() {
         "{stderr}"
     );
 }
+
+/// A base64url key may start with `-` (one in 64 from `autopush keygen`):
+/// `--crypto-key KEY` and `--auth-key KEY` take it as written, not as a flag.
+#[tokio::test]
+async fn keys_that_start_with_a_hyphen_are_taken_as_written() {
+    let key = URL_SAFE.encode([0xF8u8; 32]);
+    assert!(key.starts_with('-'), "{key}");
+    let other = URL_SAFE.encode([0xFBu8; 32]);
+    let server = Server::start_with(&[
+        "--crypto-key",
+        &key,
+        "--auth-key",
+        &other,
+        "--router-key",
+        &other,
+    ])
+    .await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("hyphenated").await;
+    let (_, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "hyphenated");
+}
