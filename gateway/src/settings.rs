@@ -66,12 +66,19 @@ pub struct SettingsLayer {
         long,
         env = "AUTOPUSH_CRYPTO_KEY",
         global = true,
-        hide_env_values = true
+        hide_env_values = true,
+        allow_hyphen_values = true
     )]
     pub crypto_key: Option<Secret>,
     /// Key(s) that sign /v1 registration secrets, comma-separated, first signs
     /// [default: generated once and kept in the data directory, all-in-one only]
-    #[arg(long, env = "AUTOPUSH_AUTH_KEY", global = true, hide_env_values = true)]
+    #[arg(
+        long,
+        env = "AUTOPUSH_AUTH_KEY",
+        global = true,
+        hide_env_values = true,
+        allow_hyphen_values = true
+    )]
     pub auth_key: Option<Secret>,
     /// Key(s) shared by all nodes that sign internal router API calls,
     /// comma-separated, first signs; required when the router API listens
@@ -81,7 +88,8 @@ pub struct SettingsLayer {
         long,
         env = "AUTOPUSH_ROUTER_KEY",
         global = true,
-        hide_env_values = true
+        hide_env_values = true,
+        allow_hyphen_values = true
     )]
     pub router_key: Option<Secret>,
     /// A client with more stored messages than this gets a new UAID [default: 100]
