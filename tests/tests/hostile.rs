@@ -124,8 +124,17 @@ const GET: &[u8] = b"GET /__lbheartbeat__ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
 
 #[tokio::test]
 async fn a_stalled_request_head_is_closed_on_every_port() {
-    let server = Server::start_with(&["--http-header-timeout", "1"]).await;
-    for base in bases(&server) {
+    let [metrics_port] = autopush_tests::server::free_ports::<1>();
+    let metrics_port = metrics_port.to_string();
+    let server = Server::start_with(&[
+        "--http-header-timeout",
+        "1",
+        "--metrics-port",
+        &metrics_port,
+    ])
+    .await;
+    let metrics = format!("http://127.0.0.1:{metrics_port}");
+    for base in bases(&server).into_iter().chain([metrics]) {
         // Part of a head, then nothing.
         let mut stream = connect(&base).await;
         stream
