@@ -194,7 +194,7 @@ pub async fn start(
     }
     if let Some(port) = settings.metrics_port {
         let listener = bind(&settings.router_host, port, "metrics").await?;
-        servers.spawn(crate::metrics::serve(listener, metrics));
+        servers.spawn(crate::metrics::serve(listener, metrics, settings.http));
     }
     if mode.endpoint() {
         // In all-in-one mode the webpush router hands notifications to the

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use autopush_connection::http::HttpLimits;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_exporter_statsd::StatsdBuilder;
 use metrics_util::layers::FanoutBuilder;
@@ -101,9 +102,10 @@ pub fn route(handle: PrometheusHandle) -> BoxedFilter<(Response,)> {
         .boxed()
 }
 
-/// The `--metrics-port` listener: `/metrics` and nothing else.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle) {
-    warp::serve(route(handle)).incoming(listener).run().await;
+/// The `--metrics-port` listener: `/metrics` and nothing else, with the
+/// same connection cap and timeouts as every other port.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle, limits: HttpLimits) {
+    autopush_connection::http::serve(listener, warp::service(route(handle)), limits).await;
 }
 
 /// Parse `--statsd-host` (`HOST` or `HOST:PORT`, port 8125 by default).
