@@ -369,15 +369,14 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
     ws.assert_nothing_arrives().await;
 }
 
-/// Migration: tables written with the seeds' schema by Python (boto3, not
-/// our code) are read correctly: the router record, the channel set
-/// (dashed or hex), topic and timestamp messages, expired ones skipped, and
-/// an ack of a migrated message removes it.
-#[tokio::test]
-async fn records_written_by_the_seeds_schema_are_read() {
-    let local = dynamo::local().await;
-    let store = dynamo::fresh_store().await;
-    let tables = store.tables().clone();
+/// A webpush user with two channels and three messages (one expired),
+/// written into `router` and `message` by `tests/py/seed_dynamo.py` (boto3,
+/// the seeds' schema, none of our code). Returns its UAID, its channels and
+/// what the script says it wrote.
+async fn seed_like_python(
+    router: &str,
+    message: &str,
+) -> (uuid::Uuid, uuid::Uuid, uuid::Uuid, serde_json::Value) {
     let (uaid, a, b) = (
         uuid::Uuid::new_v4(),
         uuid::Uuid::new_v4(),
@@ -386,15 +385,27 @@ async fn records_written_by_the_seeds_schema_are_read() {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/seed_dynamo.py");
     let out = tokio::process::Command::new(autopush_tests::py::python())
         .arg(script)
-        .args([&tables.router, &tables.message])
+        .args([router, message])
         .arg(uaid.simple().to_string())
         .args([a.to_string(), b.to_string()])
-        .envs(local.env())
+        .envs(dynamo::local().await.env())
         .output()
         .await
         .expect("run seed_dynamo.py");
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let wrote: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let wrote = serde_json::from_slice(&out.stdout).expect("seed_dynamo.py prints JSON");
+    (uaid, a, b, wrote)
+}
+
+/// Migration: tables written with the seeds' schema by Python (boto3, not
+/// our code) are read correctly: the router record, the channel set
+/// (dashed or hex), topic and timestamp messages, expired ones skipped, and
+/// an ack of a migrated message removes it.
+#[tokio::test]
+async fn records_written_by_the_seeds_schema_are_read() {
+    let store = dynamo::fresh_store().await;
+    let tables = store.tables().clone();
+    let (uaid, a, b, wrote) = seed_like_python(&tables.router, &tables.message).await;
 
     let user = store.get_user(&uaid).await.unwrap().expect("migrated user");
     assert_eq!(user.router_type, autopush_common::RouterType::WebPush);
@@ -531,22 +542,7 @@ async fn monthly_tables_move_users_forward_without_loss() {
     let last = one_table(&tables.router, &last_month).await;
     let now = one_table(&tables.router, &this_month).await;
 
-    let (uaid, a, b) = (
-        uuid::Uuid::new_v4(),
-        uuid::Uuid::new_v4(),
-        uuid::Uuid::new_v4(),
-    );
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("py/seed_dynamo.py");
-    let out = tokio::process::Command::new(autopush_tests::py::python())
-        .arg(script)
-        .args([&tables.router, &last_month])
-        .arg(uaid.simple().to_string())
-        .args([a.to_string(), b.to_string()])
-        .envs(local.env())
-        .output()
-        .await
-        .expect("run seed_dynamo.py");
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (uaid, a, b, _) = seed_like_python(&tables.router, &last_month).await;
 
     let month_of = async |uaid| {
         store
