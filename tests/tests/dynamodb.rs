@@ -139,18 +139,9 @@ async fn nodes_refuse_to_start_without_a_region_or_tables() {
     );
 
     let tables = dynamo::tables();
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
     let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
     cmd.args(["endpoint", "--db", "dynamodb", "--endpoint-port", "0"])
-        .args(Cluster::shared_args(
-            &tables,
-            &keygen().await,
-            &keygen().await,
-        ))
+        .args(shared_args(&tables).await)
         .envs(dynamo::local().await.env())
         .kill_on_drop(true);
     let out = tokio::time::timeout(autopush_tests::HANG_GUARD * 2, cmd.output())
@@ -174,30 +165,12 @@ struct Cluster {
 
 impl Cluster {
     /// Start the three nodes on fresh tables. Every node gets the same
-    /// [`Cluster::shared_args`].
+    /// [`shared_args`].
     async fn start() -> Cluster {
         let tables = dynamo::tables();
         let out = db_command(&tables, &["db", "create-tables"]).await;
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let keygen = async || {
-            text(&run_autopush(&["keygen"]).await.stdout)
-                .trim()
-                .to_owned()
-        };
-        let shared = Cluster::shared_args(&tables, &keygen().await, &keygen().await);
-        let env: Vec<(String, String)> = dynamo::local()
-            .await
-            .env()
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect();
-        let node = |role| Node {
-            role,
-            db: Some("dynamodb".into()),
-            endpoint_url: None,
-            env: env.clone(),
-            args: shared.clone(),
-        };
+        let node = node_on(&dynamo::local().await.endpoint, shared_args(&tables).await);
         let endpoint = Server::start_node(node("endpoint")).await;
         let connection = || Node {
             endpoint_url: Some(endpoint.endpoint_base()),
@@ -207,19 +180,40 @@ impl Cluster {
         let b = Server::start_node(connection()).await;
         Cluster { endpoint, a, b }
     }
+}
 
-    /// What every node of one cluster must agree on: the tables and the
-    /// keys (and any other cluster-wide secret, added here).
-    fn shared_args(tables: &Tables, crypto_key: &str, auth_key: &str) -> Vec<String> {
-        // `--flag=value`: a key may start with `-`.
-        vec![
-            format!("--router-table={}", tables.router),
-            format!("--message-table={}", tables.message),
-            format!("--crypto-key={crypto_key}"),
-            format!("--auth-key={auth_key}"),
-            // Node-to-node calls are signed; any shared secret will do here.
-            format!("--router-key={auth_key}"),
-        ]
+/// What every node of one cluster must agree on: the tables and fresh keys
+/// (and any other cluster-wide secret, added here).
+async fn shared_args(tables: &Tables) -> Vec<String> {
+    let keygen = async || {
+        text(&run_autopush(&["keygen"]).await.stdout)
+            .trim()
+            .to_owned()
+    };
+    let (crypto_key, auth_key) = (keygen().await, keygen().await);
+    vec![
+        format!("--router-table={}", tables.router),
+        format!("--message-table={}", tables.message),
+        format!("--crypto-key={crypto_key}"),
+        format!("--auth-key={auth_key}"),
+        // Node-to-node calls are signed; any shared secret will do here.
+        format!("--router-key={auth_key}"),
+    ]
+}
+
+/// Nodes of a role on the DynamoDB-compatible server at `endpoint`, with
+/// `args`.
+fn node_on(endpoint: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node {
+    let env: Vec<(String, String)> = dynamo::aws_env(endpoint)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    move |role| Node {
+        role,
+        db: Some("dynamodb".into()),
+        endpoint_url: None,
+        env: env.clone(),
+        args: args.clone(),
     }
 }
 
@@ -312,22 +306,8 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
     let out = db_command(&tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let node = Server::start_node(Node {
-        role: "all",
-        db: Some("dynamodb".into()),
-        endpoint_url: None,
-        env: dynamo::aws_env(&proxy.endpoint)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
-    })
-    .await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
     let (uaid, sub) = node.offline_subscription(false).await;
 
     proxy.throttle_next(3);
@@ -450,22 +430,8 @@ async fn requests_per_delivered_message() {
     let out = db_command(&tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let node = Server::start_node(Node {
-        role: "all",
-        db: Some("dynamodb".into()),
-        endpoint_url: None,
-        env: dynamo::aws_env(&proxy.endpoint)
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        args: Cluster::shared_args(&tables, &keygen().await, &keygen().await),
-    })
-    .await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
@@ -682,26 +648,9 @@ async fn monthly_tables_from_the_command_line() {
         text(&out.stdout)
     );
 
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let mut args = Cluster::shared_args(&tables, &keygen().await, &keygen().await);
+    let mut args = shared_args(&tables).await;
     args.push("--message-table-rotation=true".into());
-    let node = Server::start_node(Node {
-        role: "all",
-        db: Some("dynamodb".into()),
-        endpoint_url: None,
-        env: dynamo::local()
-            .await
-            .env()
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v))
-            .collect(),
-        args,
-    })
-    .await;
+    let node = Server::start_node(node_on(&dynamo::local().await.endpoint, args)("all")).await;
     let (uaid, sub) = node.offline_subscription(false).await;
     sub.push_text("monthly").await;
     let mut ws = node.reconnect(&uaid).await;
