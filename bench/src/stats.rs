@@ -37,6 +37,23 @@ impl Latencies {
     }
 }
 
+/// A table's "offered" cell: the rate, or `max` for the closed loop (0).
+pub fn offered_cell(offered: u64) -> String {
+    match offered {
+        0 => "max".to_owned(),
+        n => n.to_string(),
+    }
+}
+
+/// A table's cell for the answers that were not 201, by status (`0`: none).
+pub fn refused_cell(refused: &std::collections::BTreeMap<u16, usize>) -> String {
+    if refused.is_empty() {
+        "0".to_owned()
+    } else {
+        format!("{refused:?}")
+    }
+}
+
 /// Events per second.
 pub fn rate(count: usize, elapsed: Duration) -> f64 {
     count as f64 / elapsed.as_secs_f64().max(1e-9)

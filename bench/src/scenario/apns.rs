@@ -26,7 +26,7 @@ use serde_json::json;
 
 use crate::app_server::{AppServer, Bodies, Connection};
 use crate::server::{cpu_ticks, free_ports};
-use crate::stats::{Latencies, rate};
+use crate::stats::{Latencies, rate, refused_cell};
 
 pub struct Options {
     pub devices: usize,
@@ -166,11 +166,7 @@ async fn step(options: &Options, delay: Duration) -> bool {
         .lock()
         .map(|mut l| std::mem::take(&mut *l))
         .unwrap_or_default();
-    let refused = if statuses.is_empty() {
-        "0".to_owned()
-    } else {
-        format!("{statuses:?}")
-    };
+    let refused = refused_cell(&statuses);
     println!(
         "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {refused} |",
         delay.as_millis(),

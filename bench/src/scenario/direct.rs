@@ -20,7 +20,7 @@ use tokio::time::sleep_until;
 use crate::app_server::{AppServer, Bodies, Connection, read_stamp};
 use crate::client::{PushClient, source_address};
 use crate::server::{Server, ServerUnderTest};
-use crate::stats::{Latencies, rate};
+use crate::stats::{Latencies, offered_cell, rate, refused_cell};
 
 pub struct Options {
     pub clients: usize,
@@ -162,16 +162,7 @@ struct Step {
 
 impl Step {
     fn print(&self, offered: u64) {
-        let offered = if offered == 0 {
-            "max".to_owned()
-        } else {
-            offered.to_string()
-        };
-        let refused = if self.refused.is_empty() {
-            "0".to_owned()
-        } else {
-            format!("{:?}", self.refused)
-        };
+        let (offered, refused) = (offered_cell(offered), refused_cell(&self.refused));
         println!(
             "| {offered} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {refused} |",
             self.accepted_per_s,

@@ -20,7 +20,7 @@ use tokio::time::sleep_until;
 
 use crate::app_server::{AppServer, Bodies, Connection};
 use crate::server::Server;
-use crate::stats::{Latencies, rate};
+use crate::stats::{Latencies, offered_cell, rate, refused_cell};
 
 pub struct Options {
     pub devices: usize,
@@ -73,16 +73,7 @@ async fn run_delay(options: &Options, delay: Duration, log: &Path) -> bool {
         let before = google.received_count();
         let step = run_step(&server, &sender, &bodies, &endpoints, offered, options).await;
         let reached = google.received_count() - before;
-        let offered = if offered == 0 {
-            "max".to_owned()
-        } else {
-            offered.to_string()
-        };
-        let refused = if step.refused.is_empty() {
-            "0".to_owned()
-        } else {
-            format!("{:?}", step.refused)
-        };
+        let (offered, refused) = (offered_cell(offered), refused_cell(&step.refused));
         println!(
             "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {refused} | {reached} | {} |",
             delay.as_millis(),
