@@ -261,6 +261,39 @@ mod suite {
         assert!(store.get_channels(&uaid).await.unwrap().is_empty());
     }
 
+    /// A fetch that finds an expired Topic message must not delete the newer
+    /// message a sender stores under the same Topic meanwhile: it was
+    /// answered 201.
+    pub async fn a_fetch_never_deletes_a_topic_message_stored_meanwhile(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let rounds = 300;
+        let mut lost = 0;
+        for round in 0..rounds {
+            let ts = 2 * round + 1;
+            let mut expired = message(chid, Some("t"), ts, 10, "expired");
+            expired.timestamp = now_secs() - 100;
+            store.save_messages(&uaid, vec![expired]).await.unwrap();
+            let fresh = message(chid, Some("t"), ts + 1, 60, &format!("fresh{round}"));
+            let fetch = tokio::spawn({
+                let store = store.clone();
+                async move { store.fetch_messages(&uaid, 10).await.unwrap() }
+            });
+            store
+                .save_messages(&uaid, vec![fresh.clone()])
+                .await
+                .unwrap();
+            fetch.await.unwrap();
+            let stored = store.fetch_messages(&uaid, 10).await.unwrap();
+            if !stored.iter().any(|m| m.version == fresh.version) {
+                lost += 1;
+            }
+        }
+        assert_eq!(
+            lost, 0,
+            "the accepted Topic message was lost in {lost} of {rounds} rounds"
+        );
+    }
+
     /// A user's channels are capped; re-adding one it has always succeeds.
     pub async fn channels_per_user_are_capped(store: Arc<dyn Storage>) {
         let uaid = Uuid::new_v4();
@@ -412,6 +445,7 @@ macro_rules! suite_for {
                 an_older_topic_message_never_replaces_a_newer_one,
                 counting_is_bounded_and_skips_expired_messages,
                 large_backlogs_are_read_across_pages,
+                a_fetch_never_deletes_a_topic_message_stored_meanwhile,
                 channels_per_user_are_capped,
                 older_connections_never_overwrite_newer_ones,
                 racing_connections_leave_the_newest,
