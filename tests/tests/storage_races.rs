@@ -278,10 +278,9 @@ impl World {
             return Ok(None);
         };
         let at = self.tick().max(seen.connected_at + 1);
-        let mut user = User::new_webpush(*uaid, &format!("http://node{at}"), at);
-        user.router_type = seen.router_type;
-        user.router_data = seen.router_data.clone();
-        Ok(self.store.update_user(&user).await?.then_some(at))
+        let user = User::new_webpush(*uaid, &format!("http://node{at}"), at);
+        let taken = self.store.take_over_user(&user, seen.connected_at).await?;
+        Ok(taken.then_some(at))
     }
 
     /// What the model says of the final state; empty when all holds.
