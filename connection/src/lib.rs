@@ -48,6 +48,10 @@ pub struct ConnectionSettings {
     pub max_connections: usize,
     /// A client that does not take a message within this time is closed.
     pub send_timeout: Duration,
+    /// A connected client's `last_connect` is refreshed this often, so
+    /// housekeeping never takes a client connected for longer than the
+    /// idle window for an idle one.
+    pub refresh_last_connect: Duration,
 }
 
 impl Default for ConnectionSettings {
@@ -62,6 +66,7 @@ impl Default for ConnectionSettings {
             max_message_size: 32 * 1024,
             max_connections: 10_000,
             send_timeout: Duration::from_secs(5),
+            refresh_last_connect: Duration::from_secs(86_400),
         }
     }
 }

@@ -75,6 +75,14 @@ pub async fn open_dynamodb(settings: &Settings) -> Result<DynamoStore, String> {
         .map_err(|e| e.to_string())
 }
 
+/// How often a session refreshes its client's `last_connect`: daily, or a
+/// quarter of a shorter idle window, so no connected client ever looks idle
+/// to the sweep (or to `db drop-old-users`).
+fn refresh_last_connect(drop_idle_users_after: Option<Duration>) -> Duration {
+    let daily = Duration::from_secs(86_400);
+    drop_idle_users_after.map_or(daily, |after| daily.min(after / 4))
+}
+
 async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
     let addr: SocketAddr = format!("{host}:{port}")
         .parse()
@@ -165,6 +173,7 @@ pub async fn start(
                     .max_connections
                     .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
                 send_timeout: settings.ws_send_timeout,
+                refresh_last_connect: refresh_last_connect(settings.drop_idle_users_after),
                 ..ConnectionSettings::default()
             },
             storage: storage.clone(),

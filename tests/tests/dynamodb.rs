@@ -670,3 +670,32 @@ async fn monthly_tables_from_the_command_line() {
     let user = store.get_user(&uaid).await.unwrap().expect("user");
     assert_eq!(user.current_month, Some(months.month(0)));
 }
+
+/// A user flooded with messages that expired before it came back costs its
+/// hello reads, not a delete per expired message: DynamoDB filters them and
+/// TTL removes them.
+#[tokio::test]
+async fn expired_messages_cost_a_fetch_no_writes() {
+    let created = dynamo::fresh_store().await;
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let store = dynamo::connect(&proxy.endpoint, created.tables().clone()).await;
+    let (uaid, chid) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let mut messages: Vec<_> = (0..30).map(|_| store_message(chid)).collect();
+    for (i, m) in messages.iter_mut().enumerate() {
+        m.version = format!("v{i}");
+        if i < 28 {
+            m.timestamp -= 2 * m.ttl;
+        }
+    }
+    store.save_messages(&uaid, messages.clone()).await.unwrap();
+    proxy.take_operations();
+    let fetched = store.fetch_messages(&uaid, 100).await.unwrap();
+    let versions: Vec<_> = fetched.iter().map(|m| &m.version).collect();
+    assert_eq!(versions, [&messages[28].version, &messages[29].version]);
+    let operations = proxy.take_operations();
+    assert_eq!(
+        operations.keys().collect::<Vec<_>>(),
+        ["Query"],
+        "{operations:?}"
+    );
+}

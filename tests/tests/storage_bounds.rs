@@ -84,3 +84,44 @@ async fn idle_users_are_swept() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A client connected for longer than the idle window is not idle: the
+/// sweep that removes an offline user agent keeps it, and it keeps
+/// receiving on the same connection.
+#[tokio::test]
+async fn connected_clients_are_never_swept_as_idle() {
+    // 0.0001 days is about 8.6 s.
+    let server = Server::start_with(&[
+        "--sweep-interval",
+        "0.2",
+        "--drop-idle-users-after-days",
+        "0.0001",
+    ])
+    .await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    // Said hello after the connected client: idle for less long.
+    let (_, offline) = server.offline_subscription(false).await;
+    // The window alone is most of a hang guard.
+    let guard = tokio::time::Instant::now() + 4 * HANG_GUARD;
+    loop {
+        let reply = http::post_push(&offline.endpoint, &[("ttl", "60")], None).await;
+        if reply.status == 410 {
+            break;
+        }
+        assert_eq!(reply.status, 201, "{}", reply.text);
+        assert!(
+            tokio::time::Instant::now() < guard,
+            "the idle user was never swept"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let reply = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
+    reply.assert_created();
+    let notification = ws.recv_notification().await;
+    assert_eq!(
+        notification["channelID"],
+        sub.channel_id.as_str(),
+        "{notification}"
+    );
+}

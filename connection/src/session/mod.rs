@@ -219,6 +219,8 @@ impl Session {
         let ping_every = self.ctx.settings.auto_ping_interval;
         let mut next_ping = Instant::now() + ping_every;
         let mut pong_due: Option<Instant> = None;
+        let refresh_every = self.ctx.settings.refresh_last_connect;
+        let mut next_refresh = Instant::now() + refresh_every;
         loop {
             tokio::select! {
                 frame = stream.next() => {
@@ -246,6 +248,10 @@ impl Session {
                 }
                 _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
                     return Err(Close { code: 1001, reason: "no pong in time".into() });
+                }
+                _ = sleep_until(next_refresh) => {
+                    next_refresh = Instant::now() + refresh_every;
+                    self.refresh_last_connect().await?;
                 }
             }
         }
@@ -311,6 +317,25 @@ impl Session {
         self.unacked_direct
             .insert(notification.version.clone(), notification);
         self.send(&message).await
+    }
+
+    /// A client connected for long is not idle: say so in its record. If the
+    /// user is gone (unregistered over `/v1`), the client must start over
+    /// with a new UAID: close, and its next hello gets one.
+    async fn refresh_last_connect(&mut self) -> Flow {
+        let now = autopush_common::time::now_millis();
+        match self.ctx.storage.touch_user(&self.uaid, now).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Close {
+                code: 4000,
+                reason: "this user agent's registration was removed; say hello again".into(),
+            }),
+            Err(e) => {
+                // Not worth the connection: the next refresh tries again.
+                warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not refresh last_connect");
+                Ok(())
+            }
+        }
     }
 
     /// Leave the registry, store what the client never acknowledged, close.

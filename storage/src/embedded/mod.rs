@@ -596,3 +596,34 @@ impl Storage for EmbeddedStore {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads alone would keep answering after the writer thread died; the
+    /// health check must say the store cannot take writes.
+    #[tokio::test]
+    async fn health_fails_once_the_writer_has_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        store.health_check().await.unwrap();
+        let died = store
+            .write(|_| -> Result<()> { panic!("a bug in a write") })
+            .await;
+        assert!(died.is_err());
+        // The caller hears of the panic while the thread is still unwinding.
+        let guard = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let health = loop {
+            let health = store.health_check().await;
+            if health.is_err() || std::time::Instant::now() > guard {
+                break health;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        assert!(
+            matches!(&health, Err(StorageError::Backend(m)) if m.contains("writer")),
+            "{health:?}"
+        );
+    }
+}
