@@ -665,3 +665,122 @@ async fn monthly_tables_from_the_command_line() {
     let user = store.get_user(&uaid).await.unwrap().expect("user");
     assert_eq!(user.current_month, Some(months.month(0)));
 }
+
+/// Words of the backend's own error that must never reach the public: the
+/// error code, the AWS account and role the proxy's message names, the
+/// table names, and which store and calls we use.
+fn backend_words(tables: &Tables) -> Vec<String> {
+    [
+        "AccessDenied",
+        "arn:aws",
+        dynamo::DENIED_ACCOUNT,
+        dynamo::DENIED_ROLE,
+        "DynamoDB",
+        "dynamodb",
+        "GetItem",
+        "Query",
+        "UpdateItem",
+        "PutItem",
+        "DeleteItem",
+        &tables.router,
+        &tables.message,
+    ]
+    .iter()
+    .map(|w| w.to_string())
+    .collect()
+}
+
+/// Panics, briefly, if `shown` (what `what` showed the public) holds any
+/// of `words`.
+fn assert_shows_none(what: &str, shown: &str, words: &[String]) {
+    if let Some(word) = words.iter().find(|w| shown.contains(w.as_str())) {
+        let start = shown.find(word.as_str()).unwrap_or(0).saturating_sub(80);
+        let end = (start + 240).min(shown.len());
+        let excerpt = String::from_utf8_lossy(&shown.as_bytes()[start..end]);
+        panic!("{what} shows the backend's {word:?}: ...{excerpt}...");
+    }
+}
+
+/// The store refusing us (here: DynamoDB's `AccessDeniedException`, whose
+/// message names the AWS account, the role and the table) reaches senders,
+/// clients and health checks only as "unavailable", with the status and
+/// errno of a storage outage; the detail goes to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_errors_reach_the_log_and_never_the_public() {
+    use autopush_tests::http;
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let words = backend_words(&tables);
+
+    // Before the outage: a connected client with a channel, a message for
+    // it (its Location kept), and an offline user.
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let accepted = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
+    accepted.assert_created();
+    let location = accepted.header("location").unwrap_or_default().to_owned();
+    ws.recv_notification().await;
+    let (offline_uaid, _) = node.offline_subscription(false).await;
+
+    proxy.deny_access();
+
+    // Senders: 503 errno 201 with Retry-After, and nothing more.
+    let push = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
+    push.assert_error(503, 201);
+    assert!(push.header("retry-after").is_some(), "{:?}", push.headers);
+    assert_shows_none("a refused push", &push.text, &words);
+    let cancel = http::delete(&location).await;
+    cancel.assert_error(503, 201);
+    assert_shows_none("a refused DELETE /m/", &cancel.text, &words);
+    let registration = http::request(
+        reqwest::Method::POST,
+        &format!("{}/v1/webpush/any/registration", node.endpoint_base()),
+        &[("content-type", "application/json")],
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    registration.assert_error(503, 201);
+    assert_shows_none("a refused /v1 registration", &registration.text, &words);
+
+    // Health checks on both public ports.
+    for base in [node.endpoint_base(), node.ws_http_base()] {
+        for route in ["health", "__heartbeat__"] {
+            let health = http::get(&format!("{base}/{route}")).await;
+            assert_eq!(health.status, 503, "/{route}: {}", health.text);
+            assert_eq!(health.json["status"], "ERROR", "/{route}: {}", health.text);
+            assert_shows_none(&format!("/{route}"), &health.text, &words);
+        }
+    }
+
+    // Clients: register and unregister answer 500, a returning client's
+    // hello 503 and close 1013; never the backend's words.
+    let register = ws.register(&autopush_tests::new_channel_id(), None).await;
+    assert_eq!(register["status"], 500, "{register}");
+    assert_shows_none("a refused register", &register.to_string(), &words);
+    let unregister = ws.unregister(&sub.channel_id, 200).await;
+    assert_eq!(unregister["status"], 500, "{unregister}");
+    assert_shows_none("a refused unregister", &unregister.to_string(), &words);
+    let mut returning = WsClient::connect(&node.ws_url()).await;
+    let hello = returning.hello(Some(&offline_uaid)).await;
+    assert_eq!(hello["status"], 503, "{hello}");
+    assert_shows_none("a refused hello", &hello.to_string(), &words);
+    let closed = returning.expect_closed().await;
+    assert_eq!(closed.code, Some(1013), "{closed:?}");
+    assert_shows_none("a close frame", &closed.reason, &words);
+    assert_shows_none(
+        "messages before a close",
+        &serde_json::Value::from(closed.messages).to_string(),
+        &words,
+    );
+
+    // The operator's log has what the public did not get.
+    let log = node.stderr();
+    assert!(
+        log.contains("AccessDeniedException") && log.contains(dynamo::DENIED_ACCOUNT),
+        "the log lacks the backend's error"
+    );
+}
