@@ -784,3 +784,44 @@ async fn backend_errors_reach_the_log_and_never_the_public() {
         "the log lacks the backend's error"
     );
 }
+
+/// `/health` and `/__heartbeat__` are public and unauthenticated, and each
+/// check reads storage: rapid hits on both ports of a node share one check
+/// at a time and its result for about a second, so a flood of them costs
+/// a few reads, not one per hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_hits_share_one_storage_check_at_a_time() {
+    use autopush_tests::http;
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+
+    let hits = 200;
+    let started = std::time::Instant::now();
+    proxy.take_operations();
+    let urls: Vec<String> = [node.endpoint_base(), node.ws_http_base()]
+        .iter()
+        .flat_map(|base| ["health", "__heartbeat__"].map(|r| format!("{base}/{r}")))
+        .collect();
+    // In waves of 20 concurrent hits.
+    for wave in 0..hits / 20 {
+        let replies = futures_util::future::join_all(
+            (0..20).map(|i| http::get(&urls[(wave + i) % urls.len()])),
+        )
+        .await;
+        for reply in replies {
+            assert_eq!(reply.status, 200, "{}", reply.text);
+        }
+    }
+    let reads: usize = proxy.take_operations().values().sum();
+    // One check (two reads) per second the hits took, plus one at each
+    // edge; with a read per hit it would be 2 × 200.
+    let allowed = 2 * (started.elapsed().as_secs() as usize + 2);
+    assert!(
+        reads <= allowed,
+        "{hits} health hits cost {reads} storage reads (at most {allowed} expected)"
+    );
+}
