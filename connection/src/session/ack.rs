@@ -7,17 +7,38 @@
 //! as in the seeds: the message is logged, not sent again in this session,
 //! and offered again at the client's next connection until its TTL runs out.
 
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
-use std::sync::atomic::Ordering;
 
 use tracing::{debug, info};
 
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
 
-/// Stored versions remembered after their ack (see `Session::recently_settled`).
-const RECENTLY_SETTLED: usize = 64;
+/// The versions of the stored messages settled last, so that a durable
+/// direct copy of one, arriving from the inbox after its stored copy was
+/// sent and acked, is not delivered a second time.
+#[derive(Default)]
+pub(super) struct RecentlySettled(VecDeque<String>);
+
+impl RecentlySettled {
+    /// Versions remembered; the oldest is forgotten first.
+    const CAPACITY: usize = 64;
+
+    pub(super) fn remember(&mut self, version: &str) {
+        if self.0.len() == Self::CAPACITY {
+            self.0.pop_front();
+        }
+        self.0.push_back(version.to_owned());
+    }
+
+    pub(super) fn contains(&self, version: &str) -> bool {
+        self.0.iter().any(|v| v == version)
+    }
+}
 
 impl Session {
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
@@ -59,10 +80,7 @@ impl Session {
             metrics::ack("direct");
             direct.durable.then_some(direct)
         } else if let Some(stored) = self.unacked_stored.remove(version) {
-            if self.recently_settled.len() == RECENTLY_SETTLED {
-                self.recently_settled.pop_front();
-            }
-            self.recently_settled.push_back(version.to_owned());
+            self.recently_settled.remember(version);
             metrics::ack("stored");
             Some(stored)
         } else {
@@ -86,5 +104,37 @@ impl Session {
             self.check_storage().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::stored::BATCH;
+    use super::*;
+    use crate::registry::MAX_PENDING_DIRECT;
+
+    /// A client acks a full stored batch at once while durable direct
+    /// copies of those messages wait in its inbox (at most
+    /// `MAX_PENDING_DIRECT` of them): every version of the batch, and of as
+    /// many more, must still be recognised when the copies come out.
+    #[test]
+    fn a_full_batch_and_the_direct_window_are_remembered() {
+        let mut settled = RecentlySettled::default();
+        let versions: Vec<String> = (0..BATCH + MAX_PENDING_DIRECT)
+            .map(|i| format!("v{i}"))
+            .collect();
+        for version in &versions {
+            settled.remember(version);
+        }
+        let forgotten = versions.iter().filter(|v| !settled.contains(v)).count();
+        assert_eq!(
+            forgotten,
+            0,
+            "{forgotten} of the last {} settled versions forgotten",
+            versions.len()
+        );
+        // Bounded all the same: the oldest goes first.
+        settled.remember("one more");
+        assert!(!settled.contains("v0") && settled.contains("one more"));
     }
 }

@@ -13,7 +13,7 @@ mod register;
 mod stored;
 mod unregister;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -198,7 +198,7 @@ pub(crate) struct Session {
     skip_stored: HashSet<String>,
     /// The last stored messages settled, so a durable direct copy of one
     /// that arrives late is not delivered twice.
-    recently_settled: VecDeque<String>,
+    recently_settled: ack::RecentlySettled,
     /// Dropped last, after the clean-up below (or on a panic).
     _live: LiveSession,
 }
