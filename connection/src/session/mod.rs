@@ -34,6 +34,10 @@ use crate::protocol::{ClientMessage, ServerMessage, error_json};
 use crate::registry::{LiveSession, Signals};
 use crate::server::Socket;
 
+/// What a client is told when storage failed. The backend's own words
+/// (error codes, table names, accounts) go to the log, never to the client.
+const STORAGE_UNAVAILABLE: &str = "storage unavailable; try again later";
+
 /// Why a session ends; becomes the websocket close frame.
 #[derive(Debug)]
 pub struct Close {
@@ -57,7 +61,7 @@ impl Close {
         warn!(error = %e, "storage failed; closing the connection with 1013");
         Close {
             code: 1013,
-            reason: "storage unavailable; try again later".into(),
+            reason: STORAGE_UNAVAILABLE.into(),
         }
     }
 
@@ -284,6 +288,13 @@ impl Session {
 
     async fn send(&mut self, message: &ServerMessage) -> Flow {
         self.send_text(message.to_json()).await
+    }
+
+    /// Log a storage failure while serving `what`, with its detail, and
+    /// return the reason to give the client (without it).
+    fn storage_failed(&self, what: &str, e: &autopush_storage::StorageError) -> &'static str {
+        warn!(uaid = %uaid_tag(&self.uaid), error = %e, "{what}: storage failed");
+        STORAGE_UNAVAILABLE
     }
 
     async fn send_direct(&mut self, notification: Notification) -> Flow {
