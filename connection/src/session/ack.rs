@@ -15,8 +15,10 @@ use autopush_common::metrics;
 
 use tracing::{debug, info};
 
+use super::stored::BATCH;
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
+use crate::registry::MAX_PENDING_DIRECT;
 
 /// The versions of the stored messages settled last, so that a durable
 /// direct copy of one, arriving from the inbox after its stored copy was
@@ -25,8 +27,10 @@ use crate::protocol::Update;
 pub(super) struct RecentlySettled(VecDeque<String>);
 
 impl RecentlySettled {
-    /// Versions remembered; the oldest is forgotten first.
-    const CAPACITY: usize = 64;
+    /// Versions remembered; the oldest is forgotten first. A client may
+    /// ack a whole stored batch at once while up to `MAX_PENDING_DIRECT`
+    /// durable direct copies wait in its inbox: that many are remembered.
+    const CAPACITY: usize = BATCH + MAX_PENDING_DIRECT;
 
     pub(super) fn remember(&mut self, version: &str) {
         if self.0.len() == Self::CAPACITY {
@@ -109,9 +113,7 @@ impl Session {
 
 #[cfg(test)]
 mod tests {
-    use super::super::stored::BATCH;
     use super::*;
-    use crate::registry::MAX_PENDING_DIRECT;
 
     /// A client acks a full stored batch at once while durable direct
     /// copies of those messages wait in its inbox (at most
