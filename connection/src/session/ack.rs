@@ -5,13 +5,16 @@
 //! message that replaced it under the same Topic stays. A nack (Firefox
 //! sends one when the service worker's push handler failed) deletes nothing,
 //! as in the seeds: the message is logged, not sent again in this session,
-//! and offered again at the client's next connection until its TTL runs out.
+//! and offered again at the client's next connection until its TTL runs out
+//! (a nacked direct one is stored for that, if it was not already).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
+use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
+use autopush_common::time::now_secs;
 
 use tracing::{debug, info};
 
@@ -65,8 +68,8 @@ impl Session {
         for (version, code) in versions {
             metrics::nack();
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
-            if self.unacked_direct.contains_key(&version) {
-                // Stays in `unacked_direct`: stored when the session ends.
+            if let Some(direct) = self.unacked_direct.remove(&version) {
+                self.keep_nacked_direct(direct).await?;
                 continue;
             }
             if self.unacked_stored.remove(&version).is_some() {
@@ -74,6 +77,31 @@ impl Session {
             }
         }
         self.after_settling().await
+    }
+
+    /// A nacked direct notification no longer counts against the client's
+    /// window of pending direct ones (or every push would soon be stored
+    /// instead). It is kept for the client's next connection, as a nacked
+    /// stored one is: a durable one is in storage already, another is
+    /// stored now (unless its TTL is 0 or over). Like those, it is not sent
+    /// again in this session.
+    async fn keep_nacked_direct(&mut self, direct: Notification) -> Flow {
+        self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+        let keep = direct.ttl > 0 && !direct.is_expired(now_secs());
+        if keep && !direct.durable {
+            let saved = self
+                .ctx
+                .storage
+                .save_messages(&self.uaid, vec![direct.clone()])
+                .await;
+            if let Err(e) = saved {
+                // Stored as unacknowledged when the session ends instead.
+                self.unacked_direct.insert(direct.version.clone(), direct);
+                return Err(Close::storage(e));
+            }
+        }
+        self.skip_stored.insert(direct.version);
+        Ok(())
     }
 
     /// The client acked `version`: forget it, deleting it from storage if

@@ -197,7 +197,8 @@ pub(crate) struct Session {
     /// Stored messages this session may still send (`Some` when the client
     /// was over `msg_limit` at hello).
     stored_budget: Option<usize>,
-    /// Stored messages the client nacked: they stay stored for its next
+    /// Messages the client nacked (stored ones, and direct ones, stored
+    /// then if they were not already): they stay stored for its next
     /// connection but are not sent again in this one.
     skip_stored: HashSet<String>,
     /// The last stored messages settled, so a durable direct copy of one
@@ -301,9 +302,11 @@ impl Session {
         let expired =
             notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0;
         // A durable direct message is in storage before it is routed here,
-        // so a storage check may have sent (or even settled) it already.
+        // so a storage check may have sent (or even settled, or the client
+        // nacked) it already.
         let sent_from_storage = self.unacked_stored.contains_key(&notification.version)
-            || self.recently_settled.contains(&notification.version);
+            || self.recently_settled.contains(&notification.version)
+            || self.skip_stored.contains(&notification.version);
         if expired || sent_from_storage {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
