@@ -46,6 +46,7 @@ pub enum ApiError {
     DeviceGone,
     #[error("The bridge refused our credentials")]
     BridgeAuthentication,
+    /// The detail, for the log only.
     #[error("Could not reach the bridge: {0}")]
     BridgeConnect(String),
     #[error("The bridge did not answer in time")]
@@ -54,8 +55,10 @@ pub enum ApiError {
     BridgeUnavailable { retry_after: u64 },
     #[error("Not found")]
     NotFound,
+    /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
+    /// The detail, for the log only.
     #[error("Internal error: {0}")]
     Internal(String),
 }
@@ -107,6 +110,19 @@ impl ApiError {
         }
     }
 
+    /// What senders are told. Failures of our own backends (storage, a
+    /// bridge we could not reach, internal errors) say only that: their
+    /// detail (error codes, table names, AWS accounts and roles, upstream
+    /// answers) is for the log, where the error's `Display` puts it.
+    pub fn public_message(&self) -> String {
+        match self {
+            ApiError::Storage(_) => "Storage unavailable; retry after the Retry-After delay".into(),
+            ApiError::BridgeConnect(_) => "Could not reach the bridge".into(),
+            ApiError::Internal(_) => "Internal error".into(),
+            other => other.to_string(),
+        }
+    }
+
     /// The JSON body senders receive.
     pub fn body(&self) -> ErrorBody {
         let status = self.status();
@@ -114,7 +130,7 @@ impl ApiError {
             code: status.as_u16(),
             errno: self.errno(),
             error: status.canonical_reason().unwrap_or("Error"),
-            message: self.to_string(),
+            message: self.public_message(),
             more_info: ERROR_URL,
         }
     }
@@ -143,5 +159,21 @@ mod tests {
         );
         let body = ApiError::NoSubscription.body();
         assert_eq!((body.code, body.errno), (410, 106));
+    }
+
+    #[test]
+    fn backend_detail_is_logged_not_shown() {
+        let detail = "DynamoDB GetItem: AccessDeniedException: arn:aws:sts::123456789012:x";
+        for error in [
+            ApiError::Storage(detail.into()),
+            ApiError::BridgeConnect(detail.into()),
+            ApiError::Internal(detail.into()),
+        ] {
+            let body = error.body();
+            assert!(!body.message.contains("arn:aws"), "{}", body.message);
+            assert!(error.to_string().contains(detail), "{error}");
+        }
+        let body = ApiError::Storage(detail.into()).body();
+        assert_eq!((body.code, body.errno), (503, 201));
     }
 }

@@ -32,10 +32,15 @@ const SUBPROTOCOL: &str = "push-notification";
 /// this much buffer.
 const READ_BUFFER: usize = 1024;
 
-/// Serve websockets at `/` and health routes on `listener`; anything else
-/// is 404.
-pub async fn serve_websocket(listener: TcpListener, ctx: Arc<NodeContext>, limits: HttpLimits) {
-    let health = health::routes(ctx.storage.clone());
+/// Serve websockets at `/` and health routes (checking storage through
+/// `health`) on `listener`; anything else is 404.
+pub async fn serve_websocket(
+    listener: TcpListener,
+    ctx: Arc<NodeContext>,
+    health: Arc<health::HealthCheck>,
+    limits: HttpLimits,
+) {
+    let health = health::routes(health);
     let ctx_filter = warp::any().map(move || ctx.clone());
     let websocket = warp::path::end()
         .and(warp::get())

@@ -11,6 +11,7 @@ use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::node::{LocalNode, NodeClient};
 use autopush_common::node_auth::NodeKeys;
 use autopush_common::router::RouterRegistry;
+use autopush_connection::health::HealthCheck;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::Storage;
@@ -157,6 +158,8 @@ pub async fn start(
             drop_idle_users_after: settings.drop_idle_users_after,
         },
     ));
+    // One storage check behind the health routes of every public port.
+    let health = HealthCheck::new(storage.clone());
     let mut clients = None;
     if mode.connection() {
         let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
@@ -192,6 +195,7 @@ pub async fn start(
         servers.spawn(server::serve_websocket(
             websocket,
             ctx.clone(),
+            health.clone(),
             settings.http,
         ));
         servers.spawn(server::serve_router_api(
@@ -238,6 +242,7 @@ pub async fn start(
             registration,
             vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
             max_data_bytes: settings.max_data_bytes,
+            health,
         });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));

@@ -152,8 +152,11 @@ pub async fn fresh_store() -> DynamoStore {
 /// `ProvisionedThroughputExceededException` (HTTP 400, as DynamoDB does)
 /// instead of forwarding, while told to: for the next N requests, or until
 /// switched off. What a table over its capacity looks like to a client.
-/// It also counts the requests it sees by operation (what a DynamoDB bill
-/// is made of).
+/// Told to [`ThrottlingProxy::deny_access`], it answers every request with
+/// the `AccessDeniedException` a misconfigured IAM role gets, whose message
+/// names the AWS account ([`DENIED_ACCOUNT`]) and role: backend detail that
+/// must stay in the service's log. It also counts the requests it sees by
+/// operation (what a DynamoDB bill is made of).
 pub struct ThrottlingProxy {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
@@ -161,9 +164,16 @@ pub struct ThrottlingProxy {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The AWS account the proxy's `AccessDeniedException` names.
+pub const DENIED_ACCOUNT: &str = "123456789012";
+
+/// The role the proxy's `AccessDeniedException` names.
+pub const DENIED_ROLE: &str = "autopush-prod-node-role";
+
 #[derive(Default)]
 struct ThrottleState {
     always: std::sync::atomic::AtomicBool,
+    deny: std::sync::atomic::AtomicBool,
     next: std::sync::atomic::AtomicUsize,
     refused: std::sync::atomic::AtomicUsize,
     /// Requests seen, by operation (`X-Amz-Target` without its prefix).
@@ -225,9 +235,20 @@ impl ThrottlingProxy {
             .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Answer every request with `AccessDeniedException` until
+    /// [`ThrottlingProxy::stop`].
+    pub fn deny_access(&self) {
+        self.state
+            .deny
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn stop(&self) {
         self.state
             .always
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        self.state
+            .deny
             .store(false, std::sync::atomic::Ordering::SeqCst);
         self.state
             .next
@@ -297,17 +318,42 @@ async fn proxy_connection(
             }
         }
         let body = buf[head_end..head_end + length].to_vec();
-        if let Some((_, target)) = headers.iter().find(|(k, _)| k == "x-amz-target") {
-            let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+        let operation = headers
+            .iter()
+            .find(|(k, _)| k == "x-amz-target")
+            .map(|(_, target)| target.rsplit('.').next().unwrap_or(target).to_owned());
+        if let Some(operation) = &operation {
             *state
                 .operations
                 .lock()
                 .unwrap()
-                .entry(operation)
+                .entry(operation.clone())
                 .or_default() += 1;
         }
+        let operation = operation.unwrap_or_default();
         buf.drain(..head_end + length);
-        let (status, content_type, reply) = if state.refuse() {
+        let (status, content_type, reply) = if state.deny.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            let table = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|b| b["TableName"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            let message = format!(
+                "User: arn:aws:sts::{DENIED_ACCOUNT}:assumed-role/{DENIED_ROLE}/i-0a1b2c3d4e5f \
+                 is not authorized to perform: dynamodb:{operation} on resource: \
+                 arn:aws:dynamodb:us-east-1:{DENIED_ACCOUNT}:table/{table} because no \
+                 identity-based policy allows the dynamodb:{operation} action"
+            );
+            let reply = serde_json::json!({
+                "__type": "com.amazon.coral.service#AccessDeniedException",
+                "Message": message,
+            });
+            (
+                400,
+                "application/x-amz-json-1.0".to_owned(),
+                reply.to_string().into_bytes(),
+            )
+        } else if state.refuse() {
             (
                 400,
                 "application/x-amz-json-1.0".to_owned(),

@@ -336,12 +336,25 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
     assert_eq!(ws.expect_closed().await.code, Some(1013));
 
     proxy.stop();
-    let heartbeat = http
-        .get(format!("{}/__heartbeat__", node.endpoint_base()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(heartbeat.status(), 200);
+    // The heartbeat reuses a check's answer for about a second: wait for
+    // it to see the recovery.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    loop {
+        let heartbeat = http
+            .get(format!("{}/__heartbeat__", node.endpoint_base()))
+            .send()
+            .await
+            .unwrap();
+        if heartbeat.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the heartbeat still answers {} after the throttling ended",
+            heartbeat.status()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let mut ws = node.reconnect(&uaid).await;
     let (n, d) = sub.receive(&mut ws).await;
     assert_eq!(d.text, "absorbed");
@@ -697,5 +710,181 @@ async fn expired_messages_cost_a_fetch_no_writes() {
         operations.keys().collect::<Vec<_>>(),
         ["Query"],
         "{operations:?}"
+    );
+}
+
+/// Words of the backend's own error that must never reach the public: the
+/// error code, the AWS account and role the proxy's message names, the
+/// table names, and which store and calls we use.
+fn backend_words(tables: &Tables) -> Vec<String> {
+    [
+        "AccessDenied",
+        "arn:aws",
+        dynamo::DENIED_ACCOUNT,
+        dynamo::DENIED_ROLE,
+        "DynamoDB",
+        "dynamodb",
+        "GetItem",
+        "Query",
+        "UpdateItem",
+        "PutItem",
+        "DeleteItem",
+        &tables.router,
+        &tables.message,
+    ]
+    .iter()
+    .map(|w| w.to_string())
+    .collect()
+}
+
+/// Panics, briefly, if `shown` (what `what` showed the public) holds any
+/// of `words`.
+fn assert_shows_none(what: &str, shown: &str, words: &[String]) {
+    if let Some(word) = words.iter().find(|w| shown.contains(w.as_str())) {
+        let start = shown.find(word.as_str()).unwrap_or(0).saturating_sub(80);
+        let end = (start + 240).min(shown.len());
+        let excerpt = String::from_utf8_lossy(&shown.as_bytes()[start..end]);
+        panic!("{what} shows the backend's {word:?}: ...{excerpt}...");
+    }
+}
+
+/// The store refusing us (here: DynamoDB's `AccessDeniedException`, whose
+/// message names the AWS account, the role and the table) reaches senders,
+/// clients and health checks only as "unavailable", with the status and
+/// errno of a storage outage; the detail goes to the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_errors_reach_the_log_and_never_the_public() {
+    use autopush_tests::http;
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let words = backend_words(&tables);
+
+    // Before the outage: a connected client with a channel, a message for
+    // it (its Location kept), and an offline user.
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let accepted = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
+    accepted.assert_created();
+    let location = accepted.header("location").unwrap_or_default().to_owned();
+    ws.recv_notification().await;
+    let (offline_uaid, _) = node.offline_subscription(false).await;
+
+    proxy.deny_access();
+
+    // Senders: 503 errno 201 with Retry-After, and nothing more.
+    let push = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
+    push.assert_error(503, 201);
+    assert!(push.header("retry-after").is_some(), "{:?}", push.headers);
+    assert_shows_none("a refused push", &push.text, &words);
+    let cancel = http::delete(&location).await;
+    cancel.assert_error(503, 201);
+    assert_shows_none("a refused DELETE /m/", &cancel.text, &words);
+    let registration = http::request(
+        reqwest::Method::POST,
+        &format!("{}/v1/webpush/any/registration", node.endpoint_base()),
+        &[("content-type", "application/json")],
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    registration.assert_error(503, 201);
+    assert_shows_none("a refused /v1 registration", &registration.text, &words);
+
+    // Health checks on both public ports (which may reuse the answer of a
+    // check made before the outage for a second).
+    for base in [node.endpoint_base(), node.ws_http_base()] {
+        for route in ["health", "__heartbeat__"] {
+            let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+            let health = loop {
+                let health = http::get(&format!("{base}/{route}")).await;
+                if health.status != 200 || tokio::time::Instant::now() > deadline {
+                    break health;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            };
+            assert_eq!(health.status, 503, "/{route}: {}", health.text);
+            assert_eq!(health.json["status"], "ERROR", "/{route}: {}", health.text);
+            assert_shows_none(&format!("/{route}"), &health.text, &words);
+        }
+    }
+
+    // Clients: register and unregister answer 500, a returning client's
+    // hello 503 and close 1013; never the backend's words.
+    let register = ws.register(&autopush_tests::new_channel_id(), None).await;
+    assert_eq!(register["status"], 500, "{register}");
+    assert_shows_none("a refused register", &register.to_string(), &words);
+    let unregister = ws.unregister(&sub.channel_id, 200).await;
+    assert_eq!(unregister["status"], 500, "{unregister}");
+    assert_shows_none("a refused unregister", &unregister.to_string(), &words);
+    let mut returning = WsClient::connect(&node.ws_url()).await;
+    let hello = returning.hello(Some(&offline_uaid)).await;
+    assert_eq!(hello["status"], 503, "{hello}");
+    assert_shows_none("a refused hello", &hello.to_string(), &words);
+    let closed = returning.expect_closed().await;
+    assert_eq!(closed.code, Some(1013), "{closed:?}");
+    assert_shows_none("a close frame", &closed.reason, &words);
+    assert_shows_none(
+        "messages before a close",
+        &serde_json::Value::from(closed.messages).to_string(),
+        &words,
+    );
+
+    // The operator's log has what the public did not get.
+    let log = node.stderr();
+    assert!(
+        log.contains("AccessDeniedException") && log.contains(dynamo::DENIED_ACCOUNT),
+        "the log lacks the backend's error"
+    );
+}
+
+/// `/health` and `/__heartbeat__` are public and unauthenticated, and each
+/// check reads storage: rapid hits on both ports of a node share one check
+/// at a time and its result for about a second, so a flood of them costs
+/// a few reads, not one per hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_hits_share_one_storage_check_at_a_time() {
+    use autopush_tests::http;
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let node =
+        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+
+    let urls: Vec<String> = [node.endpoint_base(), node.ws_http_base()]
+        .iter()
+        .flat_map(|base| ["health", "__heartbeat__"].map(|r| format!("{base}/{r}")))
+        .collect();
+    let started = std::time::Instant::now();
+    proxy.take_operations();
+    // Waves of 20 concurrent hits, at least 200 in all, and on until the
+    // flood has seen storage checked twice (so the answer is not just the
+    // one from start-up, reused).
+    let (mut hits, mut reads) = (0, 0);
+    while hits < 200 || reads < 4 {
+        assert!(
+            started.elapsed() < autopush_tests::HANG_GUARD,
+            "{hits} health hits cost {reads} storage reads: no second check"
+        );
+        let replies = futures_util::future::join_all(
+            (0..20).map(|i| http::get(&urls[(hits + i) % urls.len()])),
+        )
+        .await;
+        for reply in replies {
+            assert_eq!(reply.status, 200, "{}", reply.text);
+        }
+        hits += 20;
+        reads += proxy.take_operations().values().sum::<usize>();
+    }
+    eprintln!("{hits} health hits cost {reads} storage reads");
+    // One check (two reads) per second of the flood, plus one at each edge;
+    // with a check per hit it would be two reads per hit.
+    let allowed = 2 * (started.elapsed().as_secs() as usize + 2);
+    assert!(
+        reads <= allowed,
+        "{hits} health hits cost {reads} storage reads (at most {allowed} expected)"
     );
 }

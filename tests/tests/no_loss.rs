@@ -285,3 +285,65 @@ async fn deleting_a_replaced_topic_message_keeps_the_newer_one() {
     let (_, text) = next_text(&mut ws, &sub).await;
     assert_eq!(text, "new");
 }
+
+/// What became of the pushes to a webpush client so far, from the router
+/// API's `/metrics`: (direct, stored).
+async fn deliveries(server: &Server) -> (f64, f64) {
+    let reply = http::get(&format!("{}/metrics", server.router_base())).await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let scrape = prometheus::Scrape::parse(&reply.text);
+    let outcome = |outcome| {
+        scrape.value(
+            "notification_delivery",
+            &[("outcome", outcome), ("router_type", "webpush")],
+        )
+    };
+    (outcome("direct"), outcome("stored"))
+}
+
+/// A nacked direct message no longer counts against the client's window of
+/// unacknowledged direct messages: a client whose push handler failed more
+/// times than the window holds (32) still gets its pushes directly. The
+/// nacked ones are not sent again on this connection, and all come back at
+/// the next one.
+#[tokio::test]
+async fn nacked_direct_messages_do_not_fill_the_direct_window() {
+    const NACKED: usize = 40;
+    for durable in ["true", "false"] {
+        let server = Server::start_with(&["--durable-direct", durable]).await;
+        let mut ws = server.client().await;
+        let uaid = ws.uaid().to_string();
+        let sub = Subscription::new(&mut ws).await;
+        for _ in 0..NACKED {
+            http::post_push(&sub.endpoint, &[("ttl", "600")], None)
+                .await
+                .assert_created();
+            let notif = ws.recv_notification().await;
+            ws.nack(&sub.channel_id, notif["version"].as_str().unwrap(), 302)
+                .await;
+        }
+        let last = http::post_push(&sub.endpoint, &[("ttl", "600")], None).await;
+        last.assert_created();
+        let notif = ws.recv_notification().await;
+        ws.ack_notification(&notif).await;
+        let (direct, stored) = deliveries(&server).await;
+        assert!(
+            (direct, stored) == (NACKED as f64 + 1.0, 0.0),
+            "durable-direct {durable}: after {NACKED} nacks, {direct} pushes went direct \
+             and {stored} to storage (want all {} direct)",
+            NACKED + 1
+        );
+        ws.assert_nothing_arrives().await;
+        ws.close().await;
+
+        let mut ws = server.reconnect(&uaid).await;
+        let mut again = std::collections::BTreeSet::new();
+        for _ in 0..NACKED {
+            let notif = ws.recv_notification().await;
+            again.insert(notif["version"].as_str().unwrap_or_default().to_owned());
+            ws.ack_notification(&notif).await;
+        }
+        assert_eq!(again.len(), NACKED, "durable-direct {durable}");
+        nothing_left(&server, ws, &uaid).await;
+    }
+}

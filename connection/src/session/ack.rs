@@ -5,19 +5,47 @@
 //! message that replaced it under the same Topic stays. A nack (Firefox
 //! sends one when the service worker's push handler failed) deletes nothing,
 //! as in the seeds: the message is logged, not sent again in this session,
-//! and offered again at the client's next connection until its TTL runs out.
+//! and offered again at the client's next connection until its TTL runs out
+//! (a nacked direct one is stored for that, if it was not already).
 
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+
+use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
-use std::sync::atomic::Ordering;
+use autopush_common::time::now_secs;
 
 use tracing::{debug, info};
 
+use super::stored::BATCH;
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
+use crate::registry::MAX_PENDING_DIRECT;
 
-/// Stored versions remembered after their ack (see `Session::recently_settled`).
-const RECENTLY_SETTLED: usize = 64;
+/// The versions of the stored messages settled last, so that a durable
+/// direct copy of one, arriving from the inbox after its stored copy was
+/// sent and acked, is not delivered a second time.
+#[derive(Default)]
+pub(super) struct RecentlySettled(VecDeque<String>);
+
+impl RecentlySettled {
+    /// Versions remembered; the oldest is forgotten first. A client may
+    /// ack a whole stored batch at once while up to `MAX_PENDING_DIRECT`
+    /// durable direct copies wait in its inbox: that many are remembered.
+    const CAPACITY: usize = BATCH + MAX_PENDING_DIRECT;
+
+    pub(super) fn remember(&mut self, version: &str) {
+        if self.0.len() == Self::CAPACITY {
+            self.0.pop_front();
+        }
+        self.0.push_back(version.to_owned());
+    }
+
+    pub(super) fn contains(&self, version: &str) -> bool {
+        self.0.iter().any(|v| v == version)
+    }
+}
 
 impl Session {
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
@@ -40,8 +68,8 @@ impl Session {
         for (version, code) in versions {
             metrics::nack();
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
-            if self.unacked_direct.contains_key(&version) {
-                // Stays in `unacked_direct`: stored when the session ends.
+            if let Some(direct) = self.unacked_direct.remove(&version) {
+                self.keep_nacked_direct(direct).await?;
                 continue;
             }
             if self.unacked_stored.remove(&version).is_some() {
@@ -49,6 +77,31 @@ impl Session {
             }
         }
         self.after_settling().await
+    }
+
+    /// A nacked direct notification no longer counts against the client's
+    /// window of pending direct ones (or every push would soon be stored
+    /// instead). It is kept for the client's next connection, as a nacked
+    /// stored one is: a durable one is in storage already, another is
+    /// stored now (unless its TTL is 0 or over). Like those, it is not sent
+    /// again in this session.
+    async fn keep_nacked_direct(&mut self, direct: Notification) -> Flow {
+        self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+        let keep = direct.ttl > 0 && !direct.is_expired(now_secs());
+        if keep && !direct.durable {
+            let saved = self
+                .ctx
+                .storage
+                .save_messages(&self.uaid, vec![direct.clone()])
+                .await;
+            if let Err(e) = saved {
+                // Stored as unacknowledged when the session ends instead.
+                self.unacked_direct.insert(direct.version.clone(), direct);
+                return Err(Close::storage(e));
+            }
+        }
+        self.skip_stored.insert(direct.version);
+        Ok(())
     }
 
     /// The client acked `version`: forget it, deleting it from storage if
@@ -59,10 +112,7 @@ impl Session {
             metrics::ack("direct");
             direct.durable.then_some(direct)
         } else if let Some(stored) = self.unacked_stored.remove(version) {
-            if self.recently_settled.len() == RECENTLY_SETTLED {
-                self.recently_settled.pop_front();
-            }
-            self.recently_settled.push_back(version.to_owned());
+            self.recently_settled.remember(version);
             metrics::ack("stored");
             Some(stored)
         } else {
@@ -86,5 +136,35 @@ impl Session {
             self.check_storage().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client acks a full stored batch at once while durable direct
+    /// copies of those messages wait in its inbox (at most
+    /// `MAX_PENDING_DIRECT` of them): every version of the batch, and of as
+    /// many more, must still be recognised when the copies come out.
+    #[test]
+    fn a_full_batch_and_the_direct_window_are_remembered() {
+        let mut settled = RecentlySettled::default();
+        let versions: Vec<String> = (0..BATCH + MAX_PENDING_DIRECT)
+            .map(|i| format!("v{i}"))
+            .collect();
+        for version in &versions {
+            settled.remember(version);
+        }
+        let forgotten = versions.iter().filter(|v| !settled.contains(v)).count();
+        assert_eq!(
+            forgotten,
+            0,
+            "{forgotten} of the last {} settled versions forgotten",
+            versions.len()
+        );
+        // Bounded all the same: the oldest goes first.
+        settled.remember("one more");
+        assert!(!settled.contains("v0") && settled.contains("one more"));
     }
 }

@@ -13,7 +13,7 @@ mod register;
 mod stored;
 mod unregister;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -33,6 +33,10 @@ use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
 use crate::registry::{LiveSession, Signals};
 use crate::server::Socket;
+
+/// What a client is told when storage failed. The backend's own words
+/// (error codes, table names, accounts) go to the log, never to the client.
+const STORAGE_UNAVAILABLE: &str = "storage unavailable; try again later";
 
 /// Why a session ends; becomes the websocket close frame.
 #[derive(Debug)]
@@ -57,7 +61,7 @@ impl Close {
         warn!(error = %e, "storage failed; closing the connection with 1013");
         Close {
             code: 1013,
-            reason: "storage unavailable; try again later".into(),
+            reason: STORAGE_UNAVAILABLE.into(),
         }
     }
 
@@ -203,12 +207,13 @@ pub(crate) struct Session {
     /// Stored messages this session may still send (`Some` when the client
     /// was over `msg_limit` at hello).
     stored_budget: Option<usize>,
-    /// Stored messages the client nacked: they stay stored for its next
+    /// Messages the client nacked (stored ones, and direct ones, stored
+    /// then if they were not already): they stay stored for its next
     /// connection but are not sent again in this one.
     skip_stored: HashSet<String>,
     /// The last stored messages settled, so a durable direct copy of one
     /// that arrives late is not delivered twice.
-    recently_settled: VecDeque<String>,
+    recently_settled: ack::RecentlySettled,
     /// Dropped last, after the clean-up below (or on a panic).
     _live: LiveSession,
 }
@@ -302,13 +307,22 @@ impl Session {
         self.send_text(message.to_json()).await
     }
 
+    /// Log a storage failure while serving `what`, with its detail, and
+    /// return the reason to give the client (without it).
+    fn storage_failed(&self, what: &str, e: &autopush_storage::StorageError) -> &'static str {
+        warn!(uaid = %uaid_tag(&self.uaid), error = %e, "{what}: storage failed");
+        STORAGE_UNAVAILABLE
+    }
+
     async fn send_direct(&mut self, notification: Notification) -> Flow {
         let expired =
             notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0;
         // A durable direct message is in storage before it is routed here,
-        // so a storage check may have sent (or even settled) it already.
+        // so a storage check may have sent (or even settled, or the client
+        // nacked) it already.
         let sent_from_storage = self.unacked_stored.contains_key(&notification.version)
-            || self.recently_settled.contains(&notification.version);
+            || self.recently_settled.contains(&notification.version)
+            || self.skip_stored.contains(&notification.version);
         if expired || sent_from_storage {
             self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
             return Ok(());

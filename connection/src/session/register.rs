@@ -37,7 +37,10 @@ impl Session {
                 let reason = format!("too many channels: at most {limit} per user agent");
                 return self.send(&refuse(413, &reason)).await;
             }
-            Err(e) => return self.send(&refuse(500, &e.to_string())).await,
+            Err(e) => {
+                let reason = self.storage_failed("register", &e);
+                return self.send(&refuse(500, reason)).await;
+            }
         }
         let endpoint = self
             .ctx

@@ -16,7 +16,7 @@ use crate::NodeContext;
 use crate::protocol::ServerMessage;
 
 /// Stored messages sent at once; the next batch waits for their acks.
-const BATCH: usize = 100;
+pub(super) const BATCH: usize = 100;
 
 impl Session {
     pub(super) async fn check_storage(&mut self) -> Flow {

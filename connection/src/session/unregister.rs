@@ -27,7 +27,10 @@ impl Session {
         }
         match self.ctx.storage.remove_channel(&self.uaid, &chid).await {
             Ok(_) => self.send(&reply(200, None)).await,
-            Err(e) => self.send(&reply(500, Some(&e.to_string()))).await,
+            Err(e) => {
+                let reason = self.storage_failed("unregister", &e);
+                self.send(&reply(500, Some(reason))).await
+            }
         }
     }
 }

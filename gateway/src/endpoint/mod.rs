@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::{ApiError, metrics};
+use autopush_connection::health::HealthCheck;
 use autopush_storage::Storage;
 use warp::Filter;
 use warp::http::StatusCode;
@@ -32,6 +33,9 @@ pub struct EndpointState {
     pub registration: Arc<RegistrationState>,
     pub vapid: VapidVerifier,
     pub max_data_bytes: usize,
+    /// The storage check of the health routes, shared with the websocket
+    /// port in all-in-one mode.
+    pub health: Arc<HealthCheck>,
 }
 
 /// Render an API error for the sender.
@@ -132,7 +136,7 @@ pub fn routes(
                 render(reply.map(|json| warp::reply::json(&json).into_response()))
             },
         );
-    let health = autopush_connection::health::routes(state.storage.clone());
+    let health = autopush_connection::health::routes(state.health.clone());
     let max = state.max_data_bytes;
     push.or(cancel)
         .unify()
