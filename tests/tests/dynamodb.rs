@@ -214,6 +214,7 @@ fn node_on(endpoint: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node {
         endpoint_url: None,
         env: env.clone(),
         args: args.clone(),
+        clock_offset_secs: 0,
     }
 }
 
