@@ -161,12 +161,19 @@ struct Cluster {
     endpoint: Server,
     a: Server,
     b: Server,
+    tables: Tables,
 }
 
 impl Cluster {
     /// Start the three nodes on fresh tables. Every node gets the same
     /// [`shared_args`].
     async fn start() -> Cluster {
+        Cluster::start_with(|_| {}).await
+    }
+
+    /// [`Cluster::start`], with connection node A set up further by
+    /// `tweak_a` (e.g. given a clock offset).
+    async fn start_with(tweak_a: impl FnOnce(&mut Node)) -> Cluster {
         let tables = dynamo::tables();
         let out = db_command(&tables, &["db", "create-tables"]).await;
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -176,9 +183,23 @@ impl Cluster {
             endpoint_url: Some(endpoint.endpoint_base()),
             ..node("connection")
         };
-        let a = Server::start_node(connection()).await;
+        let mut node_a = connection();
+        tweak_a(&mut node_a);
+        let a = Server::start_node(node_a).await;
         let b = Server::start_node(connection()).await;
-        Cluster { endpoint, a, b }
+        Cluster {
+            endpoint,
+            a,
+            b,
+            tables,
+        }
+    }
+
+    /// The user record of `uaid`, as the nodes stored it.
+    async fn user(&self, uaid: &str) -> User {
+        let store = dynamo::connect(&dynamo::local().await.endpoint, self.tables.clone()).await;
+        let uaid = uuid::Uuid::parse_str(uaid).unwrap();
+        store.get_user(&uaid).await.unwrap().expect("a user record")
     }
 }
 
@@ -294,6 +315,48 @@ async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
         .map(|s| (s.to_string(), 1))
         .collect();
     want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
+    assert_eq!(seen, want);
+}
+
+/// Connection nodes whose clocks disagree: node A's runs ahead, so a
+/// client that moves from A to B reconnects "earlier" than the connection
+/// it replaces. Each reconnect wins all the same: the record names the
+/// node the client is on, and pushes reach it on that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_nodes_whose_clocks_disagree() {
+    // Longer than one push and one move take, even on a loaded machine, so
+    // that every move from A to B happens while A's clock is still ahead.
+    const AHEAD_SECS: i64 = 10;
+    let cluster = Cluster::start_with(|a| a.clock_offset_secs = AHEAD_SECS).await;
+    let mut ws = cluster.b.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let mut seen = BTreeMap::new();
+
+    let moves = [("A", &cluster.a), ("B", &cluster.b)].repeat(2);
+    for (i, (name, node)) in moves.iter().enumerate() {
+        let before = now_millis();
+        ws.close().await;
+        ws = node.reconnect(&uaid).await;
+        let user = cluster.user(&uaid).await;
+        if *name == "A" {
+            let ahead = user.connected_at.saturating_sub(before);
+            assert!(
+                ahead >= (AHEAD_SECS as u64 - 1) * 1000,
+                "node A's connected_at is {ahead} ms after the real clock: not {AHEAD_SECS} s ahead \
+                 (is libfaketime applied?)"
+            );
+        }
+        assert_eq!(
+            user.node_id.as_deref(),
+            Some(node.router_base().as_str()),
+            "move {i}: the client is on node {name} but its record names another node"
+        );
+        sub.push_text(&format!("move {i}")).await;
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    let want: BTreeMap<String, usize> =
+        (0..moves.len()).map(|i| (format!("move {i}"), 1)).collect();
     assert_eq!(seen, want);
 }
 
