@@ -360,6 +360,49 @@ async fn clients_move_between_nodes_whose_clocks_disagree() {
     assert_eq!(seen, want);
 }
 
+/// A connection node frozen (SIGSTOP) until the endpoint has given up on
+/// it (the node call times out), then thawed (SIGCONT): its client, on the
+/// same connection, gets what is sent afterwards, and nothing answered 201
+/// is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
+    let cluster = Cluster::start().await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let mut want = BTreeMap::new();
+
+    // The endpoint answers only once its call to A has timed out.
+    cluster.a.pause();
+    let paused = sub.send(&SendOptions::text("while paused")).await;
+    cluster.a.resume();
+    if paused.status == 201 {
+        want.insert("while paused".to_owned(), 1);
+    }
+    assert_eq!(
+        cluster.user(&uaid).await.node_id.as_deref(),
+        Some(cluster.a.router_base().as_str()),
+        "after a node call timed out, the record no longer names node A, where the client is"
+    );
+
+    sub.push_text("after").await;
+    want.insert("after".to_owned(), 1);
+    let mut seen = BTreeMap::new();
+    while !seen.contains_key("after") {
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    // Whatever did not come on that connection comes at the next one.
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let owed = want
+        .values()
+        .sum::<usize>()
+        .saturating_sub(seen.values().sum());
+    receive_and_ack(&mut ws, &sub, owed, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, want);
+}
+
 /// DynamoDB refusing requests for throughput: a short burst is absorbed by
 /// the retries; a long one reaches senders as 503 errno 201 with
 /// Retry-After, clients as close 1013 and the heartbeat as failing; when it
