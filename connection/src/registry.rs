@@ -1,7 +1,7 @@
 //! Which clients are connected to this node, and how to reach their sessions.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use autopush_common::Notification;
@@ -25,6 +25,9 @@ pub struct Signals {
 }
 
 struct ClientHandle {
+    /// Which session this is: unique on this node, unlike `connected_at`
+    /// (two hellos for one UAID can land in the same millisecond).
+    session: u64,
     connected_at: u64,
     inbox: mpsc::Sender<Box<Notification>>,
     signals: Arc<Signals>,
@@ -32,6 +35,8 @@ struct ClientHandle {
 
 /// What a session receives when it joins the registry.
 pub struct Membership {
+    /// The session's id, to leave the registry with.
+    pub session: u64,
     pub inbox: mpsc::Receiver<Box<Notification>>,
     pub signals: Arc<Signals>,
     /// Counts the session as live until dropped.
@@ -54,6 +59,8 @@ pub struct ClientRegistry {
     clients: RwLock<HashMap<Uuid, ClientHandle>>,
     /// Sessions that joined and have not finished their clean-up yet.
     live_sessions: Arc<AtomicUsize>,
+    /// The id of the next session to join.
+    next_session: AtomicU64,
 }
 
 impl ClientRegistry {
@@ -63,6 +70,7 @@ impl ClientRegistry {
             node_id,
             clients: RwLock::new(HashMap::new()),
             live_sessions: Arc::default(),
+            next_session: AtomicU64::new(1),
         }
     }
 
@@ -83,7 +91,9 @@ impl ClientRegistry {
     pub fn connect(&self, uaid: Uuid, connected_at: u64) -> Membership {
         let (tx, inbox) = mpsc::channel(MAX_PENDING_DIRECT);
         let signals = Arc::new(Signals::default());
+        let session = self.next_session.fetch_add(1, Ordering::Relaxed);
         let handle = ClientHandle {
+            session,
             connected_at,
             inbox: tx,
             signals: signals.clone(),
@@ -95,20 +105,17 @@ impl ClientRegistry {
             previous.signals.kick.notify_one();
         }
         Membership {
+            session,
             inbox,
             signals,
             live,
         }
     }
 
-    /// Remove the session of `uaid` that connected at `connected_at` (a newer
-    /// one that replaced it stays).
-    pub fn disconnect(&self, uaid: &Uuid, connected_at: u64) {
+    /// Remove `session` of `uaid` (a newer one that replaced it stays).
+    pub fn disconnect(&self, uaid: &Uuid, session: u64) {
         let mut clients = self.write();
-        if clients
-            .get(uaid)
-            .is_some_and(|c| c.connected_at == connected_at)
-        {
+        if clients.get(uaid).is_some_and(|c| c.session == session) {
             clients.remove(uaid);
         }
     }
@@ -200,5 +207,31 @@ mod tests {
         });
         assert!(session.await.is_err_and(|e| e.is_panic()));
         assert_eq!(registry.live_sessions(), 0);
+    }
+
+    /// Two sessions of one UAID that joined in the same millisecond: the
+    /// one replaced leaving must not take its replacement with it.
+    #[tokio::test]
+    async fn a_replaced_session_leaving_keeps_its_replacement() {
+        let registry = ClientRegistry::new("http://127.0.0.1:8081".into());
+        let uaid = Uuid::new_v4();
+        let first = registry.connect(uaid, 1_700_000_000_000);
+        let second = registry.connect(uaid, 1_700_000_000_000);
+        registry.disconnect(&uaid, first.session);
+        let message = Notification {
+            channel_id: Uuid::new_v4(),
+            version: "v".into(),
+            ttl: 60,
+            timestamp: 0,
+            topic: None,
+            sortkey_timestamp: None,
+            data: None,
+            headers: None,
+            urgency: None,
+            durable: false,
+        };
+        let pushed = registry.push(&uaid, message);
+        assert_eq!(pushed, PushOutcome::Delivered);
+        drop(second);
     }
 }

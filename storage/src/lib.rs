@@ -45,17 +45,44 @@ impl From<StorageError> for ApiError {
 /// set of each UAID, and its stored messages keyed by sort key.
 #[async_trait]
 pub trait Storage: Send + Sync {
-    /// Write `user` unconditionally (a new user, or a bridge registration).
+    /// Write `user` unconditionally: a new user under a fresh UAID (a first
+    /// `hello`, a `/v1` registration). Every later change to a user record
+    /// is one of the conditional writes below, never a read, change and
+    /// write back.
     async fn add_user(&self, user: &User) -> Result<()>;
 
-    /// Record a (re)connection: write `user` unless the stored record has a
-    /// newer `connected_at`. Returns whether it was written.
-    async fn update_user(&self, user: &User) -> Result<bool>;
+    /// Record a connection of a user that was read holding
+    /// `seen_connected_at`: set `node_id`, `connected_at`, `last_connect` and
+    /// `over_msg_limit` from `user`, in one write conditional on the record
+    /// still existing and still holding `seen_connected_at`. Returns whether
+    /// it was written; `false` means the user was removed, or another
+    /// connection took it over since it was read. Nothing else in the record
+    /// (router data, message month) is touched.
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool>;
+
+    /// Set `last_connect` (ms) of a user, if it exists. Returns whether it
+    /// exists.
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool>;
+
+    /// Replace the router data of a user, if the record exists and still
+    /// holds `seen`. Returns whether it was written.
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool>;
 
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>>;
 
     /// Remove the user with its channels and stored messages.
     async fn remove_user(&self, uaid: &Uuid) -> Result<()>;
+
+    /// Remove the user with its channels and stored messages, if its record
+    /// still holds the `connected_at` and `router_data` of `seen` (no
+    /// connection took it over, no new token arrived since it was read).
+    /// Returns whether it was removed.
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool>;
 
     /// Clear `node_id` if the record still names `node_id` at `connected_at`
     /// (an endpoint found the client gone). Returns whether it was cleared.
@@ -85,7 +112,9 @@ pub trait Storage: Send + Sync {
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()>;
 
     /// Up to `limit` unexpired messages: topic messages first, then the rest
-    /// in arrival order. Expired messages found on the way are deleted.
+    /// in arrival order. Expired messages are never returned; a backend
+    /// either deletes those it finds, each on the condition that it is still
+    /// the version it read, or leaves them to its own expiry.
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>>;
 
     /// Unexpired stored messages, counted up to `up_to` (so the cost is

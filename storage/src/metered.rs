@@ -39,9 +39,29 @@ impl Storage for MeteredStorage {
         self.timed("add_user", self.inner.add_user(user)).await
     }
 
-    async fn update_user(&self, user: &User) -> Result<bool> {
-        self.timed("update_user", self.inner.update_user(user))
-            .await
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
+        let call = self.inner.take_over_user(user, seen_connected_at);
+        self.timed("take_over_user", call).await
+    }
+
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
+        let call = self.inner.touch_user(uaid, last_connect);
+        self.timed("touch_user", call).await
+    }
+
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool> {
+        let call = self.inner.set_router_data(uaid, seen, router_data);
+        self.timed("set_router_data", call).await
+    }
+
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let call = self.inner.remove_user_if_unchanged(seen);
+        self.timed("remove_user_if_unchanged", call).await
     }
 
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {

@@ -109,7 +109,7 @@ async fn a_failing_write_does_not_take_concurrent_writes_down() {
         let store = store.clone();
         tokio::spawn(async move {
             let user = User::new_webpush(broken, "http://node", now_secs());
-            store.update_user(&user).await
+            store.take_over_user(&user, 0).await
         })
     };
     let others: Vec<_> = (0..50)

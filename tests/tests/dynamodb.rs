@@ -516,7 +516,12 @@ async fn records_written_by_the_seeds_schema_are_read() {
     // A connection newer than the migrated one takes over; an ack removes.
     let mut newer = User::new_webpush(uaid, "http://new-node:8081", now_millis() + 1);
     newer.router_data = None;
-    assert!(store.update_user(&newer).await.unwrap());
+    assert!(
+        store
+            .take_over_user(&newer, user.connected_at)
+            .await
+            .unwrap()
+    );
     let plain = &messages[1];
     assert!(
         store
@@ -710,7 +715,7 @@ async fn monthly_tables_move_users_forward_without_loss() {
     assert!(store.has_channel(&bridge.uaid, &a).await.unwrap());
     // A new user starts on this month's table.
     let fresh = User::new_webpush(uuid::Uuid::new_v4(), "http://here", now_millis());
-    assert!(store.update_user(&fresh).await.unwrap());
+    store.add_user(&fresh).await.unwrap();
     assert_eq!(month_of(fresh.uaid).await.as_ref(), Some(&this_month));
 }
 

@@ -261,6 +261,39 @@ mod suite {
         assert!(store.get_channels(&uaid).await.unwrap().is_empty());
     }
 
+    /// A fetch that finds an expired Topic message must not delete the newer
+    /// message a sender stores under the same Topic meanwhile: it was
+    /// answered 201.
+    pub async fn a_fetch_never_deletes_a_topic_message_stored_meanwhile(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let rounds = 300;
+        let mut lost = 0;
+        for round in 0..rounds {
+            let ts = 2 * round + 1;
+            let mut expired = message(chid, Some("t"), ts, 10, "expired");
+            expired.timestamp = now_secs() - 100;
+            store.save_messages(&uaid, vec![expired]).await.unwrap();
+            let fresh = message(chid, Some("t"), ts + 1, 60, &format!("fresh{round}"));
+            let fetch = tokio::spawn({
+                let store = store.clone();
+                async move { store.fetch_messages(&uaid, 10).await.unwrap() }
+            });
+            store
+                .save_messages(&uaid, vec![fresh.clone()])
+                .await
+                .unwrap();
+            fetch.await.unwrap();
+            let stored = store.fetch_messages(&uaid, 10).await.unwrap();
+            if !stored.iter().any(|m| m.version == fresh.version) {
+                lost += 1;
+            }
+        }
+        assert_eq!(
+            lost, 0,
+            "the accepted Topic message was lost in {lost} of {rounds} rounds"
+        );
+    }
+
     /// A user's channels are capped; re-adding one it has always succeeds.
     pub async fn channels_per_user_are_capped(store: Arc<dyn Storage>) {
         let uaid = Uuid::new_v4();
@@ -280,56 +313,129 @@ mod suite {
         );
     }
 
-    pub async fn older_connections_never_overwrite_newer_ones(store: Arc<dyn Storage>) {
+    /// A connection takes a user over only if the record still holds the
+    /// `connected_at` it read; a removed user is never re-created.
+    pub async fn a_connection_takes_over_only_what_it_read(store: Arc<dyn Storage>) {
         let uaid = Uuid::new_v4();
-        assert!(
-            store
-                .update_user(&User::new_webpush(uaid, "http://a", 10))
-                .await
-                .unwrap()
-        );
-        assert!(
-            !store
-                .update_user(&User::new_webpush(uaid, "http://b", 5))
-                .await
-                .unwrap()
-        );
-        let stored = store.get_user(&uaid).await.unwrap().unwrap();
-        assert_eq!(stored.node_id.as_deref(), Some("http://a"));
-        assert_eq!(stored.connected_at, 10);
-
-        // node_id is cleared only for the exact connection the endpoint saw.
-        assert!(!store.remove_node_id(&uaid, "http://a", 9).await.unwrap());
-        assert!(!store.remove_node_id(&uaid, "http://b", 10).await.unwrap());
-        assert!(store.remove_node_id(&uaid, "http://a", 10).await.unwrap());
-        assert_eq!(store.get_user(&uaid).await.unwrap().unwrap().node_id, None);
-        assert!(!store.remove_node_id(&uaid, "http://a", 10).await.unwrap());
-    }
-
-    /// Connections racing to record themselves: the newest wins, whatever
-    /// the order the writes land in.
-    pub async fn racing_connections_leave_the_newest(store: Arc<dyn Storage>) {
-        let uaid = Uuid::new_v4();
-        let writes: Vec<_> = (1..=20u64)
-            .rev()
-            .map(|at| {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    store
-                        .update_user(&User::new_webpush(uaid, &format!("http://n{at}"), at))
-                        .await
-                        .unwrap()
-                })
-            })
-            .collect();
-        for w in writes {
-            w.await.unwrap();
-        }
+        let mut first = User::new_webpush(uaid, "http://a", 10);
+        first.router_data = Some(serde_json::json!({"kept": true}));
+        store.add_user(&first).await.unwrap();
+        let b = User::new_webpush(uaid, "http://b", 11);
+        assert!(store.take_over_user(&b, 10).await.unwrap());
+        // Another connection that read the record before b wrote.
+        let c = User::new_webpush(uaid, "http://c", 12);
+        assert!(!store.take_over_user(&c, 10).await.unwrap());
         let stored = store.get_user(&uaid).await.unwrap().unwrap();
         assert_eq!(
             (stored.node_id.as_deref(), stored.connected_at),
-            (Some("http://n20"), 20)
+            (Some("http://b"), 11)
         );
+        assert_eq!(stored.router_data, first.router_data);
+
+        // node_id is cleared only for the exact connection the endpoint saw.
+        assert!(!store.remove_node_id(&uaid, "http://b", 10).await.unwrap());
+        assert!(!store.remove_node_id(&uaid, "http://a", 11).await.unwrap());
+        assert!(store.remove_node_id(&uaid, "http://b", 11).await.unwrap());
+        assert_eq!(store.get_user(&uaid).await.unwrap().unwrap().node_id, None);
+        assert!(!store.remove_node_id(&uaid, "http://b", 11).await.unwrap());
+
+        store.remove_user(&uaid).await.unwrap();
+        assert!(!store.take_over_user(&c, 11).await.unwrap());
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+    }
+
+    /// Connections racing to take over what they all read: exactly one
+    /// wins, and the record names it.
+    pub async fn racing_connections_leave_exactly_one(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        store
+            .add_user(&User::new_webpush(uaid, "http://n0", 1))
+            .await
+            .unwrap();
+        let writes: Vec<_> = (2..=21u64)
+            .map(|at| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let user = User::new_webpush(uaid, &format!("http://n{at}"), at);
+                    store.take_over_user(&user, 1).await.unwrap().then_some(at)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for w in writes {
+            winners.extend(w.await.unwrap());
+        }
+        assert_eq!(winners.len(), 1, "winners: {winners:?}");
+        let stored = store.get_user(&uaid).await.unwrap().unwrap();
+        let winner = winners[0];
+        assert_eq!(
+            (stored.node_id, stored.connected_at),
+            (Some(format!("http://n{winner}")), winner)
+        );
+    }
+
+    /// Marking a user alive, replacing its router data, and removing it if
+    /// unchanged: each a conditional write that never re-creates a user.
+    pub async fn user_changes_are_conditional_on_what_was_read(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        let mut user = User::new_webpush(uaid, "http://a", 1_700_000_000_000);
+        user.router_type = RouterType::Fcm;
+        user.node_id = None;
+        user.router_data = Some(serde_json::json!({"token": "one", "app_id": "app"}));
+        store.add_user(&user).await.unwrap();
+        let chid = Uuid::new_v4();
+        assert!(store.add_channel(&uaid, &chid, 10).await.unwrap());
+        store
+            .save_messages(&uaid, vec![message(chid, None, 1, 60, "x")])
+            .await
+            .unwrap();
+
+        let later = user.last_connect + 7 * 3_600_000;
+        assert!(store.touch_user(&uaid, later).await.unwrap());
+        let stored = store.get_user(&uaid).await.unwrap().unwrap();
+        assert!(later - stored.last_connect < 3_600_000);
+        assert_eq!(stored.router_data, user.router_data);
+
+        let two = serde_json::json!({"token": "two", "app_id": "app"});
+        let three = serde_json::json!({"token": "three", "app_id": "app"});
+        assert!(!store.set_router_data(&uaid, None, &three).await.unwrap());
+        assert!(
+            store
+                .set_router_data(&uaid, user.router_data.as_ref(), &two)
+                .await
+                .unwrap()
+        );
+        // An update that read the first token lost to the one above.
+        assert!(
+            !store
+                .set_router_data(&uaid, user.router_data.as_ref(), &three)
+                .await
+                .unwrap()
+        );
+        let stored = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(stored.router_data.as_ref(), Some(&two));
+
+        // Removal on what was read before the new token: refused.
+        assert!(!store.remove_user_if_unchanged(&user).await.unwrap());
+        let mut moved = stored.clone();
+        moved.connected_at += 1;
+        assert!(!store.remove_user_if_unchanged(&moved).await.unwrap());
+        assert!(store.get_user(&uaid).await.unwrap().is_some());
+        assert!(store.remove_user_if_unchanged(&stored).await.unwrap());
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 0);
+
+        // Nothing re-creates it.
+        assert!(!store.touch_user(&uaid, later).await.unwrap());
+        assert!(
+            !store
+                .set_router_data(&uaid, Some(&two), &three)
+                .await
+                .unwrap()
+        );
+        assert!(!store.remove_user_if_unchanged(&stored).await.unwrap());
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
     }
 
     /// A bridge registration keeps its router data.
@@ -412,9 +518,11 @@ macro_rules! suite_for {
                 an_older_topic_message_never_replaces_a_newer_one,
                 counting_is_bounded_and_skips_expired_messages,
                 large_backlogs_are_read_across_pages,
+                a_fetch_never_deletes_a_topic_message_stored_meanwhile,
                 channels_per_user_are_capped,
-                older_connections_never_overwrite_newer_ones,
-                racing_connections_leave_the_newest,
+                a_connection_takes_over_only_what_it_read,
+                racing_connections_leave_exactly_one,
+                user_changes_are_conditional_on_what_was_read,
                 users_round_trip,
                 channels_and_user_removal,
             );

@@ -30,19 +30,40 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
 /// on endpoints route notifications into `membership.inbox`.
 pub(super) struct Joined {
     pub uaid: Uuid,
-    pub connected_at: u64,
     pub membership: Membership,
     /// Stored messages this session may send: `Some(msg_limit)` when the
     /// client is over the limit, `None` for no bound.
     pub stored_budget: Option<usize>,
 }
 
+/// Why a `hello` could not take its user over.
+enum Refused {
+    /// The user was removed since it was read (idle, over `msg_limit`, or
+    /// unregistered): the client starts over under a new UAID.
+    Gone,
+    Close(Close),
+}
+
 /// The storage half of `hello`: decide the UAID (honouring `msg_limit`),
 /// join the registry and record the connection. On failure nothing routed
 /// to the client in the meantime is lost: it is stored.
 pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Result<Joined, Close> {
-    let connected_at = now_millis();
-    let mut previous = known_user(ctx, offered).await?;
+    let previous = known_user(ctx, offered).await?;
+    match take_over(ctx, previous).await {
+        Err(Refused::Gone) => take_over(ctx, None).await,
+        other => other,
+    }
+    .map_err(|refused| match refused {
+        Refused::Close(close) => close,
+        // Only a known user can be removed meanwhile; a new one is added.
+        Refused::Gone => Close::superseded(),
+    })
+}
+
+/// Record this connection as the user's (a new user when `previous` is
+/// `None`), in one conditional write on what was read.
+async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result<Joined, Refused> {
+    let storage_failed = |e| Refused::Close(Close::storage(e));
     let mut over_limit = false;
     let mut outcome = if previous.is_some() {
         "existing"
@@ -55,16 +76,20 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
             .storage
             .count_messages(&user.uaid, limit.saturating_add(1))
             .await
-            .map_err(Close::storage)?;
+            .map_err(storage_failed)?;
         over_limit = count > limit;
         if over_limit && user.over_msg_limit {
             // Sent what fit last time and still too far behind: start over
             // rather than replay an unbounded backlog.
             info!(uaid = %uaid_tag(&user.uaid), limit, "still over msg_limit: issuing a new UAID");
-            ctx.storage
-                .remove_user(&user.uaid)
+            if !ctx
+                .storage
+                .remove_user_if_unchanged(user)
                 .await
-                .map_err(Close::storage)?;
+                .map_err(storage_failed)?
+            {
+                return Err(replaced_meanwhile(ctx, user).await);
+            }
             previous = None;
             over_limit = false;
             outcome = "reset";
@@ -73,19 +98,33 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
         }
     }
     let uaid = previous.as_ref().map_or_else(Uuid::new_v4, |u| u.uaid);
+    // A reconnect wins over the session it replaces whatever the nodes'
+    // clocks say: its connected_at is later than the one it replaces.
+    let connected_at = match &previous {
+        Some(prev) => now_millis().max(prev.connected_at + 1),
+        None => now_millis(),
+    };
 
     // Join the registry before publishing node_id, so an endpoint that reads
     // the new record always finds this session here.
     let membership = ctx.registry.connect(uaid, connected_at);
     let mut user = User::new_webpush(uaid, ctx.node_id(), connected_at);
     user.over_msg_limit = over_limit;
-    if let Some(prev) = &previous {
-        user.router_data = prev.router_data.clone();
-        user.current_month = prev.current_month.clone();
-    }
-    if let Err(e) = ctx.storage.update_user(&user).await {
-        leave(ctx, uaid, connected_at, membership).await;
-        return Err(Close::storage(e));
+    let written = match &previous {
+        Some(prev) => ctx.storage.take_over_user(&user, prev.connected_at).await,
+        None => ctx.storage.add_user(&user).await.map(|()| true),
+    };
+    match written {
+        Ok(true) => {}
+        Ok(false) => {
+            leave(ctx, uaid, membership).await;
+            let prev = previous.as_ref().unwrap_or(&user);
+            return Err(replaced_meanwhile(ctx, prev).await);
+        }
+        Err(e) => {
+            leave(ctx, uaid, membership).await;
+            return Err(storage_failed(e));
+        }
     }
     if let Some(prev) = previous {
         drop_elsewhere(ctx, &prev);
@@ -93,25 +132,37 @@ pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Resul
     autopush_common::metrics::hello(outcome);
     Ok(Joined {
         uaid,
-        connected_at,
         membership,
         stored_budget: over_limit.then_some(ctx.settings.msg_limit),
     })
 }
 
+/// The record of `seen` changed between the read and the conditional
+/// write: either the user was removed (the client starts over), or another
+/// connection of it took over meanwhile (that one stays; this one is
+/// refused and the client tries again).
+async fn replaced_meanwhile(ctx: &Arc<NodeContext>, seen: &User) -> Refused {
+    match ctx.storage.get_user(&seen.uaid).await {
+        Ok(None) => Refused::Gone,
+        Ok(Some(_)) => {
+            info!(uaid = %uaid_tag(&seen.uaid), "another connection took the user over during hello");
+            Refused::Close(Close::superseded())
+        }
+        Err(e) => Refused::Close(Close::storage(e)),
+    }
+}
+
 /// Leave the registry after a failed `hello`, storing whatever endpoints
 /// routed into the inbox meanwhile (they answered 201 for it). The session
 /// stops counting as live only once that is done.
-pub(super) async fn leave(
-    ctx: &Arc<NodeContext>,
-    uaid: Uuid,
-    connected_at: u64,
-    membership: Membership,
-) {
-    ctx.registry.disconnect(&uaid, connected_at);
+pub(super) async fn leave(ctx: &Arc<NodeContext>, uaid: Uuid, membership: Membership) {
     let Membership {
-        mut inbox, live, ..
+        session,
+        mut inbox,
+        live,
+        ..
     } = membership;
+    ctx.registry.disconnect(&uaid, session);
     inbox.close();
     let mut routed = Vec::new();
     while let Ok(notification) = inbox.try_recv() {
@@ -134,7 +185,6 @@ pub(super) async fn accept(
     };
     let Joined {
         uaid,
-        connected_at,
         membership,
         stored_budget,
     } = joined;
@@ -146,7 +196,7 @@ pub(super) async fn accept(
     };
     let reply = Message::text(reply.to_json());
     if let Err(gone) = super::send_within(&mut sink, ctx.settings.send_timeout, reply).await {
-        leave(ctx, uaid, connected_at, membership).await;
+        leave(ctx, uaid, membership).await;
         return Err((sink, gone));
     }
     info!(uaid = %uaid_tag(&uaid), "client connected");
@@ -154,7 +204,7 @@ pub(super) async fn accept(
         ctx: ctx.clone(),
         sink,
         uaid,
-        connected_at,
+        session: membership.session,
         inbox: membership.inbox,
         signals: membership.signals,
         _live: membership.live,
@@ -220,10 +270,24 @@ mod tests {
         async fn add_user(&self, user: &User) -> Result<()> {
             self.inner.add_user(user).await
         }
-        async fn update_user(&self, _user: &User) -> Result<bool> {
+        async fn take_over_user(&self, _user: &User, _seen: u64) -> Result<bool> {
             self.entered.notify_one();
             self.release.notified().await;
             Err(StorageError::Backend("the store is down".into()))
+        }
+        async fn touch_user(&self, uaid: &Uuid, at: u64) -> Result<bool> {
+            self.inner.touch_user(uaid, at).await
+        }
+        async fn set_router_data(
+            &self,
+            uaid: &Uuid,
+            seen: Option<&serde_json::Value>,
+            data: &serde_json::Value,
+        ) -> Result<bool> {
+            self.inner.set_router_data(uaid, seen, data).await
+        }
+        async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+            self.inner.remove_user_if_unchanged(seen).await
         }
         async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
             self.inner.get_user(uaid).await

@@ -61,6 +61,15 @@ impl Close {
         }
     }
 
+    /// Another connection of the same user agent recorded itself while this
+    /// one was saying hello: that one stays, this one may try again.
+    fn superseded() -> Self {
+        Close {
+            code: 1013,
+            reason: "another connection of this user agent took over; try again later".into(),
+        }
+    }
+
     /// The socket is gone; nothing to send.
     fn gone() -> Self {
         Close {
@@ -180,7 +189,8 @@ pub(crate) struct Session {
     ctx: Arc<NodeContext>,
     sink: Sink,
     uaid: Uuid,
-    connected_at: u64,
+    /// This session's id in the registry.
+    session: u64,
     inbox: mpsc::Receiver<Box<Notification>>,
     signals: Arc<Signals>,
     /// Direct notifications sent and not yet acknowledged, by version.
@@ -305,7 +315,7 @@ impl Session {
 
     /// Leave the registry, store what the client never acknowledged, close.
     async fn finish(mut self, outcome: Flow) {
-        self.ctx.registry.disconnect(&self.uaid, self.connected_at);
+        self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
         self.inbox.close();
         while let Ok(notification) = self.inbox.try_recv() {

@@ -124,9 +124,7 @@ async fn route(
 /// registration the bridge refused is removed: if the app re-registered a new
 /// token meanwhile (`PUT .../registration/{uaid}`), the record stays.
 async fn forget_gone_device(state: &EndpointState, seen: &User) -> ApiResult<()> {
-    let current = state.storage.get_user(&seen.uaid).await?;
-    if current.is_some_and(|current| current.router_data == seen.router_data) {
-        state.storage.remove_user(&seen.uaid).await?;
+    if state.storage.remove_user_if_unchanged(seen).await? {
         info!(
             router_type = seen.router_type.as_str(),
             "the bridge reports the device gone: registration removed"

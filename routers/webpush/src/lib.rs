@@ -2,9 +2,13 @@
 //! store the message and tell a node that may have just picked the user up.
 //!
 //! Follows the seeds' "Push Characteristics": a node that answers "not here"
-//! gets the user's `node_id` cleared (conditionally on `connected_at`), and
-//! after storing, the user record is read again because the client may have
-//! reconnected and already checked storage in between.
+//! (404, and only that) gets the user's `node_id` cleared (conditionally on
+//! `connected_at`), and after storing, the user record is read again because
+//! the client may have reconnected and already checked storage in between.
+//! Any other answer, or none in time, means the node is busy (overloaded,
+//! paused, its router key or clock not yet agreeing with ours): the message
+//! is stored and the node told to look, and `node_id` stays, so its client
+//! keeps receiving once the node recovers.
 //!
 //! With durable direct delivery on, a message is written to storage before
 //! it is handed to the connection node (and before the sender hears 201), and
@@ -69,13 +73,20 @@ impl WebPushRouter {
         match self.nodes.call(Method::PUT, node_id, &path, body).await {
             Ok(response) => match response.status().as_u16() {
                 200 => PushOutcome::Delivered,
+                404 => PushOutcome::NotConnected,
                 503 => PushOutcome::Busy,
-                _ => PushOutcome::NotConnected,
+                status => {
+                    warn!(
+                        node_id,
+                        status, "connection node refused a push; storing it"
+                    );
+                    PushOutcome::Busy
+                }
             },
             Err(e) => {
-                // A node that does not answer has lost its clients: treat as gone.
-                warn!(node_id, error = %e, "connection node unreachable");
-                PushOutcome::NotConnected
+                // Slow, paused or restarting: its clients may still be there.
+                warn!(node_id, error = %e, "connection node did not answer; storing the push");
+                PushOutcome::Busy
             }
         }
     }

@@ -77,6 +77,11 @@ pub fn last_connect_key(millis: u64, suffix: u32) -> u64 {
     ((y as u64 * 100 + m as u64) * 100 + d as u64) * 100 * 10_000 + hour * 10_000 + suffix as u64
 }
 
+/// `last_connect` as stored: its [`last_connect_key`] with a random suffix.
+pub fn last_connect_attr(millis: u64) -> AttributeValue {
+    n(last_connect_key(millis, fastrand::u32(1..=10)))
+}
+
 /// The start of the hour a [`last_connect_key`] names, in milliseconds.
 pub fn last_connect_millis(key: u64) -> u64 {
     let hours = key / 10_000;
@@ -188,11 +193,7 @@ pub fn user_to_item(user: &User) -> Item {
         item.insert("node_id".into(), s(node_id));
     }
     item.insert("connected_at".into(), n(user.connected_at));
-    let suffix = fastrand::u32(1..=10);
-    item.insert(
-        "last_connect".into(),
-        n(last_connect_key(user.last_connect, suffix)),
-    );
+    item.insert("last_connect".into(), last_connect_attr(user.last_connect));
     if user.over_msg_limit {
         item.insert("over_msg_limit".into(), AttributeValue::Bool(true));
     }

@@ -321,8 +321,9 @@ impl DynamoStore {
         condition_held(delete, "DeleteItem")
     }
 
-    /// One page of `uaid`'s messages in `table` (sort keys after the
-    /// channel row).
+    /// One page of `uaid`'s unexpired messages in `table` (sort keys after
+    /// the channel row). Expired ones are filtered out by DynamoDB, which
+    /// still reads them: TTL deletes them, within 48 hours.
     async fn message_page(
         &self,
         table: &str,
@@ -335,8 +336,10 @@ impl DynamoStore {
             .query()
             .table_name(table)
             .key_condition_expression("uaid = :u AND chidmessageid > :channels")
+            .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
             .expression_attribute_values(":u", uaid_attr(uaid))
             .expression_attribute_values(":channels", s(CHANNELS_ROW))
+            .expression_attribute_values(":now", n(now_secs()))
             .consistent_read(true)
             .limit(limit.clamp(1, self.page_size) as i32)
             .set_exclusive_start_key(start)
@@ -381,8 +384,9 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Up to `limit` unexpired messages of `uaid` in `table`, deleting the
-    /// expired ones found on the way.
+    /// Up to `limit` unexpired messages of `uaid` in `table`. Expired ones
+    /// are left to TTL: deleting them here would cost a request each, at
+    /// hello, for a user a flood left with thousands.
     async fn fetch_from(
         &self,
         table: &str,
@@ -390,7 +394,7 @@ impl DynamoStore {
         limit: usize,
     ) -> Result<Vec<Notification>> {
         let now = now_secs();
-        let (mut messages, mut expired) = (Vec::new(), Vec::new());
+        let mut messages = Vec::new();
         let mut start = None;
         while messages.len() < limit {
             let (items, next) = self
@@ -398,7 +402,8 @@ impl DynamoStore {
                 .await?;
             for item in &items {
                 match item::message_from_item(item) {
-                    Ok(m) if m.is_expired(now) => expired.push(m),
+                    // Expired between DynamoDB's filter and now.
+                    Ok(m) if m.is_expired(now) => {}
                     Ok(m) => messages.push(m),
                     Err(e) => tracing::warn!("skipping a stored message: {e}"),
                 }
@@ -407,10 +412,6 @@ impl DynamoStore {
             if start.is_none() {
                 break;
             }
-        }
-        for m in expired {
-            self.delete_message_in(table, uaid, &m.sort_key(), &m.version)
-                .await?;
         }
         Ok(messages)
     }
@@ -510,19 +511,85 @@ impl Storage for DynamoStore {
         Ok(())
     }
 
-    async fn update_user(&self, user: &User) -> Result<bool> {
-        let put = self
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
+        // A record from before connected_at was kept reads as 0.
+        let seen = match seen_connected_at {
+            0 => "(attribute_not_exists(connected_at) OR connected_at = :seen)",
+            _ => "connected_at = :seen",
+        };
+        let mut set = vec!["connected_at = :c", "last_connect = :lc"];
+        let mut remove = Vec::new();
+        let mut update = self
             .client
-            .put_item()
+            .update_item()
             .table_name(&self.tables.router)
-            .set_item(Some(item::user_to_item(&self.with_month(user))))
-            .condition_expression(
-                "attribute_not_exists(uaid) OR attribute_not_exists(connected_at) OR connected_at <= :c",
-            )
+            .set_key(Some(item::user_key(&user.uaid)))
+            .condition_expression(format!("attribute_exists(uaid) AND {seen}"))
+            .expression_attribute_values(":seen", n(seen_connected_at))
             .expression_attribute_values(":c", n(user.connected_at))
+            .expression_attribute_values(":lc", item::last_connect_attr(user.last_connect));
+        match &user.node_id {
+            Some(node_id) => {
+                set.push("node_id = :n");
+                update = update.expression_attribute_values(":n", s(node_id));
+            }
+            None => remove.push("node_id"),
+        }
+        if user.over_msg_limit {
+            set.push("over_msg_limit = :true");
+            update = update.expression_attribute_values(":true", AttributeValue::Bool(true));
+        } else {
+            remove.push("over_msg_limit");
+        }
+        if let Some(months) = &self.months {
+            // A record from before rotation starts in this month's table.
+            set.push("current_month = if_not_exists(current_month, :month)");
+            update = update.expression_attribute_values(":month", s(months.month(0)));
+        }
+        let mut expression = format!("SET {}", set.join(", "));
+        if !remove.is_empty() {
+            expression += &format!(" REMOVE {}", remove.join(", "));
+        }
+        let update = update.update_expression(expression).send().await;
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("SET last_connect = :lc")
+            .condition_expression("attribute_exists(uaid)")
+            .expression_attribute_values(":lc", item::last_connect_attr(last_connect))
             .send()
             .await;
-        condition_held(put, "PutItem")
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("SET router_data = :new")
+            .expression_attribute_values(":new", item::json_to_attr(router_data));
+        let update = match seen {
+            Some(seen) => update
+                .condition_expression("attribute_exists(uaid) AND router_data = :seen")
+                .expression_attribute_values(":seen", item::json_to_attr(seen)),
+            None => update.condition_expression(
+                "attribute_exists(uaid) AND attribute_not_exists(router_data)",
+            ),
+        };
+        condition_held(update.send().await, "UpdateItem")
     }
 
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
@@ -543,6 +610,28 @@ impl Storage for DynamoStore {
             .await
             .map_err(|e| backend("DeleteItem", e))?;
         self.remove_message_rows(uaid, &home.reads).await
+    }
+
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let home = self.home(&seen.uaid).await?;
+        let delete = self
+            .client
+            .delete_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(&seen.uaid)))
+            .expression_attribute_values(":c", n(seen.connected_at));
+        let delete = match &seen.router_data {
+            Some(data) => delete
+                .condition_expression("connected_at = :c AND router_data = :rd")
+                .expression_attribute_values(":rd", item::json_to_attr(data)),
+            None => delete
+                .condition_expression("connected_at = :c AND attribute_not_exists(router_data)"),
+        };
+        if !condition_held(delete.send().await, "DeleteItem")? {
+            return Ok(false);
+        }
+        self.remove_message_rows(&seen.uaid, &home.reads).await?;
+        Ok(true)
     }
 
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {

@@ -93,6 +93,26 @@ impl EmbeddedStore {
             .map_err(|e| StorageError::Backend(format!("storage task failed: {e}")))?
     }
 
+    /// Change an existing user record in one write transaction: `change`
+    /// sees the record as stored and says whether to write it back. Returns
+    /// whether it was written (`false` also when there is no record).
+    async fn change_user<F>(&self, uaid: Uuid, mut change: F) -> Result<bool>
+    where
+        F: FnMut(&mut User) -> bool + Send + 'static,
+    {
+        self.write(move |txn| {
+            let Some(mut user) = read_user(txn, uaid.as_u128())? else {
+                return Ok(false);
+            };
+            if !change(&mut user) {
+                return Ok(false);
+            }
+            write_user(txn, &user)?;
+            Ok(true)
+        })
+        .await
+    }
+
     /// Apply `f` in the next group commit; returns once it is durable.
     async fn write<T, F>(&self, f: F) -> Result<T>
     where
@@ -128,6 +148,28 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
     Ok(())
 }
 
+/// Delete the message under `key` if it is still `version`; returns whether
+/// it was deleted.
+fn remove_version(
+    table: &mut redb::Table<(u128, &str), &[u8]>,
+    key: (u128, &str),
+    version: &str,
+) -> Result<bool> {
+    let is_version = match table.get(key).map_err(backend)? {
+        Some(stored) => {
+            serde_json::from_slice::<Notification>(stored.value())
+                .map_err(corrupt)?
+                .version
+                == version
+        }
+        None => false,
+    };
+    if is_version {
+        table.remove(key).map_err(backend)?;
+    }
+    Ok(is_version)
+}
+
 /// A webpush user that has not said hello since `before` (ms).
 fn is_idle(user: &User, before: u64) -> bool {
     user.router_type == RouterType::WebPush && user.last_connect < before
@@ -155,16 +197,42 @@ impl Storage for EmbeddedStore {
         self.write(move |txn| write_user(txn, &user)).await
     }
 
-    async fn update_user(&self, user: &User) -> Result<bool> {
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
         let user = user.clone();
-        self.write(move |txn| {
-            if let Some(stored) = read_user(txn, user.uaid.as_u128())?
-                && stored.connected_at > user.connected_at
-            {
-                return Ok(false);
+        self.change_user(user.uaid, move |stored| {
+            if stored.connected_at != seen_connected_at {
+                return false;
             }
-            write_user(txn, &user)?;
-            Ok(true)
+            stored.node_id = user.node_id.clone();
+            stored.connected_at = user.connected_at;
+            stored.last_connect = user.last_connect;
+            stored.over_msg_limit = user.over_msg_limit;
+            true
+        })
+        .await
+    }
+
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
+        self.change_user(*uaid, move |stored| {
+            stored.last_connect = last_connect;
+            true
+        })
+        .await
+    }
+
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool> {
+        let (seen, router_data) = (seen.cloned(), router_data.clone());
+        self.change_user(*uaid, move |stored| {
+            if stored.router_data != seen {
+                return false;
+            }
+            stored.router_data = Some(router_data.clone());
+            true
         })
         .await
     }
@@ -185,18 +253,30 @@ impl Storage for EmbeddedStore {
         self.write(move |txn| remove_user_rows(txn, uaid)).await
     }
 
-    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
-        let (uaid, node_id) = (uaid.as_u128(), node_id.to_owned());
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let (uaid, connected_at, router_data) = (
+            seen.uaid.as_u128(),
+            seen.connected_at,
+            seen.router_data.clone(),
+        );
         self.write(move |txn| match read_user(txn, uaid)? {
-            Some(mut user)
-                if user.node_id.as_deref() == Some(&node_id)
-                    && user.connected_at == connected_at =>
-            {
-                user.node_id = None;
-                write_user(txn, &user)?;
+            Some(user) if user.connected_at == connected_at && user.router_data == router_data => {
+                remove_user_rows(txn, uaid)?;
                 Ok(true)
             }
             _ => Ok(false),
+        })
+        .await
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let node_id = node_id.to_owned();
+        self.change_user(*uaid, move |user| {
+            if user.node_id.as_deref() != Some(&node_id) || user.connected_at != connected_at {
+                return false;
+            }
+            user.node_id = None;
+            true
         })
         .await
     }
@@ -312,7 +392,7 @@ impl Storage for EmbeddedStore {
                     let message: Notification =
                         serde_json::from_slice(value.value()).map_err(corrupt)?;
                     if message.is_expired(now) {
-                        expired.push(key.value().1.to_owned());
+                        expired.push((key.value().1.to_owned(), message.version));
                     } else if messages.len() < limit {
                         messages.push(message);
                     } else {
@@ -323,10 +403,12 @@ impl Storage for EmbeddedStore {
             })
             .await?;
         if !expired.is_empty() {
+            // A sender may have stored a new message under an expired one's
+            // Topic since it was read: delete only the version read.
             self.write(move |txn| {
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-                for key in &expired {
-                    table.remove((uaid, key.as_str())).map_err(backend)?;
+                for (key, version) in &expired {
+                    remove_version(&mut table, (uaid, key), version)?;
                 }
                 Ok(())
             })
@@ -337,7 +419,8 @@ impl Storage for EmbeddedStore {
 
     async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
         let uaid = uaid.as_u128();
-        self.read(|db| {
+        // Up to `up_to` rows (msg_limit at hello): a scan, not a point read.
+        self.run(move |db| {
             let now = now_secs();
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
@@ -358,26 +441,14 @@ impl Storage for EmbeddedStore {
             }
             Ok(count)
         })
+        .await
     }
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            let key = (uaid, sort_key.as_str());
-            let is_version = match table.get(key).map_err(backend)? {
-                Some(stored) => {
-                    serde_json::from_slice::<Notification>(stored.value())
-                        .map_err(corrupt)?
-                        .version
-                        == version
-                }
-                None => false,
-            };
-            if is_version {
-                table.remove(key).map_err(backend)?;
-            }
-            Ok(is_version)
+            remove_version(&mut table, (uaid, &sort_key), &version)
         })
         .await
     }
@@ -510,6 +581,11 @@ impl Storage for EmbeddedStore {
     }
 
     async fn health_check(&self) -> Result<()> {
+        if !self.writer.is_running() {
+            return Err(StorageError::Backend(
+                "the embedded store's writer thread has stopped".into(),
+            ));
+        }
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             txn.open_table(USERS)

@@ -92,6 +92,15 @@ impl Writer {
         })
     }
 
+    /// Whether the writer thread still takes writes (it stops only if it
+    /// panicked).
+    pub(super) fn is_running(&self) -> bool {
+        self.thread
+            .thread
+            .as_ref()
+            .is_some_and(|thread| !thread.is_finished())
+    }
+
     /// Apply `write` in the next transaction and return its output once that
     /// transaction is durable. `write` may run twice (see `commit_loop`), so
     /// it must not have effects outside the transaction.
