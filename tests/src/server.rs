@@ -218,6 +218,31 @@ impl Server {
         }
     }
 
+    /// Freeze the process (SIGSTOP), as a stalled machine or VM is frozen:
+    /// it keeps its sockets, and the kernel still accepts connections and
+    /// buffers requests for it, but nothing answers until [`Server::resume`].
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Let a [`Server::pause`]d process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("the server is not running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) with our own child's pid; it touches no memory.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(
+            sent,
+            0,
+            "kill({pid}, {signal}): {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Start again on the same data dir, ports and arguments (killing the
     /// running process first, if any).
     pub async fn restart(&mut self) {
@@ -269,7 +294,16 @@ impl Server {
         let stdout = File::create(self.log_path("stdout")).expect("create stdout log");
         let stderr = File::create(self.log_path("stderr")).expect("create stderr log");
         let args = self.args();
-        let child = autopush_command()
+        let mut command = autopush_command();
+        if self.node.clock_offset_secs != 0 {
+            // Preloaded rather than through the `faketime` wrapper, which
+            // forks: the child must be the node itself, for `pause`.
+            command
+                .env("LD_PRELOAD", libfaketime())
+                .env("FAKETIME", format!("{:+}s", self.node.clock_offset_secs))
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        let child = command
             .args(&args)
             .envs(self.node.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -367,6 +401,10 @@ pub struct Node {
     pub env: Vec<(String, String)>,
     /// Extra command-line arguments.
     pub args: Vec<String>,
+    /// Seconds the node's wall clock (`SystemTime::now`, `clock_gettime`)
+    /// runs ahead of the real one, negative for behind, faked with
+    /// libfaketime; 0 for the real clock. Its monotonic clock is left alone.
+    pub clock_offset_secs: i64,
 }
 
 impl Default for Node {
@@ -377,8 +415,28 @@ impl Default for Node {
             endpoint_url: None,
             env: Vec::new(),
             args: Vec::new(),
+            clock_offset_secs: 0,
         }
     }
+}
+
+/// libfaketime, from the Debian package `faketime`.
+fn libfaketime() -> PathBuf {
+    // Where Debian puts it: /usr/lib/<multiarch triplet>/faketime/.
+    let triplets = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("faketime"));
+    let candidates =
+        triplets.chain(["/usr/lib/faketime", "/usr/local/lib/faketime"].map(PathBuf::from));
+    candidates
+        .map(|dir| dir.join("libfaketime.so.1"))
+        .find(|lib| lib.exists())
+        .expect(
+            "libfaketime not found; a node with a clock offset needs it \
+             (apt-get install faketime)",
+        )
 }
 
 /// Client shortcuts.

@@ -161,12 +161,19 @@ struct Cluster {
     endpoint: Server,
     a: Server,
     b: Server,
+    tables: Tables,
 }
 
 impl Cluster {
     /// Start the three nodes on fresh tables. Every node gets the same
     /// [`shared_args`].
     async fn start() -> Cluster {
+        Cluster::start_with(|_| {}).await
+    }
+
+    /// [`Cluster::start`], with connection node A set up further by
+    /// `tweak_a` (e.g. given a clock offset).
+    async fn start_with(tweak_a: impl FnOnce(&mut Node)) -> Cluster {
         let tables = dynamo::tables();
         let out = db_command(&tables, &["db", "create-tables"]).await;
         assert!(out.status.success(), "{}", text(&out.stderr));
@@ -176,9 +183,23 @@ impl Cluster {
             endpoint_url: Some(endpoint.endpoint_base()),
             ..node("connection")
         };
-        let a = Server::start_node(connection()).await;
+        let mut node_a = connection();
+        tweak_a(&mut node_a);
+        let a = Server::start_node(node_a).await;
         let b = Server::start_node(connection()).await;
-        Cluster { endpoint, a, b }
+        Cluster {
+            endpoint,
+            a,
+            b,
+            tables,
+        }
+    }
+
+    /// The user record of `uaid`, as the nodes stored it.
+    async fn user(&self, uaid: &str) -> User {
+        let store = dynamo::connect(&dynamo::local().await.endpoint, self.tables.clone()).await;
+        let uaid = uuid::Uuid::parse_str(uaid).unwrap();
+        store.get_user(&uaid).await.unwrap().expect("a user record")
     }
 }
 
@@ -214,6 +235,7 @@ fn node_on(endpoint: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node {
         endpoint_url: None,
         env: env.clone(),
         args: args.clone(),
+        clock_offset_secs: 0,
     }
 }
 
@@ -293,6 +315,91 @@ async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
         .map(|s| (s.to_string(), 1))
         .collect();
     want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
+    assert_eq!(seen, want);
+}
+
+/// Connection nodes whose clocks disagree: node A's runs ahead, so a
+/// client that moves from A to B reconnects "earlier" than the connection
+/// it replaces. Each reconnect wins all the same: the record names the
+/// node the client is on, and pushes reach it on that connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_nodes_whose_clocks_disagree() {
+    // Longer than one push and one move take, even on a loaded machine, so
+    // that every move from A to B happens while A's clock is still ahead.
+    const AHEAD_SECS: i64 = 10;
+    let cluster = Cluster::start_with(|a| a.clock_offset_secs = AHEAD_SECS).await;
+    let mut ws = cluster.b.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let mut seen = BTreeMap::new();
+
+    let moves = [("A", &cluster.a), ("B", &cluster.b)].repeat(2);
+    for (i, (name, node)) in moves.iter().enumerate() {
+        let before = now_millis();
+        ws.close().await;
+        ws = node.reconnect(&uaid).await;
+        let user = cluster.user(&uaid).await;
+        if *name == "A" {
+            let ahead = user.connected_at.saturating_sub(before);
+            assert!(
+                ahead >= (AHEAD_SECS as u64 - 1) * 1000,
+                "node A's connected_at is {ahead} ms after the real clock: not {AHEAD_SECS} s ahead \
+                 (is libfaketime applied?)"
+            );
+        }
+        assert_eq!(
+            user.node_id.as_deref(),
+            Some(node.router_base().as_str()),
+            "move {i}: the client is on node {name} but its record names another node"
+        );
+        sub.push_text(&format!("move {i}")).await;
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    let want: BTreeMap<String, usize> =
+        (0..moves.len()).map(|i| (format!("move {i}"), 1)).collect();
+    assert_eq!(seen, want);
+}
+
+/// A connection node frozen (SIGSTOP) until the endpoint has given up on
+/// it (the node call times out), then thawed (SIGCONT): its client, on the
+/// same connection, gets what is sent afterwards, and nothing answered 201
+/// is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
+    let cluster = Cluster::start().await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let mut want = BTreeMap::new();
+
+    // The endpoint answers only once its call to A has timed out.
+    cluster.a.pause();
+    let paused = sub.send(&SendOptions::text("while paused")).await;
+    cluster.a.resume();
+    if paused.status == 201 {
+        want.insert("while paused".to_owned(), 1);
+    }
+    assert_eq!(
+        cluster.user(&uaid).await.node_id.as_deref(),
+        Some(cluster.a.router_base().as_str()),
+        "after a node call timed out, the record no longer names node A, where the client is"
+    );
+
+    sub.push_text("after").await;
+    want.insert("after".to_owned(), 1);
+    let mut seen = BTreeMap::new();
+    while !seen.contains_key("after") {
+        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    }
+    // Whatever did not come on that connection comes at the next one.
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let owed = want
+        .values()
+        .sum::<usize>()
+        .saturating_sub(seen.values().sum());
+    receive_and_ack(&mut ws, &sub, owed, &mut seen).await;
+    ws.assert_nothing_arrives().await;
     assert_eq!(seen, want);
 }
 
