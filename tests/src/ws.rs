@@ -300,10 +300,18 @@ impl WsClient {
         loop {
             match self.next_json(deadline).await {
                 Next::Json(v) => messages.push(v),
-                Next::TimedOut => panic!(
-                    "the server did not close the connection within {HANG_GUARD:?}; \
-                     received: {messages:?}"
-                ),
+                Next::TimedOut => {
+                    // Message types only: notifications can be megabytes.
+                    let types: Vec<&str> = messages
+                        .iter()
+                        .map(|m| m["messageType"].as_str().unwrap_or("?"))
+                        .collect();
+                    panic!(
+                        "the server did not close the connection within {HANG_GUARD:?}; \
+                         received {} messages: {types:?}",
+                        messages.len()
+                    )
+                }
                 Next::Closed(mut c) => {
                     c.messages = messages;
                     return c;

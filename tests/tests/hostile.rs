@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use autopush_tests::prometheus::Scrape;
 use autopush_tests::*;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -360,21 +361,25 @@ async fn a_client_that_stops_reading_is_dropped_and_its_messages_kept() {
     let (mut slow, bodies) = stalled_client_with_pushes(&server).await;
     let uaid = slow.uaid().to_string();
 
-    // The node gives up on the client and stores every message it never
-    // acknowledged (nothing else tells it to: no kick, no shutdown).
-    let path = format!("/user/{uaid}");
+    // The node gives up on the client (nothing else tells it to: no kick,
+    // no shutdown); the client must not read before that, or it would
+    // unblock the send the node is waiting on.
+    let metrics = format!("{}/metrics", server.router_base());
     tokio::time::timeout(HANG_GUARD, async {
-        while server
-            .router_call(reqwest::Method::GET, &path, None)
-            .await
-            .json["stored_messages"]
-            != BIG_PUSHES
-        {
+        loop {
+            let scrape = Scrape::parse(&http::get(&metrics).await.text);
+            if scrape.value("ua_connection_closed", &[("code", "1000")]) == 1.0 {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("the stalled client's messages were not all stored"));
+    .unwrap_or_else(|_| panic!("the node never gave up on the stalled client"));
+    // Every message it never acknowledged is stored.
+    let path = format!("/user/{uaid}");
+    let user = server.router_call(reqwest::Method::GET, &path, None).await;
+    assert_eq!(user.json["stored_messages"], BIG_PUSHES, "{}", user.json);
     slow.expect_closed().await;
 
     let mut again = server.reconnect(&uaid).await;
