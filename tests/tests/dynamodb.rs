@@ -403,18 +403,25 @@ async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
     assert_eq!(seen, want);
 }
 
-/// DynamoDB refusing requests for throughput: a short burst is absorbed by
-/// the retries; a long one reaches senders as 503 errno 201 with
-/// Retry-After, clients as close 1013 and the heartbeat as failing; when it
-/// ends, everything accepted is delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
+/// An all-in-one node on fresh tables, reaching DynamoDB through a
+/// [`ThrottlingProxy`] (which counts requests and can refuse them).
+async fn node_behind_proxy() -> (Tables, ThrottlingProxy, Server) {
     let tables = dynamo::tables();
     let out = db_command(&tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
     let node =
         Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    (tables, proxy, node)
+}
+
+/// DynamoDB refusing requests for throughput: a short burst is absorbed by
+/// the retries; a long one reaches senders as 503 errno 201 with
+/// Retry-After, clients as close 1013 and the heartbeat as failing; when it
+/// ends, everything accepted is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
+    let (_, proxy, node) = node_behind_proxy().await;
     let (uaid, sub) = node.offline_subscription(false).await;
 
     proxy.throttle_next(3);
@@ -551,12 +558,7 @@ async fn records_written_by_the_seeds_schema_are_read() {
 /// requests per message is noticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_delivered_message() {
-    let tables = dynamo::tables();
-    let out = db_command(&tables, &["db", "create-tables"]).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let node =
-        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let (_, proxy, node) = node_behind_proxy().await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
@@ -862,12 +864,7 @@ fn assert_shows_none(what: &str, shown: &str, words: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_errors_reach_the_log_and_never_the_public() {
     use autopush_tests::http;
-    let tables = dynamo::tables();
-    let out = db_command(&tables, &["db", "create-tables"]).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let node =
-        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let (tables, proxy, node) = node_behind_proxy().await;
     let words = backend_words(&tables);
 
     // Before the outage: a connected client with a channel, a message for
@@ -954,12 +951,7 @@ async fn backend_errors_reach_the_log_and_never_the_public() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_hits_share_one_storage_check_at_a_time() {
     use autopush_tests::http;
-    let tables = dynamo::tables();
-    let out = db_command(&tables, &["db", "create-tables"]).await;
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let node =
-        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let (_, proxy, node) = node_behind_proxy().await;
 
     let urls: Vec<String> = [node.endpoint_base(), node.ws_http_base()]
         .iter()

@@ -69,12 +69,18 @@ async fn idle_users_are_swept() {
     ])
     .await;
     let (_, sub) = server.offline_subscription(false).await;
-    let guard = tokio::time::Instant::now() + HANG_GUARD;
+    until_swept(&sub, HANG_GUARD).await;
+}
+
+/// Push to `sub` until it answers 410 (its user was swept); panics after
+/// `guard`.
+async fn until_swept(sub: &Subscription, guard: Duration) {
+    let guard = tokio::time::Instant::now() + guard;
     loop {
         let reply = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
         if reply.status == 410 {
             reply.assert_error(410, 103);
-            break;
+            return;
         }
         assert_eq!(reply.status, 201, "{}", reply.text);
         assert!(
@@ -103,19 +109,7 @@ async fn connected_clients_are_never_swept_as_idle() {
     // Said hello after the connected client: idle for less long.
     let (_, offline) = server.offline_subscription(false).await;
     // The window alone is most of a hang guard.
-    let guard = tokio::time::Instant::now() + 4 * HANG_GUARD;
-    loop {
-        let reply = http::post_push(&offline.endpoint, &[("ttl", "60")], None).await;
-        if reply.status == 410 {
-            break;
-        }
-        assert_eq!(reply.status, 201, "{}", reply.text);
-        assert!(
-            tokio::time::Instant::now() < guard,
-            "the idle user was never swept"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_swept(&offline, 4 * HANG_GUARD).await;
     let reply = http::post_push(&sub.endpoint, &[("ttl", "60")], None).await;
     reply.assert_created();
     let notification = ws.recv_notification().await;
