@@ -9,6 +9,11 @@ pub const ERROR_URL: &str = "http://autopush.readthedocs.io/en/latest/http.html#
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// Whole seconds to wait, rounded up: `Retry-After: 0` would invite a storm.
+pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
+}
+
 /// A failure of an API call, rendered as `{code, errno, error, message, more_info}`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -55,6 +60,13 @@ pub enum ApiError {
     BridgeUnavailable { retry_after: u64 },
     #[error("Not found")]
     NotFound,
+    /// Over a rate limit (`what` names it: "sender", "subscription",
+    /// "source address", "bridge app"); back off for `retry_after` seconds.
+    #[error("Too many requests for this {what}; retry after {retry_after} seconds")]
+    TooManyRequests {
+        what: &'static str,
+        retry_after: u64,
+    },
     /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
@@ -75,6 +87,7 @@ impl ApiError {
             | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -95,7 +108,8 @@ impl ApiError {
             MissingTtl => 111,
             InvalidTtl(_) => 112,
             InvalidTopic(_) => 113,
-            Storage(_) | BridgeUnavailable { .. } => 201,
+            // "Use exponential back-off for retries".
+            Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } => 201,
             Internal(_) => 999,
         }
     }
@@ -104,7 +118,8 @@ impl ApiError {
     /// the errors that invite a retry.
     pub fn retry_after(&self) -> Option<u64> {
         match self {
-            ApiError::BridgeUnavailable { retry_after } => Some((*retry_after).max(1)),
+            ApiError::BridgeUnavailable { retry_after }
+            | ApiError::TooManyRequests { retry_after, .. } => Some((*retry_after).max(1)),
             ApiError::Storage(_) => Some(120),
             _ => None,
         }

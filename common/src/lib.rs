@@ -5,6 +5,7 @@ pub mod bridge;
 pub mod endpoint;
 pub mod errors;
 pub mod ids;
+pub mod limit;
 pub mod metrics;
 pub mod node;
 pub mod node_auth;

@@ -47,6 +47,22 @@ pub const BRIDGE_TIME: &str = "notification.bridge.time";
 pub const STORAGE_TIME: &str = "storage.time";
 /// Failed storage operations: `backend`, `op`.
 pub const STORAGE_ERRORS: &str = "storage.error";
+/// Requests refused over a rate limit: `limit` (`sender`, `subscription`,
+/// `source_ip`, `registration`, `new_uaid`, `bridge_app`).
+pub const RATE_LIMITED: &str = "rate_limit.refused";
+/// Keys a rate limiter tracks now: `limit`.
+pub const RATE_LIMIT_KEYS: &str = "rate_limit.keys";
+
+/// A request refused by the `limit` limiter, which now tracks `keys` keys.
+pub fn rate_limited(limit: &'static str, keys: usize) {
+    counter!(RATE_LIMITED, "limit" => limit).increment(1);
+    gauge!(RATE_LIMIT_KEYS, "limit" => limit).set(keys as f64);
+}
+
+/// How many keys the `limit` limiter tracks (sampled now and then).
+pub fn rate_limit_keys(limit: &'static str, keys: usize) {
+    gauge!(RATE_LIMIT_KEYS, "limit" => limit).set(keys as f64);
+}
 
 /// What became of an accepted push.
 pub fn push_answered(router_type: Option<RouterType>, status: u16, errno: Option<u16>) {

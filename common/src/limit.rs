@@ -1,0 +1,186 @@
+//! Rate limits: a token bucket per key (a sender's VAPID key, a
+//! subscription, a source IP, a bridge app), in a map of bounded size.
+//!
+//! A bucket holds up to `burst` tokens and gains `rate` tokens a second; a
+//! request takes one, and one that finds none is refused with the time until
+//! the next token. The map never holds more than `max_keys` buckets: a
+//! bucket that has refilled carries no state and is dropped first, and when
+//! none has, an arbitrary one goes, so a flood of fresh keys costs bounded
+//! memory and at worst hands some other key a fresh burst (never a refusal
+//! it did not earn).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Independent maps, each behind its own lock, so senders rarely wait on
+/// each other.
+const SHARDS: usize = 16;
+
+/// A rate: `per_second` sustained, `burst` at once.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rate {
+    pub per_second: f64,
+    pub burst: f64,
+}
+
+impl Rate {
+    /// `per_second` sustained with a burst of `burst`; `None` when
+    /// `per_second` is 0 (no limit).
+    pub fn new(per_second: f64, burst: f64) -> Option<Rate> {
+        (per_second > 0.0).then_some(Rate {
+            per_second,
+            burst: burst.max(1.0),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: f64,
+    updated: Instant,
+}
+
+impl Bucket {
+    fn refill(&mut self, rate: Rate, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
+        self.updated = now;
+    }
+
+    fn is_full(&self, rate: Rate, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens + elapsed * rate.per_second >= rate.burst
+    }
+}
+
+struct Shard<K> {
+    buckets: HashMap<K, Bucket>,
+    /// When refilled buckets were last dropped to make room.
+    last_purge: Option<Instant>,
+}
+
+/// Token buckets by key, at most `max_keys` of them.
+pub struct Limiter<K> {
+    rate: Rate,
+    per_shard: usize,
+    shards: Vec<Mutex<Shard<K>>>,
+    hasher: RandomState,
+}
+
+impl<K: Hash + Eq + Clone> Limiter<K> {
+    pub fn new(rate: Rate, max_keys: usize) -> Self {
+        Limiter {
+            rate,
+            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        buckets: HashMap::new(),
+                        last_purge: None,
+                    })
+                })
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// Take a token for `key`, or say how long until one is there.
+    pub fn check(&self, key: &K) -> Result<(), Duration> {
+        self.check_at(key, Instant::now())
+    }
+
+    /// [`Limiter::check`] at `now` (tests drive the clock).
+    pub fn check_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
+        let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        if !shard.buckets.contains_key(key) && shard.buckets.len() >= self.per_shard {
+            self.make_room(&mut shard, now);
+        }
+        let rate = self.rate;
+        let bucket = shard.buckets.entry(key.clone()).or_insert(Bucket {
+            tokens: rate.burst,
+            updated: now,
+        });
+        bucket.refill(rate, now);
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (1.0 - bucket.tokens) / rate.per_second,
+            ))
+        }
+    }
+
+    /// Drop the buckets that have refilled (at most once a second: it is a
+    /// scan), else any one bucket.
+    fn make_room(&self, shard: &mut Shard<K>, now: Instant) {
+        let due = shard
+            .last_purge
+            .is_none_or(|last| now.saturating_duration_since(last) >= Duration::from_secs(1));
+        if due {
+            shard.last_purge = Some(now);
+            let rate = self.rate;
+            shard.buckets.retain(|_, b| !b.is_full(rate, now));
+        }
+        if shard.buckets.len() >= self.per_shard
+            && let Some(key) = shard.buckets.keys().next().cloned()
+        {
+            shard.buckets.remove(&key);
+        }
+    }
+
+    /// Keys tracked now (at most `max_keys`, rounded up to the shards).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).buckets.len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limiter(per_second: f64, burst: f64, max_keys: usize) -> Limiter<u64> {
+        Limiter::new(Rate::new(per_second, burst).unwrap(), max_keys)
+    }
+
+    #[test]
+    fn a_burst_then_the_sustained_rate() {
+        let limiter = limiter(2.0, 3.0, 100);
+        let start = Instant::now();
+        for _ in 0..3 {
+            assert!(limiter.check_at(&1, start).is_ok());
+        }
+        let wait = limiter.check_at(&1, start).unwrap_err();
+        assert_eq!(wait, Duration::from_millis(500));
+        // Another key is not affected.
+        assert!(limiter.check_at(&2, start).is_ok());
+        let later = start + Duration::from_millis(500);
+        assert!(limiter.check_at(&1, later).is_ok());
+        assert!(limiter.check_at(&1, later).is_err());
+    }
+
+    #[test]
+    fn memory_stays_bounded_under_many_fresh_keys() {
+        let limiter = limiter(1.0, 5.0, 1000);
+        let start = Instant::now();
+        for key in 0..100_000u64 {
+            let now = start + Duration::from_micros(key);
+            assert!(limiter.check_at(&key, now).is_ok());
+            assert!(limiter.len() <= 1000 + SHARDS, "{} keys", limiter.len());
+        }
+    }
+}
