@@ -19,6 +19,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
@@ -58,6 +59,38 @@ impl Default for HttpLimits {
     }
 }
 
+/// The address a request came from, in every request's extensions (read it
+/// with `warp::ext::get::<Peer>()`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(pub IpAddr);
+
+/// The client a request speaks for: the peer, unless the peer is one of the
+/// `trusted` proxies, in which case the nearest address in
+/// `X-Forwarded-For` that is not a trusted proxy (a client can put anything
+/// at the start of that header; only what our proxies appended counts).
+pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
+    if !trusted.contains(&peer) {
+        return peer;
+    }
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    for hop in forwarded.iter().rev() {
+        match hop.parse::<IpAddr>() {
+            Ok(ip) if trusted.contains(&ip) => continue,
+            Ok(ip) => return ip,
+            // Garbage where a proxy should have written an address: the
+            // last trustworthy hop is the proxy itself.
+            Err(_) => return peer,
+        }
+    }
+    peer
+}
+
 /// Refused connections answered at once; beyond these, new connections over
 /// the cap are closed without an answer.
 const MAX_REFUSING: usize = 64;
@@ -81,12 +114,12 @@ where
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => {
+        let (stream, peer) = match listener.accept().await {
+            Ok((stream, peer)) => {
                 // Small websocket frames and responses go out at once rather
                 // than waiting ~40 ms on the client's delayed ack (Nagle).
                 let _ = stream.set_nodelay(true);
-                stream
+                (stream, peer)
             }
             Err(e) => {
                 accept_failed(e).await;
@@ -114,7 +147,11 @@ where
         tokio::spawn(async move {
             let cycle = Arc::new(Cycle::new(limits));
             let io = TokioIo::new(Watched::new(stream, cycle.clone()));
-            let service = Served { service, cycle };
+            let service = Served {
+                service,
+                cycle,
+                peer: Peer(peer.ip()),
+            };
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
                 // hyper's own header timer runs from the end of the previous
@@ -351,6 +388,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<T> {
 struct Served<S> {
     service: S,
     cycle: Arc<Cycle>,
+    peer: Peer,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Served<S>
@@ -368,7 +406,8 @@ where
     fn call(&self, request: Request<Incoming>) -> Self::Future {
         self.cycle.set(Phase::Busy);
         let due = Instant::now() + self.cycle.limits.body_timeout;
-        let request = request.map(|body| TimedBody::new(body, due));
+        let mut request = request.map(|body| TimedBody::new(body, due));
+        request.extensions_mut().insert(self.peer);
         let mut service = self.service.clone();
         let cycle = self.cycle.clone();
         Box::pin(async move {
@@ -461,6 +500,30 @@ impl Body for TimedBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod client_ip_tests {
+    use super::*;
+
+    fn headers(xff: &str) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        h.insert("x-forwarded-for", xff.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_from_trusted_proxies() {
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        let client: IpAddr = "203.0.113.9".parse().unwrap();
+        let h = headers("198.51.100.1, 203.0.113.9");
+        // Not from a proxy: the header is the client's own say.
+        assert_eq!(client_ip(client, &h, &[proxy]), client);
+        // From our proxy: the address it appended, not what the client put first.
+        assert_eq!(client_ip(proxy, &h, &[proxy]), client);
+        assert_eq!(client_ip(proxy, &headers("garbage"), &[proxy]), proxy);
+        assert_eq!(client_ip(proxy, &http::HeaderMap::new(), &[proxy]), proxy);
     }
 }
 

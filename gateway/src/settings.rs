@@ -9,11 +9,13 @@
 //! its line in [`Settings::from_layer`].
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use autopush_apns::settings::ApnsSettings;
 use autopush_common::Secret;
+use autopush_common::limit::Rate;
 use autopush_connection::http::HttpLimits;
 use autopush_fcm::settings::{AppSettings, BridgeSection, apps_from_json};
 use clap::Args;
@@ -133,6 +135,35 @@ pub struct SettingsLayer {
     /// reading is disconnected and its unacknowledged messages stored [default: 5]
     #[arg(long, env = "AUTOPUSH_WS_SEND_TIMEOUT", global = true)]
     pub ws_send_timeout: Option<f64>,
+    /// Pushes per VAPID key (signed pushes), as `PER_SECOND,BURST`; `0`
+    /// turns the limit off [default: 1000,10000]
+    #[arg(long, env = "AUTOPUSH_SENDER_LIMIT", global = true)]
+    pub sender_limit: Option<String>,
+    /// Unsigned pushes per subscription, as `PER_SECOND,BURST` [default: 10,100]
+    #[arg(long, env = "AUTOPUSH_SUBSCRIPTION_LIMIT", global = true)]
+    pub subscription_limit: Option<String>,
+    /// Unsigned pushes per source address, as `PER_SECOND,BURST` [default: 100,1000]
+    #[arg(long, env = "AUTOPUSH_SOURCE_IP_LIMIT", global = true)]
+    pub source_ip_limit: Option<String>,
+    /// `/v1` registrations per source address, as `PER_SECOND,BURST` [default: 1,20]
+    #[arg(long, env = "AUTOPUSH_REGISTRATION_LIMIT", global = true)]
+    pub registration_limit: Option<String>,
+    /// New UAIDs handed out at websocket hello per source address, as
+    /// `PER_SECOND,BURST` [default: 1,20]
+    #[arg(long, env = "AUTOPUSH_NEW_UAID_LIMIT", global = true)]
+    pub new_uaid_limit: Option<String>,
+    /// Pushes per bridge app (APNs channel, FCM/GCM app), as
+    /// `PER_SECOND,BURST` [default: 5000,10000]
+    #[arg(long, env = "AUTOPUSH_BRIDGE_APP_LIMIT", global = true)]
+    pub bridge_app_limit: Option<String>,
+    /// Most keys (senders, subscriptions, addresses) each rate limiter
+    /// tracks; beyond it, the least informative are forgotten [default: 100000]
+    #[arg(long, env = "AUTOPUSH_LIMITER_MAX_KEYS", global = true)]
+    pub limiter_max_keys: Option<usize>,
+    /// Proxies (comma-separated IP addresses) whose `X-Forwarded-For` names
+    /// the client; from anyone else the header is ignored [default: none]
+    #[arg(long, env = "AUTOPUSH_TRUSTED_PROXIES", global = true)]
+    pub trusted_proxies: Option<String>,
     /// Seconds an HTTP client has to send a request head, from connecting or
     /// from its first byte, on every port [default: 10]
     #[arg(long, env = "AUTOPUSH_HTTP_HEADER_TIMEOUT", global = true)]
@@ -288,6 +319,8 @@ pub struct Settings {
     /// `None`: decided at start-up from the open-file limit.
     pub max_connections: Option<usize>,
     pub ws_send_timeout: Duration,
+    /// Rate limits and who they count.
+    pub limits: RateLimits,
     /// Timeouts and connection cap of every HTTP port.
     pub http: HttpLimits,
     pub vapid_cache_size: usize,
@@ -319,6 +352,51 @@ fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, Str
     let value = value.unwrap_or(default);
     Duration::try_from_secs_f64(value)
         .map_err(|_| format!("{name} must be a non-negative number of seconds"))
+}
+
+/// Rate limits (`None`: off) and the proxies trusted to name the client.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateLimits {
+    pub sender: Option<Rate>,
+    pub subscription: Option<Rate>,
+    pub source_ip: Option<Rate>,
+    pub registration: Option<Rate>,
+    pub new_uaid: Option<Rate>,
+    pub bridge_app: Option<Rate>,
+    pub max_keys: usize,
+    pub trusted_proxies: Vec<IpAddr>,
+}
+
+/// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
+/// for no limit.
+fn rate(name: &str, value: Option<&str>, default: &str) -> Result<Option<Rate>, String> {
+    let value = value.unwrap_or(default).trim();
+    let (per_second, burst) = value.split_once(',').unwrap_or((value, value));
+    let number = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|n| n.is_finite() && *n >= 0.0)
+    };
+    match (number(per_second), number(burst)) {
+        (Some(per_second), Some(burst)) => Ok(Rate::new(per_second, burst)),
+        _ => Err(format!(
+            "{name} must be PER_SECOND,BURST (e.g. 10,100) or 0 for no limit, got {value:?}"
+        )),
+    }
+}
+
+fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            v.parse()
+                .map_err(|_| format!("trusted_proxies: {v:?} is not an IP address"))
+        })
+        .collect()
 }
 
 /// A timeout that cannot be zero (it would close every connection at once).
@@ -449,6 +527,31 @@ impl Settings {
                 other => other,
             },
             ws_send_timeout: timeout("ws_send_timeout", l.ws_send_timeout, 5.0)?,
+            limits: RateLimits {
+                sender: rate("sender_limit", l.sender_limit.as_deref(), "1000,10000")?,
+                subscription: rate(
+                    "subscription_limit",
+                    l.subscription_limit.as_deref(),
+                    "10,100",
+                )?,
+                source_ip: rate("source_ip_limit", l.source_ip_limit.as_deref(), "100,1000")?,
+                registration: rate(
+                    "registration_limit",
+                    l.registration_limit.as_deref(),
+                    "1,20",
+                )?,
+                new_uaid: rate("new_uaid_limit", l.new_uaid_limit.as_deref(), "1,20")?,
+                bridge_app: rate(
+                    "bridge_app_limit",
+                    l.bridge_app_limit.as_deref(),
+                    "5000,10000",
+                )?,
+                max_keys: match l.limiter_max_keys {
+                    Some(0) => return Err("limiter_max_keys must be at least 1".into()),
+                    other => other.unwrap_or(100_000),
+                },
+                trusted_proxies: trusted_proxies(l.trusted_proxies.as_deref())?,
+            },
             http: HttpLimits {
                 header_timeout: timeout("http_header_timeout", l.http_header_timeout, 10.0)?,
                 idle_timeout: timeout("http_idle_timeout", l.http_idle_timeout, 75.0)?,

@@ -40,6 +40,12 @@ fn secret(s: &Option<autopush_common::Secret>) -> String {
         .unwrap_or_default()
 }
 
+/// A rate setting as typed: `PER_SECOND,BURST`.
+fn rate_text(rate: Option<autopush_common::limit::Rate>) -> String {
+    rate.map(|r| format!("{},{}", r.per_second, r.burst))
+        .unwrap_or_default()
+}
+
 const CASES: &[Case] = &[
     case("host", "127.0.0.2", "127.0.0.3", |s| s.host.clone()),
     case("port", "7001", "7002", |s| s.port.to_string()),
@@ -94,6 +100,35 @@ const CASES: &[Case] = &[
         s.drop_idle_users_after
             .map_or(0.0, |d| d.as_secs_f64() / 86_400.0)
             .to_string()
+    }),
+    case("sender_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.sender)
+    }),
+    case("subscription_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.subscription)
+    }),
+    case("source_ip_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.source_ip)
+    }),
+    case("registration_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.registration)
+    }),
+    case("new_uaid_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.new_uaid)
+    }),
+    case("bridge_app_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.bridge_app)
+    }),
+    case("limiter_max_keys", "5", "6", |s| {
+        s.limits.max_keys.to_string()
+    }),
+    case("trusted_proxies", "10.0.0.1", "10.0.0.2,10.0.0.3", |s| {
+        s.limits
+            .trusted_proxies
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
     }),
     case("ws_send_timeout", "1.5", "2.5", |s| {
         s.ws_send_timeout.as_secs_f64().to_string()
