@@ -243,6 +243,7 @@ pub async fn start(
             vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
             max_data_bytes: settings.max_data_bytes,
             health,
+            fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
         });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));
