@@ -245,6 +245,16 @@ pub async fn start(
             health,
             fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
         });
+        servers.spawn({
+            let state = state.clone();
+            async move {
+                let mut every = tokio::time::interval(endpoint::fair_use::REPORT_EVERY);
+                loop {
+                    every.tick().await;
+                    state.fair_use.report();
+                }
+            }
+        });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));
         servers.spawn(autopush_connection::http::serve(

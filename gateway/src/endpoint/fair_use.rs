@@ -19,6 +19,9 @@ use uuid::Uuid;
 use crate::settings::RateLimits;
 use crate::vapid::VapidIdentity;
 
+/// How often the limiters' sizes are reported.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+
 pub struct FairUse {
     sender: Option<Limiter<[u8; 32]>>,
     subscription: Option<Limiter<(Uuid, Uuid)>>,
@@ -66,6 +69,19 @@ impl FairUse {
                 take(&self.source_ip, &client, "source_ip", "source address")
             }
         }
+    }
+
+    /// Report how many keys each limiter tracks (`rate_limit.keys`).
+    pub fn report(&self) {
+        fn keys<K: std::hash::Hash + Eq + Clone>(name: &'static str, l: &Option<Limiter<K>>) {
+            if let Some(l) = l {
+                metrics::rate_limit_keys(name, l.len());
+            }
+        }
+        keys("sender", &self.sender);
+        keys("subscription", &self.subscription);
+        keys("source_ip", &self.source_ip);
+        keys("registration", &self.registration);
     }
 
     /// A `/v1` registration from `client`.
