@@ -80,6 +80,8 @@ impl Server {
             .args(["--endpoint-url", &endpoint_url])
             .arg("--db")
             .arg(data.path())
+            // Every client of the load comes from this one address.
+            .args(["--new-uaid-limit", "0"])
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -9,11 +9,13 @@
 //! * [`health`] is shared by every public HTTP port.
 //! * [`http`] serves HTTP on every port, with timeouts and a connection cap.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::limit::Limiter;
 use autopush_common::node::NodeClient;
 use autopush_storage::Storage;
 
@@ -52,6 +54,9 @@ pub struct ConnectionSettings {
     /// housekeeping never takes a client connected for longer than the
     /// idle window for an idle one.
     pub refresh_last_connect: Duration,
+    /// Proxies whose `X-Forwarded-For` names the client of a websocket
+    /// upgrade (for the quota of new UAIDs).
+    pub trusted_proxies: Vec<IpAddr>,
 }
 
 impl Default for ConnectionSettings {
@@ -67,6 +72,7 @@ impl Default for ConnectionSettings {
             max_connections: 10_000,
             send_timeout: Duration::from_secs(5),
             refresh_last_connect: Duration::from_secs(86_400),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct NodeContext {
     pub nodes: NodeClient,
     /// Websockets open now (from the upgrade until the session ends).
     pub open_sockets: AtomicUsize,
+    /// New UAIDs handed out at hello, by client address (`None`: no quota).
+    pub new_uaids: Option<Limiter<IpAddr>>,
 }
 
 impl NodeContext {

@@ -192,6 +192,74 @@ async fn pings_spaced_by_the_minimum_interval_are_answered() {
     assert_eq!(ws.recv().await, json!({}));
 }
 
+/// Say hello as a new user agent and expect the quota's refusal: status
+/// 429 in the hello reply, then close 1013 (try again later).
+async fn expect_new_uaid_refused(ws: &mut WsClient, offered: Option<&str>) {
+    let reply = ws.hello(offered).await;
+    assert_eq!(reply["messageType"], "hello", "{reply}");
+    assert_eq!(reply["status"], 429, "{reply}");
+    assert!(reply["reason"].is_string(), "{reply}");
+    assert!(reply.get("uaid").is_none(), "{reply}");
+    let closed = ws.expect_closed().await;
+    assert_eq!(closed.code, Some(1013), "{closed:?}");
+}
+
+#[tokio::test]
+async fn new_uaids_at_hello_are_limited_per_address() {
+    // A burst of 3, then one new UAID per 100 s: the 4th is over the quota
+    // however slowly this machine runs the test.
+    let server = Server::start_with(&["--new-uaid-limit", "0.01,3"]).await;
+    let first = WsClient::connect_hello(&server.ws_url(), None).await;
+    let uaid = first.uaid().to_string();
+    first.close().await;
+    for _ in 0..2 {
+        WsClient::connect_hello(&server.ws_url(), None)
+            .await
+            .close()
+            .await;
+    }
+
+    let mut fourth = WsClient::connect(&server.ws_url()).await;
+    expect_new_uaid_refused(&mut fourth, None).await;
+    // An unknown UAID would be replaced by a new one: refused too.
+    let mut unknown = WsClient::connect(&server.ws_url()).await;
+    expect_new_uaid_refused(&mut unknown, Some("0123456789abcdef0123456789abcdef")).await;
+
+    // A user agent the service knows reconnects from the same address.
+    let mut again = WsClient::connect_hello(&server.ws_url(), Some(&uaid)).await;
+    assert_eq!(again.uaid(), uaid);
+    let reply = again.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+
+    let metrics = autopush_tests::http::get(&format!("{}/metrics", server.router_base())).await;
+    let scrape = autopush_tests::prometheus::Scrape::parse(&metrics.text);
+    assert_eq!(
+        scrape.value("rate_limit_refused", &[("limit", "new_uaid")]),
+        2.0,
+        "{}",
+        metrics.text
+    );
+}
+
+#[tokio::test]
+async fn the_new_uaid_quota_counts_the_client_a_trusted_proxy_names() {
+    let server = Server::start_with(&[
+        "--new-uaid-limit",
+        "0.01,1",
+        "--trusted-proxies",
+        "127.0.0.1",
+    ])
+    .await;
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    let mut a = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.1")).await;
+    assert_eq!(a.hello(None).await["status"], 200);
+    let mut a_again = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.1")).await;
+    expect_new_uaid_refused(&mut a_again, None).await;
+    // Another client behind the same proxy has its own quota.
+    let mut b = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.2")).await;
+    assert_eq!(b.hello(None).await["status"], 200);
+}
+
 #[tokio::test]
 async fn invalid_json_gets_an_error_and_a_close() {
     let server = Server::start().await;

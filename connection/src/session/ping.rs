@@ -14,10 +14,7 @@ impl Session {
         if let Some(last) = self.last_client_ping
             && now.duration_since(last) < self.ctx.settings.min_ping_interval
         {
-            return Err(Close {
-                code: 4774,
-                reason: "pinging too often".into(),
-            });
+            return Err(Close::new(4774, "pinging too often"));
         }
         self.last_client_ping = Some(now);
         self.send_text(PONG.to_owned()).await
