@@ -38,7 +38,9 @@ pub struct ConnectionSettings {
     pub auto_ping_interval: Duration,
     /// ...and close the connection if no pong arrives within this time.
     pub auto_ping_timeout: Duration,
-    /// A client that sends `{}` pings more often than this is closed.
+    /// A client's `{}` pings may come this often on average: each takes a
+    /// token, one comes back per interval, and a client that runs out
+    /// (pinging in a tight loop) is closed. Zero: no limit.
     pub min_ping_interval: Duration,
     /// A client with more stored messages than this gets a new UAID at hello.
     pub msg_limit: usize,
@@ -65,7 +67,7 @@ impl Default for ConnectionSettings {
             hello_timeout: Duration::from_secs(30),
             auto_ping_interval: Duration::from_secs(300),
             auto_ping_timeout: Duration::from_secs(10),
-            min_ping_interval: Duration::from_secs(45),
+            min_ping_interval: Duration::from_secs(20),
             msg_limit: 100,
             max_channels: 1000,
             max_message_size: 32 * 1024,

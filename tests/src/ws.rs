@@ -256,6 +256,19 @@ impl WsClient {
         }
     }
 
+    /// The next JSON message, or how the server closed the connection
+    /// (hang guard: panics after [`HANG_GUARD`]).
+    pub async fn recv_or_closed(&mut self) -> Result<Value, Closed> {
+        if let Some(v) = self.pending.pop_front() {
+            return Ok(v);
+        }
+        match self.next_json(Instant::now() + HANG_GUARD).await {
+            Next::Json(v) => Ok(v),
+            Next::TimedOut => panic!("no message or close from the server within {HANG_GUARD:?}"),
+            Next::Closed(c) => Err(c),
+        }
+    }
+
     /// The next message whose `messageType` is `kind`; other messages read
     /// meanwhile are kept for later `recv` calls.
     pub async fn recv_type(&mut self, kind: &str) -> Value {

@@ -169,15 +169,69 @@ async fn ping_gets_an_empty_object() {
     assert_eq!(ws.recv().await, json!({}));
 }
 
+/// Ping, wait for the pong, and sleep `gap` before the next, `n` times.
+async fn ping_every(ws: &mut WsClient, gap: Duration, n: usize) {
+    for i in 0..n {
+        ws.ping().await;
+        let pong = ws.recv().await;
+        assert_eq!(pong, json!({}), "ping {i} of {n}");
+        tokio::time::sleep(gap).await;
+    }
+}
+
 #[tokio::test]
-async fn a_second_ping_too_soon_closes_the_connection() {
-    // Default --min-ping-interval is 45 s: two pings in a row are too many.
+async fn a_client_pinging_just_slower_than_the_minimum_stays_connected() {
+    // Pings spaced just above --min-ping-interval (each waits for its pong
+    // and then the gap, so the server never sees two closer than the gap),
+    // many more of them than any burst allowance: every one is answered.
+    let server = Server::start_with(&["--min-ping-interval", "0.2"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ping_every(&mut ws, Duration::from_millis(250), 40).await;
+    // Still connected and served.
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+}
+
+#[tokio::test]
+async fn a_few_pings_too_early_are_answered_and_the_client_stays() {
+    // Default --min-ping-interval: three pings in a row are too early, but
+    // a client that does this now and then (a network change, a resume) is
+    // answered, not closed.
     let server = Server::start().await;
     let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
-    ws.ping().await;
-    assert_eq!(ws.recv().await, json!({}));
-    ws.ping().await;
-    ws.expect_closed().await;
+    for _ in 0..3 {
+        ws.ping().await;
+        assert_eq!(ws.recv().await, json!({}));
+    }
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+}
+
+#[tokio::test]
+async fn a_client_pinging_in_a_tight_loop_is_closed_with_4774() {
+    let server = Server::start_with(&["--min-ping-interval", "0.5"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    // Each ping right after the last pong: however slowly the server
+    // answers, 200 of them cannot have been 0.5 s apart. (One at a time,
+    // so no ping is left unread when the server closes.)
+    let mut pongs = 0;
+    let closed = loop {
+        ws.ping().await;
+        match ws.recv_or_closed().await {
+            Ok(pong) if pong == json!({}) => {
+                pongs += 1;
+                assert!(pongs < 200, "200 pings in a tight loop, never closed");
+            }
+            // The error message that comes before the close.
+            Ok(refusal) => {
+                assert!(refusal["reason"].is_string(), "{refusal}");
+                break ws.expect_closed().await;
+            }
+            Err(closed) => break closed,
+        }
+    };
+    assert_eq!(closed.code, Some(4774), "{closed:?}");
+    assert!(pongs > 0, "the first ping was not answered: {closed:?}");
 }
 
 #[tokio::test]

@@ -250,7 +250,7 @@ pub(super) async fn accept(
         unacked_direct: Default::default(),
         unacked_stored: Default::default(),
         recheck_storage: false,
-        last_client_ping: None,
+        ping_tokens: super::ping::PingTokens::new(tokio::time::Instant::now()),
         stored_budget,
         skip_stored: Default::default(),
         recently_settled: Default::default(),

@@ -223,7 +223,8 @@ pub(crate) struct Session {
     unacked_stored: HashMap<String, Notification>,
     /// Storage may hold more than was sent: look again once all are acked.
     recheck_storage: bool,
-    last_client_ping: Option<Instant>,
+    /// What is left of the client's allowance of `{}` pings.
+    ping_tokens: ping::PingTokens,
     /// Stored messages this session may still send (`Some` when the client
     /// was over `msg_limit` at hello).
     stored_budget: Option<usize>,
