@@ -36,13 +36,36 @@ impl Rate {
     }
 }
 
+/// One token bucket: what [`Limiter`] keeps per key, and what a single
+/// holder (one session's pings) keeps for itself.
 #[derive(Clone, Copy, Debug)]
-struct Bucket {
+pub struct Bucket {
     tokens: f64,
     updated: Instant,
 }
 
 impl Bucket {
+    /// A bucket holding its whole burst at `now`.
+    pub fn full(rate: Rate, now: Instant) -> Self {
+        Bucket {
+            tokens: rate.burst,
+            updated: now,
+        }
+    }
+
+    /// Take a token at `now`, or say how long until one is there.
+    pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
+        self.refill(rate, now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (1.0 - self.tokens) / rate.per_second,
+            ))
+        }
+    }
+
     fn refill(&mut self, rate: Rate, now: Instant) {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
@@ -103,19 +126,11 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
             self.make_room(&mut shard, now);
         }
         let rate = self.rate;
-        let bucket = shard.buckets.entry(key.clone()).or_insert(Bucket {
-            tokens: rate.burst,
-            updated: now,
-        });
-        bucket.refill(rate, now);
-        if bucket.tokens >= 1.0 {
-            bucket.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64(
-                (1.0 - bucket.tokens) / rate.per_second,
-            ))
-        }
+        shard
+            .buckets
+            .entry(key.clone())
+            .or_insert_with(|| Bucket::full(rate, now))
+            .take(rate, now)
     }
 
     /// Drop the buckets that have refilled (at most once a second: it is a

@@ -10,44 +10,37 @@
 
 use std::time::Duration;
 
+use autopush_common::limit::{Bucket, Rate};
 use tokio::time::Instant;
 
 use super::{Close, Flow, Session};
 use crate::protocol::PONG;
 
 /// Pings a client may send in a row before their spacing counts.
-const PING_BURST: f32 = 10.0;
+const PING_BURST: f64 = 10.0;
 
 /// A session's ping tokens.
-pub(super) struct PingTokens {
-    tokens: f32,
-    updated: Instant,
-}
+pub(super) struct PingTokens(Bucket);
 
 impl PingTokens {
     pub(super) fn new(now: Instant) -> Self {
-        PingTokens {
-            tokens: PING_BURST,
-            updated: now,
+        PingTokens(Bucket::full(
+            Self::rate(Duration::from_secs(1)),
+            now.into_std(),
+        ))
+    }
+
+    fn rate(every: Duration) -> Rate {
+        Rate {
+            per_second: 1.0 / every.as_secs_f64(),
+            burst: PING_BURST,
         }
     }
 
     /// Take a token for a ping at `now`, if one is left, with one token
-    /// back per `every` since the last ping (`every` zero: no limit).
+    /// back per `every` (`every` zero: no limit).
     fn take(&mut self, every: Duration, now: Instant) -> bool {
-        if every.is_zero() {
-            return true;
-        }
-        let elapsed = now.saturating_duration_since(self.updated);
-        let gained = (elapsed.as_secs_f64() / every.as_secs_f64()) as f32;
-        self.tokens = (self.tokens + gained).min(PING_BURST);
-        self.updated = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
+        every.is_zero() || self.0.take(Self::rate(every), now.into_std()).is_ok()
     }
 }
 
