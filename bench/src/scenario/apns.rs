@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use autopush_apns::double::ApnsDouble;
 use autopush_apns::settings::ApnsSettings;
 use autopush_common::RouterType;
+use autopush_common::bridge::AppLimits;
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode, Running};
 use autopush_gateway::settings::{Settings, SettingsLayer};
@@ -84,7 +85,10 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
     };
     let settings = Settings::resolve(layer, None).expect("settings");
     let double = ApnsDouble::counting(delay);
-    let router = double.router(&settings.apns).expect("the APNs router");
+    // The bench measures the bridge, not its per-app rate: no limit.
+    let router = double
+        .router(&settings.apns, &AppLimits::default())
+        .expect("the APNs router");
     let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
     let running = app::start(Mode::All, &settings, bridges)
         .await
