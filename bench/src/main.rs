@@ -66,6 +66,10 @@ enum Scenario {
         /// The server's --durable-direct (write before delivering, delete on ack)
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         durable_direct: bool,
+        /// The server's per-sender rate limit: on (never reached, but
+        /// checked on every push) or off
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        rate_limits: bool,
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
@@ -151,6 +155,7 @@ async fn main() {
             seconds,
             no_vapid_cache,
             durable_direct,
+            rate_limits,
         } => {
             let rates = rates
                 .iter()
@@ -170,6 +175,7 @@ async fn main() {
                 seconds,
                 vapid_cache: !no_vapid_cache,
                 durable_direct,
+                rate_limits,
             };
             if !direct::run(&options, &under_test).await {
                 eprintln!("some pushes were refused or never delivered");

@@ -80,6 +80,7 @@ impl Server {
             .args(["--endpoint-url", &endpoint_url])
             .arg("--db")
             .arg(data.path())
+            .args(limit_flags(extra))
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -164,4 +165,23 @@ pub fn free_ports() -> [u16; 3] {
         .collect();
     let port = |i: usize| listeners[i].local_addr().expect("bound").port();
     [port(0), port(1), port(2)]
+}
+
+/// Rate limits for a load generator: every client and push comes from one
+/// address and one VAPID key, so per-address limits are off and the sender
+/// limit is on but never reached (its check is part of what is measured).
+/// A scenario that sets one of these flags itself keeps its own.
+fn limit_flags(extra: &[&str]) -> Vec<&'static str> {
+    [
+        ("--sender-limit", "1000000000,1000000000"),
+        ("--subscription-limit", "0"),
+        ("--source-ip-limit", "0"),
+        ("--registration-limit", "0"),
+        ("--new-uaid-limit", "0"),
+        ("--bridge-app-limit", "1000000000,1000000000"),
+    ]
+    .into_iter()
+    .filter(|(flag, _)| !extra.contains(flag))
+    .flat_map(|(flag, value)| [flag, value])
+    .collect()
 }

@@ -244,6 +244,17 @@ pub async fn start(
             vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
             max_data_bytes: settings.max_data_bytes,
             health,
+            fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
+        });
+        servers.spawn({
+            let state = state.clone();
+            async move {
+                let mut every = tokio::time::interval(endpoint::fair_use::REPORT_EVERY);
+                loop {
+                    every.tick().await;
+                    state.fair_use.report();
+                }
+            }
         });
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));

@@ -278,6 +278,12 @@ impl Server {
             ("--endpoint-port", self.endpoint_port.to_string()),
             ("--endpoint-url", endpoint_url),
             ("--db", db),
+            // Every test client comes from 127.0.0.1: limits per source
+            // address would count a whole test as one user. Tests of those
+            // limits set them.
+            ("--source-ip-limit", "0".to_string()),
+            ("--registration-limit", "0".to_string()),
+            ("--new-uaid-limit", "0".to_string()),
         ];
         let mut args = vec![self.node.role.to_string()];
         for (flag, value) in defaults {

@@ -30,6 +30,8 @@ pub struct Options {
     pub vapid_cache: bool,
     /// The server's `--durable-direct`: write before delivering, delete on ack.
     pub durable_direct: bool,
+    /// The server's per-sender limit on (never reached) or off.
+    pub rate_limits: bool,
 }
 
 /// What the receiving clients saw, shared by all of them.
@@ -54,6 +56,9 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
     if !options.vapid_cache {
         flags.extend(["--vapid-cache-size", "0"]);
     }
+    if !options.rate_limits {
+        flags.extend(["--sender-limit", "0"]);
+    }
     let server = Server::open(under_test, &flags).await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let public_key = sender.public_key();
@@ -71,11 +76,12 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
         Arc::new(connect_clients(&server, options.clients, &public_key, &deliveries).await);
 
     println!(
-        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}\n",
+        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}, rate limits {}\n",
         options.clients,
         options.connections,
         if options.vapid_cache { "on" } else { "off" },
-        if options.durable_direct { "on" } else { "off" }
+        if options.durable_direct { "on" } else { "off" },
+        if options.rate_limits { "on" } else { "off" }
     );
     println!(
         "| offered (/s) | accepted (/s) | delivered (/s) | p50 (ms) | p99 (ms) | max (ms) | server CPU (%) | non-201 |"

@@ -6,6 +6,7 @@
 //!
 //! Every failure is a JSON `{code, errno, error, message, more_info}`.
 
+pub mod fair_use;
 pub mod headers;
 pub mod message;
 pub mod webpush;
@@ -16,14 +17,18 @@ use std::sync::Arc;
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::{ApiError, metrics};
 use autopush_connection::health::HealthCheck;
+use autopush_connection::http::{Peer, client_ip};
 use autopush_storage::Storage;
+use std::net::{IpAddr, Ipv4Addr};
 use warp::Filter;
+use warp::http::HeaderMap;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
 
 use crate::vapid::VapidVerifier;
 use autopush_common::router::RouterRegistry;
 use autopush_registration::RegistrationState;
+use fair_use::FairUse;
 
 /// What the endpoint handlers share.
 pub struct EndpointState {
@@ -36,6 +41,16 @@ pub struct EndpointState {
     /// The storage check of the health routes, shared with the websocket
     /// port in all-in-one mode.
     pub health: Arc<HealthCheck>,
+    /// Rate limits per sender, subscription and source address.
+    pub fair_use: FairUse,
+}
+
+impl EndpointState {
+    /// The client a request speaks for (see [`client_ip`]).
+    fn client(&self, peer: Option<Peer>, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.0);
+        client_ip(peer, headers, &self.fair_use.trusted_proxies)
+    }
 }
 
 /// Render an API error for the sender.
@@ -77,14 +92,23 @@ pub fn routes(
     let push = warp::post()
         .and(warp::path!("wpush" / String / String))
         .and(warp::header::headers_cloned())
+        .and(warp::ext::optional::<Peer>())
         .and(warp::body::stream())
         .and(with_state.clone())
         .then(
-            |version, token, headers, body, state: Arc<EndpointState>| async move {
+            |version, token, headers: HeaderMap, peer, body, state: Arc<EndpointState>| async move {
                 let mut router_type = None;
+                let client = state.client(peer, &headers);
                 let result = match read_body(body, state.max_data_bytes).await {
                     Ok(body) => {
-                        webpush::send(state, version, token, headers, body, &mut router_type).await
+                        let push = webpush::Push {
+                            version,
+                            token,
+                            headers,
+                            body,
+                            client,
+                        };
+                        webpush::send(state, push, &mut router_type).await
                     }
                     Err(e) => Err(e),
                 };
@@ -108,21 +132,30 @@ pub fn routes(
         .and(warp::path::tail())
         .and(warp::method())
         .and(warp::header::headers_cloned())
+        .and(warp::ext::optional::<Peer>())
         .and(warp::body::stream())
         .and(with_state)
         .then(
             |router_type: String,
              app_id: String,
              tail: warp::path::Tail,
-             method,
-             headers,
+             method: warp::http::Method,
+             headers: HeaderMap,
+             peer,
              body,
              state: Arc<EndpointState>| async move {
+                let path: Vec<&str> = tail.as_str().split('/').filter(|s| !s.is_empty()).collect();
+                // A new registration is a new user, made without credentials.
+                if method == warp::http::Method::POST && path.is_empty() {
+                    let client = state.client(peer, &headers);
+                    if let Err(e) = state.fair_use.registration(client) {
+                        return error_response(&e);
+                    }
+                }
                 let body = match read_body(body, autopush_registration::MAX_BODY).await {
                     Ok(body) => body,
                     Err(e) => return error_response(&e),
                 };
-                let path: Vec<&str> = tail.as_str().split('/').filter(|s| !s.is_empty()).collect();
                 let reply = autopush_registration::handle(
                     &state.registration,
                     method,

@@ -1,5 +1,6 @@
 //! `POST /wpush/{v1|v2}/{token}`: accept a push and route it.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
@@ -21,20 +22,42 @@ use super::EndpointState;
 use super::headers::{self, PushHeaders};
 use crate::vapid::{VapidIdentity, key_hash_matches};
 
+/// One push request as it arrived.
+pub struct Push {
+    /// `v1` or `v2`, from the path.
+    pub version: String,
+    pub token: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// Who sent it, as far as the network says (see `client_ip`).
+    pub client: IpAddr,
+}
+
 /// Accept a push and route it. `router_type` is set once the subscriber's
 /// router type is known (for the caller's metrics).
 pub async fn send(
     state: Arc<EndpointState>,
-    version: String,
-    token: String,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Push,
     router_type: &mut Option<RouterType>,
 ) -> ApiResult<Response> {
+    let Push {
+        version,
+        token,
+        headers,
+        body,
+        client,
+    } = request;
     let subscription = state.crypto.parse_token(&version, &token)?;
     let push = headers::parse(&headers, !body.is_empty())?;
     // Who sent it, proven by VAPID: kept for per-sender features and logs.
     let sender = authenticate(&state, &subscription, &headers)?;
+    // Before any storage read: a sender over its rate costs us nothing more.
+    state.fair_use.push(
+        sender.as_deref(),
+        subscription.uaid,
+        subscription.channel_id,
+        client,
+    )?;
 
     let user = state
         .storage

@@ -1,0 +1,115 @@
+//! Rate limits on the public HTTP API, per sender rather than per address.
+//!
+//! A signed push counts against its sender, the VAPID key: a sender is never
+//! slowed by another behind the same address, and a noisy one is refused
+//! whatever address it comes from. An unsigned push names no sender, so it
+//! counts against the subscription it targets and against its source
+//! address. `/v1` registrations, which create users without credentials,
+//! count against their source address. Limits are per node: behind a load
+//! balancer spreading over N nodes, a sender gets up to N times the rate.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use autopush_common::errors::retry_after_secs;
+use autopush_common::limit::{Limiter, Rate};
+use autopush_common::{ApiError, ApiResult, metrics};
+use uuid::Uuid;
+
+use crate::settings::RateLimits;
+use crate::vapid::VapidIdentity;
+
+/// How often the limiters' sizes are reported.
+pub const REPORT_EVERY: Duration = Duration::from_secs(10);
+
+pub struct FairUse {
+    sender: Option<Limiter<[u8; 32]>>,
+    subscription: Option<Limiter<(Uuid, Uuid)>>,
+    source_ip: Option<Limiter<IpAddr>>,
+    registration: Option<Limiter<IpAddr>>,
+    /// Proxies whose `X-Forwarded-For` names the client.
+    pub trusted_proxies: Vec<IpAddr>,
+}
+
+impl FairUse {
+    pub fn new(limits: &RateLimits) -> Self {
+        fn limiter<K: std::hash::Hash + Eq + Clone>(
+            rate: Option<Rate>,
+            max_keys: usize,
+        ) -> Option<Limiter<K>> {
+            rate.map(|rate| Limiter::new(rate, max_keys))
+        }
+        FairUse {
+            sender: limiter(limits.sender, limits.max_keys),
+            subscription: limiter(limits.subscription, limits.max_keys),
+            source_ip: limiter(limits.source_ip, limits.max_keys),
+            registration: limiter(limits.registration, limits.max_keys),
+            trusted_proxies: limits.trusted_proxies.clone(),
+        }
+    }
+
+    /// A push from `sender` (if signed) to the subscription `(uaid,
+    /// channel_id)`, from `client`.
+    pub fn push(
+        &self,
+        sender: Option<&VapidIdentity>,
+        uaid: Uuid,
+        channel_id: Uuid,
+        client: IpAddr,
+    ) -> ApiResult<()> {
+        match sender {
+            Some(sender) => take(&self.sender, &sender.key_hash, "sender", "sender"),
+            None => {
+                take(
+                    &self.subscription,
+                    &(uaid, channel_id),
+                    "subscription",
+                    "subscription",
+                )?;
+                take(&self.source_ip, &client, "source_ip", "source address")
+            }
+        }
+    }
+
+    /// Report how many keys each limiter tracks (`rate_limit.keys`).
+    pub fn report(&self) {
+        fn keys<K: std::hash::Hash + Eq + Clone>(name: &'static str, l: &Option<Limiter<K>>) {
+            if let Some(l) = l {
+                metrics::rate_limit_keys(name, l.len());
+            }
+        }
+        keys("sender", &self.sender);
+        keys("subscription", &self.subscription);
+        keys("source_ip", &self.source_ip);
+        keys("registration", &self.registration);
+    }
+
+    /// A `/v1` registration from `client`.
+    pub fn registration(&self, client: IpAddr) -> ApiResult<()> {
+        take(
+            &self.registration,
+            &client,
+            "registration",
+            "source address",
+        )
+    }
+}
+
+/// Take a token from `limiter` for `key`, or refuse with 429.
+fn take<K: std::hash::Hash + Eq + Clone>(
+    limiter: &Option<Limiter<K>>,
+    key: &K,
+    limit: &'static str,
+    what: &'static str,
+) -> ApiResult<()> {
+    let Some(limiter) = limiter else {
+        return Ok(());
+    };
+    limiter.check(key).map_err(|wait: Duration| {
+        metrics::rate_limited(limit, limiter.len());
+        ApiError::TooManyRequests {
+            what,
+            retry_after: retry_after_secs(wait),
+        }
+    })
+}

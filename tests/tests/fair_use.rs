@@ -1,0 +1,143 @@
+//! Rate limits per sender, not per address: a sender over its limit gets
+//! 429 with Retry-After (errno 201) while everyone else keeps getting 201.
+//! The limits are set tiny here (a token every 100 s) so that what a test
+//! sends is all the bucket ever gets.
+
+use autopush_tests::http::{self, request};
+use autopush_tests::prometheus::Scrape;
+use autopush_tests::*;
+use reqwest::Method;
+use serde_json::json;
+
+/// A 429 as the README promises it: errno 201 and a Retry-After to honour.
+fn assert_limited(status: u16, errno: Option<u64>, retry_after: Option<&str>, what: &str) {
+    assert_eq!(status, 429, "{what}: expected 429");
+    assert_eq!(errno, Some(201), "{what}: errno");
+    let seconds: u64 = retry_after
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{what}: no Retry-After in seconds"));
+    assert!(seconds >= 1, "{what}: Retry-After {seconds}");
+}
+
+async fn refused(server: &Server, limit: &str) -> f64 {
+    let reply = http::get(&format!("{}/metrics", server.router_base())).await;
+    Scrape::parse(&reply.text).value("rate_limit_refused", &[("limit", limit)])
+}
+
+#[tokio::test]
+async fn a_sender_over_its_limit_does_not_slow_another_sender() {
+    let server = Server::start_with(&["--sender-limit", "0.01,3"]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let (noisy, quiet) = (VapidKey::generate().await, VapidKey::generate().await);
+    for i in 0..3 {
+        sub.send(&SendOptions::text(&format!("noisy {i}")).vapid(&noisy))
+            .await
+            .assert_created();
+    }
+    let over = sub.send(&SendOptions::text("noisy 3").vapid(&noisy)).await;
+    assert_limited(
+        over.status,
+        over.json()["errno"].as_u64(),
+        over.header("retry-after"),
+        "the noisy sender's 4th push",
+    );
+    // The same subscription, another VAPID key: unaffected.
+    for i in 0..3 {
+        sub.send(&SendOptions::text(&format!("quiet {i}")).vapid(&quiet))
+            .await
+            .assert_created();
+    }
+    // What was refused was never delivered; what was accepted was.
+    let mut got = Vec::new();
+    for _ in 0..6 {
+        let (n, d) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+        got.push(d.text);
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "noisy 0", "noisy 1", "noisy 2", "quiet 0", "quiet 1", "quiet 2"
+        ]
+    );
+    ws.assert_nothing_arrives().await;
+    assert_eq!(refused(&server, "sender").await, 1.0);
+}
+
+#[tokio::test]
+async fn unsigned_pushes_count_against_their_subscription_and_address() {
+    let server = Server::start_with(&[
+        "--subscription-limit",
+        "0.01,2",
+        "--source-ip-limit",
+        "0.01,4",
+    ])
+    .await;
+    let mut ws = server.client().await;
+    let flooded = Subscription::new(&mut ws).await;
+    let other = Subscription::new(&mut ws).await;
+    let third = Subscription::new(&mut ws).await;
+    let push = |endpoint: &str| {
+        let endpoint = endpoint.to_owned();
+        async move { http::post_push(&endpoint, &[("ttl", "60")], None).await }
+    };
+    for _ in 0..2 {
+        push(&flooded.endpoint).await.assert_created();
+    }
+    let over = push(&flooded.endpoint).await;
+    assert_limited(
+        over.status,
+        over.json["errno"].as_u64(),
+        over.header("retry-after"),
+        "the flooded subscription's 3rd unsigned push",
+    );
+    // Another subscription is not affected by that one's flood...
+    for _ in 0..2 {
+        push(&other.endpoint).await.assert_created();
+    }
+    // ...but the address has had its 4 (the refused push was stopped at its
+    // subscription and cost the address nothing), so it is over its limit
+    // whatever subscription it pushes to next.
+    let over = push(&third.endpoint).await;
+    assert_limited(
+        over.status,
+        over.json["errno"].as_u64(),
+        over.header("retry-after"),
+        "the address's 5th accepted unsigned push",
+    );
+    // A signed push counts against its sender alone.
+    third
+        .send(&SendOptions::text("signed").vapid(&VapidKey::generate().await))
+        .await
+        .assert_created();
+    assert_eq!(refused(&server, "subscription").await, 1.0);
+    assert_eq!(refused(&server, "source_ip").await, 1.0);
+}
+
+#[tokio::test]
+async fn registrations_from_one_address_are_limited() {
+    let server = Server::start_with(&["--registration-limit", "0.01,2"]).await;
+    let base = format!("{}/v1/webpush/app/registration", server.endpoint_base());
+    let register = || {
+        request(
+            Method::POST,
+            &base,
+            &[("content-type", "application/json")],
+            Some(json!({}).to_string().into_bytes()),
+        )
+    };
+    for _ in 0..2 {
+        let created = register().await;
+        assert_eq!(created.status, 200, "{}", created.text);
+    }
+    let over = register().await;
+    assert_limited(
+        over.status,
+        over.json["errno"].as_u64(),
+        over.header("retry-after"),
+        "the 3rd registration",
+    );
+    assert_eq!(refused(&server, "registration").await, 1.0);
+}
