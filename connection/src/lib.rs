@@ -9,11 +9,13 @@
 //! * [`health`] is shared by every public HTTP port.
 //! * [`http`] serves HTTP on every port, with timeouts and a connection cap.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::limit::Limiter;
 use autopush_common::node::NodeClient;
 use autopush_storage::Storage;
 
@@ -36,7 +38,9 @@ pub struct ConnectionSettings {
     pub auto_ping_interval: Duration,
     /// ...and close the connection if no pong arrives within this time.
     pub auto_ping_timeout: Duration,
-    /// A client that sends `{}` pings more often than this is closed.
+    /// A client's `{}` pings may come this often on average: each takes a
+    /// token, one comes back per interval, and a client that runs out
+    /// (pinging in a tight loop) is closed. Zero: no limit.
     pub min_ping_interval: Duration,
     /// A client with more stored messages than this gets a new UAID at hello.
     pub msg_limit: usize,
@@ -52,6 +56,9 @@ pub struct ConnectionSettings {
     /// housekeeping never takes a client connected for longer than the
     /// idle window for an idle one.
     pub refresh_last_connect: Duration,
+    /// Proxies whose `X-Forwarded-For` names the client of a websocket
+    /// upgrade (for the quota of new UAIDs).
+    pub trusted_proxies: Vec<IpAddr>,
 }
 
 impl Default for ConnectionSettings {
@@ -60,13 +67,14 @@ impl Default for ConnectionSettings {
             hello_timeout: Duration::from_secs(30),
             auto_ping_interval: Duration::from_secs(300),
             auto_ping_timeout: Duration::from_secs(10),
-            min_ping_interval: Duration::from_secs(45),
+            min_ping_interval: Duration::from_secs(20),
             msg_limit: 100,
             max_channels: 1000,
             max_message_size: 32 * 1024,
             max_connections: 10_000,
             send_timeout: Duration::from_secs(5),
             refresh_last_connect: Duration::from_secs(86_400),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -82,6 +90,8 @@ pub struct NodeContext {
     pub nodes: NodeClient,
     /// Websockets open now (from the upgrade until the session ends).
     pub open_sockets: AtomicUsize,
+    /// New UAIDs handed out at hello, by client address (`None`: no quota).
+    pub new_uaids: Option<Limiter<IpAddr>>,
 }
 
 impl NodeContext {

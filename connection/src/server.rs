@@ -1,6 +1,7 @@
 //! The two listeners of a connection node: the public websocket port (with
 //! health routes) and the internal router API port.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -18,7 +19,7 @@ use warp::filters::BoxedFilter;
 use warp::http::{HeaderMap, HeaderValue, StatusCode, header};
 use warp::reply::Reply;
 
-use crate::http::{self, HttpLimits};
+use crate::http::{self, HttpLimits, Peer};
 use crate::{NodeContext, health, router_api, session};
 
 /// A client's websocket, after the HTTP upgrade.
@@ -46,14 +47,20 @@ pub async fn serve_websocket(
         .and(warp::get())
         .and(warp::header::headers_cloned())
         .and(warp::ext::optional::<OnUpgrade>())
+        .and(warp::ext::optional::<Peer>())
         .and(ctx_filter)
-        .and_then(|headers: HeaderMap, on_upgrade, ctx| async move {
-            if asks_websocket(&headers) {
-                Ok(upgrade(&headers, on_upgrade, ctx))
-            } else {
-                Err(warp::reject::not_found())
-            }
-        });
+        .and_then(
+            |headers: HeaderMap, on_upgrade, peer: Option<Peer>, ctx: Arc<NodeContext>| async move {
+                if asks_websocket(&headers) {
+                    let client = peer.map(|Peer(peer)| {
+                        http::client_ip(peer, &headers, &ctx.settings.trusted_proxies)
+                    });
+                    Ok(upgrade(&headers, on_upgrade, client, ctx))
+                } else {
+                    Err(warp::reject::not_found())
+                }
+            },
+        );
     let not_found = warp::any().map(|| {
         let error = ApiError::NotFound;
         warp::reply::with_status(warp::reply::json(&error.body()), error.status()).into_response()
@@ -76,10 +83,11 @@ fn asks_websocket(headers: &HeaderMap) -> bool {
 }
 
 /// Answer the handshake (101) and, once hyper hands over the connection,
-/// run the session on it.
+/// run the session on it for `client` (the address it came from).
 fn upgrade(
     headers: &HeaderMap,
     on_upgrade: Option<OnUpgrade>,
+    client: Option<IpAddr>,
     ctx: Arc<NodeContext>,
 ) -> warp::reply::Response {
     let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
@@ -132,7 +140,7 @@ fn upgrade(
                     Some(config),
                 )
                 .await;
-                session::run(ctx, socket).await;
+                session::run(ctx, socket, client).await;
             }
             Err(e) => debug!(error = %e, "websocket upgrade failed"),
         }

@@ -9,6 +9,7 @@ use autopush_apns::ApnsRouter;
 use autopush_common::RouterType;
 use autopush_common::bridge::AppLimits;
 use autopush_common::endpoint::EndpointCrypto;
+use autopush_common::limit::Limiter;
 use autopush_common::node::{LocalNode, NodeClient};
 use autopush_common::node_auth::NodeKeys;
 use autopush_common::router::RouterRegistry;
@@ -178,6 +179,7 @@ pub async fn start(
                     .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
                 send_timeout: settings.ws_send_timeout,
                 refresh_last_connect: refresh_last_connect(settings.drop_idle_users_after),
+                trusted_proxies: settings.limits.trusted_proxies.clone(),
                 ..ConnectionSettings::default()
             },
             storage: storage.clone(),
@@ -185,6 +187,10 @@ pub async fn start(
             registry,
             nodes: nodes.clone(),
             open_sockets: Default::default(),
+            new_uaids: settings
+                .limits
+                .new_uaid
+                .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
         });
         let websocket = bind(&settings.host, settings.port, "websocket").await?;
         let router_api = bind(

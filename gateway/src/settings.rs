@@ -124,7 +124,9 @@ pub struct SettingsLayer {
     /// Seconds to wait for the pong before closing [default: 10]
     #[arg(long, env = "AUTOPUSH_AUTO_PING_TIMEOUT", global = true)]
     pub auto_ping_timeout: Option<f64>,
-    /// Minimum seconds between a client's own pings; faster clients are closed [default: 45]
+    /// Seconds a client's own `{}` pings must be apart on average: each takes
+    /// one of 10 tokens, one comes back per interval, and a client that runs
+    /// out (pinging in a tight loop) is closed with 4774; 0: no limit [default: 20]
     #[arg(long, env = "AUTOPUSH_MIN_PING_INTERVAL", global = true)]
     pub min_ping_interval: Option<f64>,
     /// Most websocket clients held at once; more are refused with 503 until
@@ -521,7 +523,7 @@ impl Settings {
             hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
             auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,
             auto_ping_timeout: seconds("auto_ping_timeout", l.auto_ping_timeout, 10.0)?,
-            min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 45.0)?,
+            min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 20.0)?,
             max_connections: match l.max_connections {
                 Some(0) => return Err("max_connections must be at least 1".into()),
                 other => other,

@@ -105,12 +105,33 @@ impl WsClient {
         }
     }
 
+    /// Connect offering the subprotocol, with extra request headers (e.g.
+    /// `X-Forwarded-For`, as a proxy in front of the node would add).
+    pub async fn connect_with_headers(url: &str, headers: &[(&'static str, &str)]) -> WsClient {
+        Self::try_connect_with(url, Some(SUBPROTOCOL), headers)
+            .await
+            .unwrap_or_else(|e| panic!("websocket connect to {url}: {e}"))
+    }
+
     /// Connect, offering `subprotocol` if given.
     pub async fn try_connect(
         url: &str,
         subprotocol: Option<&str>,
     ) -> Result<WsClient, tungstenite::Error> {
+        Self::try_connect_with(url, subprotocol, &[]).await
+    }
+
+    async fn try_connect_with(
+        url: &str,
+        subprotocol: Option<&str>,
+        headers: &[(&'static str, &str)],
+    ) -> Result<WsClient, tungstenite::Error> {
         let mut request = url.into_client_request()?;
+        for (name, value) in headers {
+            request
+                .headers_mut()
+                .append(*name, HeaderValue::from_str(value).expect("header value"));
+        }
         if let Some(p) = subprotocol {
             request.headers_mut().insert(
                 "Sec-WebSocket-Protocol",
@@ -232,6 +253,19 @@ impl WsClient {
             Next::Json(v) => v,
             Next::TimedOut => panic!("no message from the server within {HANG_GUARD:?}"),
             Next::Closed(c) => panic!("connection closed while waiting for a message: {c:?}"),
+        }
+    }
+
+    /// The next JSON message, or how the server closed the connection
+    /// (hang guard: panics after [`HANG_GUARD`]).
+    pub async fn recv_or_closed(&mut self) -> Result<Value, Closed> {
+        if let Some(v) = self.pending.pop_front() {
+            return Ok(v);
+        }
+        match self.next_json(Instant::now() + HANG_GUARD).await {
+            Next::Json(v) => Ok(v),
+            Next::TimedOut => panic!("no message or close from the server within {HANG_GUARD:?}"),
+            Next::Closed(c) => Err(c),
         }
     }
 

@@ -169,15 +169,69 @@ async fn ping_gets_an_empty_object() {
     assert_eq!(ws.recv().await, json!({}));
 }
 
+/// Ping, wait for the pong, and sleep `gap` before the next, `n` times.
+async fn ping_every(ws: &mut WsClient, gap: Duration, n: usize) {
+    for i in 0..n {
+        ws.ping().await;
+        let pong = ws.recv().await;
+        assert_eq!(pong, json!({}), "ping {i} of {n}");
+        tokio::time::sleep(gap).await;
+    }
+}
+
 #[tokio::test]
-async fn a_second_ping_too_soon_closes_the_connection() {
-    // Default --min-ping-interval is 45 s: two pings in a row are too many.
+async fn a_client_pinging_just_slower_than_the_minimum_stays_connected() {
+    // Pings spaced just above --min-ping-interval (each waits for its pong
+    // and then the gap, so the server never sees two closer than the gap),
+    // many more of them than any burst allowance: every one is answered.
+    let server = Server::start_with(&["--min-ping-interval", "0.2"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    ping_every(&mut ws, Duration::from_millis(250), 40).await;
+    // Still connected and served.
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+}
+
+#[tokio::test]
+async fn a_few_pings_too_early_are_answered_and_the_client_stays() {
+    // Default --min-ping-interval: three pings in a row are too early, but
+    // a client that does this now and then (a network change, a resume) is
+    // answered, not closed.
     let server = Server::start().await;
     let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
-    ws.ping().await;
-    assert_eq!(ws.recv().await, json!({}));
-    ws.ping().await;
-    ws.expect_closed().await;
+    for _ in 0..3 {
+        ws.ping().await;
+        assert_eq!(ws.recv().await, json!({}));
+    }
+    let reply = ws.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+}
+
+#[tokio::test]
+async fn a_client_pinging_in_a_tight_loop_is_closed_with_4774() {
+    let server = Server::start_with(&["--min-ping-interval", "0.5"]).await;
+    let mut ws = WsClient::connect_hello(&server.ws_url(), None).await;
+    // Each ping right after the last pong: however slowly the server
+    // answers, 200 of them cannot have been 0.5 s apart. (One at a time,
+    // so no ping is left unread when the server closes.)
+    let mut pongs = 0;
+    let closed = loop {
+        ws.ping().await;
+        match ws.recv_or_closed().await {
+            Ok(pong) if pong == json!({}) => {
+                pongs += 1;
+                assert!(pongs < 200, "200 pings in a tight loop, never closed");
+            }
+            // The error message that comes before the close.
+            Ok(refusal) => {
+                assert!(refusal["reason"].is_string(), "{refusal}");
+                break ws.expect_closed().await;
+            }
+            Err(closed) => break closed,
+        }
+    };
+    assert_eq!(closed.code, Some(4774), "{closed:?}");
+    assert!(pongs > 0, "the first ping was not answered: {closed:?}");
 }
 
 #[tokio::test]
@@ -190,6 +244,74 @@ async fn pings_spaced_by_the_minimum_interval_are_answered() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     ws.ping().await;
     assert_eq!(ws.recv().await, json!({}));
+}
+
+/// Say hello as a new user agent and expect the quota's refusal: status
+/// 429 in the hello reply, then close 1013 (try again later).
+async fn expect_new_uaid_refused(ws: &mut WsClient, offered: Option<&str>) {
+    let reply = ws.hello(offered).await;
+    assert_eq!(reply["messageType"], "hello", "{reply}");
+    assert_eq!(reply["status"], 429, "{reply}");
+    assert!(reply["reason"].is_string(), "{reply}");
+    assert!(reply.get("uaid").is_none(), "{reply}");
+    let closed = ws.expect_closed().await;
+    assert_eq!(closed.code, Some(1013), "{closed:?}");
+}
+
+#[tokio::test]
+async fn new_uaids_at_hello_are_limited_per_address() {
+    // A burst of 3, then one new UAID per 100 s: the 4th is over the quota
+    // however slowly this machine runs the test.
+    let server = Server::start_with(&["--new-uaid-limit", "0.01,3"]).await;
+    let first = WsClient::connect_hello(&server.ws_url(), None).await;
+    let uaid = first.uaid().to_string();
+    first.close().await;
+    for _ in 0..2 {
+        WsClient::connect_hello(&server.ws_url(), None)
+            .await
+            .close()
+            .await;
+    }
+
+    let mut fourth = WsClient::connect(&server.ws_url()).await;
+    expect_new_uaid_refused(&mut fourth, None).await;
+    // An unknown UAID would be replaced by a new one: refused too.
+    let mut unknown = WsClient::connect(&server.ws_url()).await;
+    expect_new_uaid_refused(&mut unknown, Some("0123456789abcdef0123456789abcdef")).await;
+
+    // A user agent the service knows reconnects from the same address.
+    let mut again = WsClient::connect_hello(&server.ws_url(), Some(&uaid)).await;
+    assert_eq!(again.uaid(), uaid);
+    let reply = again.register(&new_channel_id(), None).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+
+    let metrics = autopush_tests::http::get(&format!("{}/metrics", server.router_base())).await;
+    let scrape = autopush_tests::prometheus::Scrape::parse(&metrics.text);
+    assert_eq!(
+        scrape.value("rate_limit_refused", &[("limit", "new_uaid")]),
+        2.0,
+        "{}",
+        metrics.text
+    );
+}
+
+#[tokio::test]
+async fn the_new_uaid_quota_counts_the_client_a_trusted_proxy_names() {
+    let server = Server::start_with(&[
+        "--new-uaid-limit",
+        "0.01,1",
+        "--trusted-proxies",
+        "127.0.0.1",
+    ])
+    .await;
+    let from = |ip: &'static str| [("x-forwarded-for", ip)];
+    let mut a = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.1")).await;
+    assert_eq!(a.hello(None).await["status"], 200);
+    let mut a_again = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.1")).await;
+    expect_new_uaid_refused(&mut a_again, None).await;
+    // Another client behind the same proxy has its own quota.
+    let mut b = WsClient::connect_with_headers(&server.ws_url(), &from("192.0.2.2")).await;
+    assert_eq!(b.hello(None).await["status"], 200);
 }
 
 #[tokio::test]

@@ -1,12 +1,13 @@
 //! `hello`: identify the user agent, record where it is connected, and reply.
 
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
 use autopush_common::ids::uaid_tag;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use tokio_tungstenite::tungstenite::Message;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use uuid::Uuid;
 use warp::http::Method;
 
@@ -24,6 +25,36 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
     };
     let user = ctx.storage.get_user(&uaid).await.map_err(Close::storage)?;
     Ok(user.filter(|u| u.router_type == RouterType::WebPush))
+}
+
+/// What the quota of new UAIDs counts for a client address: an IPv4
+/// address (also when it arrives IPv4-mapped on a dual-stack socket), or
+/// the /64 of an IPv6 one, which one host usually holds whole.
+fn quota_key(client: IpAddr) -> IpAddr {
+    match client.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128))),
+        v4 => v4,
+    }
+}
+
+/// A hello that would create a user takes one of its address's new UAIDs
+/// (`--new-uaid-limit`); over the quota it is refused with 429 and the
+/// connection closed with 1013. A known user reconnecting is never counted.
+fn within_new_uaid_quota(ctx: &NodeContext, client: Option<IpAddr>) -> Result<(), Close> {
+    let (Some(limiter), Some(client)) = (&ctx.new_uaids, client) else {
+        return Ok(());
+    };
+    limiter.check(&quota_key(client)).map_err(|wait| {
+        autopush_common::metrics::rate_limited("new_uaid", limiter.len());
+        debug!(
+            ?wait,
+            "refusing a new UAID: the client's address is over its quota"
+        );
+        Close::too_many(format!(
+            "too many new user agents from this address; try again in {} s",
+            wait.as_secs_f64().ceil().max(1.0)
+        ))
+    })
 }
 
 /// A client that joined the registry and published its `node_id`: from now
@@ -47,8 +78,15 @@ enum Refused {
 /// The storage half of `hello`: decide the UAID (honouring `msg_limit`),
 /// join the registry and record the connection. On failure nothing routed
 /// to the client in the meantime is lost: it is stored.
-pub(super) async fn join(ctx: &Arc<NodeContext>, offered: Option<&str>) -> Result<Joined, Close> {
+pub(super) async fn join(
+    ctx: &Arc<NodeContext>,
+    offered: Option<&str>,
+    client: Option<IpAddr>,
+) -> Result<Joined, Close> {
     let previous = known_user(ctx, offered).await?;
+    if previous.is_none() {
+        within_new_uaid_quota(ctx, client)?;
+    }
     match take_over(ctx, previous).await {
         Err(Refused::Gone) => take_over(ctx, None).await,
         other => other,
@@ -177,9 +215,10 @@ pub(super) async fn leave(ctx: &Arc<NodeContext>, uaid: Uuid, membership: Member
 pub(super) async fn accept(
     ctx: &Arc<NodeContext>,
     offered: Option<&str>,
+    client: Option<IpAddr>,
     mut sink: Sink,
 ) -> Result<Session, (Sink, Close)> {
-    let joined = match join(ctx, offered).await {
+    let joined = match join(ctx, offered, client).await {
         Ok(joined) => joined,
         Err(close) => return Err((sink, close)),
     };
@@ -211,7 +250,7 @@ pub(super) async fn accept(
         unacked_direct: Default::default(),
         unacked_stored: Default::default(),
         recheck_storage: false,
-        last_client_ping: None,
+        ping_tokens: super::ping::PingTokens::new(tokio::time::Instant::now()),
         stored_budget,
         skip_stored: Default::default(),
         recently_settled: Default::default(),
@@ -345,6 +384,7 @@ mod tests {
             registry: registry.clone(),
             nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
             open_sockets: Default::default(),
+            new_uaids: None,
         });
         let uaid = Uuid::new_v4();
         storage
@@ -355,7 +395,7 @@ mod tests {
         let offered = uaid.simple().to_string();
         let hello = tokio::spawn({
             let ctx = ctx.clone();
-            async move { join(&ctx, Some(&offered)).await.err() }
+            async move { join(&ctx, Some(&offered), None).await.err() }
         });
         storage.entered.notified().await;
         let message = Notification {
@@ -385,5 +425,19 @@ mod tests {
             registry.push(&uaid, stored[0].clone()),
             PushOutcome::NotConnected
         );
+    }
+
+    #[test]
+    fn the_new_uaid_quota_counts_ipv4_addresses_and_ipv6_64s() {
+        let key = |ip: &str| quota_key(ip.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_eq!(
+            key("2001:db8:1:2::1"),
+            "2001:db8:1:2::".parse::<IpAddr>().unwrap()
+        );
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 }

@@ -14,6 +14,7 @@ mod stored;
 mod unregister;
 
 use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -43,14 +44,38 @@ const STORAGE_UNAVAILABLE: &str = "storage unavailable; try again later";
 pub struct Close {
     pub code: u16,
     pub reason: String,
+    /// The `status` of the error message sent before the close frame.
+    pub status: u16,
 }
 
 impl Close {
+    /// Close with `code`; the error message before it has the status that
+    /// code usually means (500 for a server error, 503 for "try again
+    /// later", else 401).
+    fn new(code: u16, reason: impl Into<String>) -> Self {
+        let status = match code {
+            1011 => 500,
+            1013 => 503,
+            _ => 401,
+        };
+        Close {
+            code,
+            reason: reason.into(),
+            status,
+        }
+    }
+
     /// The client broke the protocol.
     fn protocol(reason: impl Into<String>) -> Self {
+        Close::new(1008, reason)
+    }
+
+    /// The client is over a quota: status 429, and close 1013 (try again
+    /// later).
+    fn too_many(reason: impl Into<String>) -> Self {
         Close {
-            code: 1008,
-            reason: reason.into(),
+            status: 429,
+            ..Close::new(1013, reason)
         }
     }
 
@@ -59,34 +84,30 @@ impl Close {
     /// our log.
     fn storage(e: autopush_storage::StorageError) -> Self {
         warn!(error = %e, "storage failed; closing the connection with 1013");
-        Close {
-            code: 1013,
-            reason: STORAGE_UNAVAILABLE.into(),
-        }
+        Close::new(1013, STORAGE_UNAVAILABLE)
     }
 
     /// Another connection of the same user agent recorded itself while this
     /// one was saying hello: that one stays, this one may try again.
     fn superseded() -> Self {
-        Close {
-            code: 1013,
-            reason: "another connection of this user agent took over; try again later".into(),
-        }
+        Close::new(
+            1013,
+            "another connection of this user agent took over; try again later",
+        )
     }
 
     /// The socket is gone; nothing to send.
     fn gone() -> Self {
-        Close {
-            code: 1000,
-            reason: String::new(),
-        }
+        Close::new(1000, "")
     }
 }
 
 type Flow = Result<(), Close>;
 
 /// Serve one websocket until it closes.
-pub async fn run(ctx: Arc<NodeContext>, socket: Socket) {
+/// `client` is the address the quota of new UAIDs counts (`None`: unknown,
+/// not counted).
+pub async fn run(ctx: Arc<NodeContext>, socket: Socket, client: Option<IpAddr>) {
     let (mut sink, mut stream) = socket.split();
     let limit = ctx.settings.send_timeout;
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
@@ -105,7 +126,7 @@ pub async fn run(ctx: Arc<NodeContext>, socket: Socket) {
             return close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
         }
     };
-    let mut session = match hello::accept(&ctx, hello.as_deref(), sink).await {
+    let mut session = match hello::accept(&ctx, hello.as_deref(), client, sink).await {
         Ok(session) => session,
         Err((mut sink, close_with)) => {
             return close(&mut sink, limit, close_with, Some("hello")).await;
@@ -162,12 +183,11 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
         return;
     }
     debug!(code = close_with.code, reason = %close_with.reason, "closing connection");
-    let status = match close_with.code {
-        1011 => 500,
-        1013 => 503,
-        _ => 401,
-    };
-    let error = error_json(answering.unwrap_or("error"), status, &close_with.reason);
+    let error = error_json(
+        answering.unwrap_or("error"),
+        close_with.status,
+        &close_with.reason,
+    );
     if send_within(sink, limit, Message::text(error))
         .await
         .is_err()
@@ -203,7 +223,8 @@ pub(crate) struct Session {
     unacked_stored: HashMap<String, Notification>,
     /// Storage may hold more than was sent: look again once all are acked.
     recheck_storage: bool,
-    last_client_ping: Option<Instant>,
+    /// What is left of the client's allowance of `{}` pings.
+    ping_tokens: ping::PingTokens,
     /// Stored messages this session may still send (`Some` when the client
     /// was over `msg_limit` at hello).
     stored_budget: Option<usize>,
@@ -245,14 +266,14 @@ impl Session {
                 Some(notification) = self.inbox.recv() => self.send_direct(*notification).await?,
                 _ = self.signals.check_storage.notified() => self.check_storage().await?,
                 _ = self.signals.kick.notified() => {
-                    return Err(Close { code: 4000, reason: "closed by the server (replaced by a newer connection, or shutting down)".into() });
+                    return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
                 }
                 _ = sleep_until(next_ping), if pong_due.is_none() => {
                     self.send_message(Message::Ping(Default::default())).await?;
                     pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
                 }
                 _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
-                    return Err(Close { code: 1001, reason: "no pong in time".into() });
+                    return Err(Close::new(1001, "no pong in time"));
                 }
                 _ = sleep_until(next_refresh) => {
                     next_refresh = Instant::now() + refresh_every;
@@ -340,10 +361,10 @@ impl Session {
         let now = autopush_common::time::now_millis();
         match self.ctx.storage.touch_user(&self.uaid, now).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(Close {
-                code: 4000,
-                reason: "this user agent's registration was removed; say hello again".into(),
-            }),
+            Ok(false) => Err(Close::new(
+                4000,
+                "this user agent's registration was removed; say hello again",
+            )),
             Err(e) => {
                 // Not worth the connection: the next refresh tries again.
                 warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not refresh last_connect");
