@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use autopush_apns::double::ApnsDouble;
 use autopush_apns::settings::ApnsSettings;
 use autopush_common::RouterType;
-use autopush_common::bridge::AppLimits;
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode, Running};
 use autopush_gateway::settings::{Settings, SettingsLayer};
@@ -28,6 +27,9 @@ use serde_json::json;
 use crate::app_server::{AppServer, Bodies, Connection};
 use crate::server::{cpu_ticks, free_ports};
 use crate::stats::{Latencies, rate, refused_cell};
+
+/// A rate limit the bench never reaches (`PER_SECOND,BURST`).
+const OUT_OF_REACH: &str = "1000000000,1000000000";
 
 pub struct Options {
     pub devices: usize,
@@ -81,13 +83,21 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
         endpoint_url: Some(endpoint_url.clone()),
         db: Some(data.path().display().to_string()),
         apns: Some(ApnsSettings::from_json(&channels.to_string()).expect("APNs settings")),
+        // As the load generator's own servers have them (`server::limit_flags`):
+        // every device registers from one address, so per-address limits are
+        // off; the sender and bridge app limits are on but out of reach.
+        sender_limit: Some(OUT_OF_REACH.into()),
+        subscription_limit: Some("0".into()),
+        source_ip_limit: Some("0".into()),
+        registration_limit: Some("0".into()),
+        new_uaid_limit: Some("0".into()),
+        bridge_app_limit: Some(OUT_OF_REACH.into()),
         ..SettingsLayer::default()
     };
     let settings = Settings::resolve(layer, None).expect("settings");
     let double = ApnsDouble::counting(delay);
-    // The bench measures the bridge, not its per-app rate: no limit.
     let router = double
-        .router(&settings.apns, &AppLimits::default())
+        .router(&settings.apns, &app::bridge_limits(&settings))
         .expect("the APNs router");
     let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
     let running = app::start(Mode::All, &settings, bridges)

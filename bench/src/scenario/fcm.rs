@@ -60,12 +60,7 @@ async fn run_delay(options: &Options, delay: Duration, log: &Path) -> bool {
         "max_in_flight": 100_000,
     }})
     .to_string();
-    // The bench measures the bridge, not its per-app rate: no limit.
-    let server = Server::start(
-        &["--fcm-credentials", &apps, "--bridge-app-limit", "0"],
-        log,
-    )
-    .await;
+    let server = Server::start(&["--fcm-credentials", &apps], log).await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let bodies = Arc::new(Bodies::new(
         &URL_SAFE_NO_PAD
