@@ -6,6 +6,12 @@
 //!   upstream's `Retry-After`.
 //! * [`InFlight`]: a cap on requests in flight per app, so one slow app
 //!   cannot take every task of the node; beyond it the sender gets 503.
+//! * [`AppLimits`]: a rate per app (`--bridge-app-limit`), so one app
+//!   server cannot spend a project's FCM quota or an APNs connection for
+//!   the others; beyond it the sender gets 429.
+//! * [`upstream_too_many`]: the upstream's own "too many requests" becomes
+//!   a 429 for the sender, with its `Retry-After` clamped to
+//!   [`UPSTREAM_RETRY_AFTER_RANGE`].
 //! * [`CredentialAlarm`]: one loud log line when an upstream refuses our
 //!   credentials, not one per push.
 //! * [`mask_token`]: how a device token may appear in logs and `diagnose`;
@@ -19,6 +25,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::limit::{Limiter, Rate};
+use crate::metrics;
 use crate::router::RouterError;
 
 /// How long and how often a bridge tries one push.
@@ -96,7 +104,9 @@ where
                     return Err(error);
                 }
                 let wait = policy.delay(number, retry_after);
-                if Instant::now() + wait >= deadline {
+                // (Compared this way, an upstream's absurd Retry-After
+                // cannot overflow the clock.)
+                if wait >= deadline.saturating_duration_since(Instant::now()) {
                     return Err(error);
                 }
                 tokio::time::sleep(wait).await;
@@ -132,6 +142,86 @@ impl InFlight {
             .map_err(|_| RouterError::Unavailable {
                 retry_after: self.retry_after,
             })
+    }
+}
+
+/// The per-app rate of every bridge (`--bridge-app-limit`): each configured
+/// app (APNs release channel, FCM app, GCM sender id) may send this many
+/// pushes a second upstream. One limiter serves every bridge, keyed by
+/// bridge and app; only configured apps are ever counted, so its keys are
+/// bounded by the settings.
+#[derive(Clone, Default)]
+pub struct AppLimits {
+    /// `None`: no limit.
+    limiter: Option<Arc<Limiter<String>>>,
+}
+
+impl AppLimits {
+    /// `rate` per app (`None`: no limit), tracking at most `max_keys` apps.
+    pub fn new(rate: Option<Rate>, max_keys: usize) -> AppLimits {
+        AppLimits {
+            limiter: rate.map(|rate| Arc::new(Limiter::new(rate, max_keys))),
+        }
+    }
+
+    /// The share of configured app `app` of `bridge` (`apns`, `fcm`, `gcm`).
+    pub fn app(&self, bridge: &str, app: &str) -> AppLimit {
+        AppLimit {
+            limiter: self.limiter.clone(),
+            key: format!("{bridge}/{app}"),
+        }
+    }
+}
+
+/// One app's rate, held by the bridge's app (or channel) for its life.
+#[derive(Clone)]
+pub struct AppLimit {
+    limiter: Option<Arc<Limiter<String>>>,
+    key: String,
+}
+
+impl AppLimit {
+    /// A token for one push upstream, or [`RouterError::TooManyRequests`]
+    /// (429 `bridge app` for the sender, counted as
+    /// `rate_limit.refused{limit="bridge_app"}`) with the wait until the next.
+    pub fn check(&self) -> Result<(), RouterError> {
+        let Some(limiter) = &self.limiter else {
+            return Ok(());
+        };
+        limiter.check(&self.key).map_err(|wait| {
+            metrics::rate_limited("bridge_app", limiter.len());
+            RouterError::TooManyRequests {
+                what: "bridge app",
+                retry_after: wait,
+            }
+        })
+    }
+}
+
+/// What a sender is told to wait when the upstream said "too many
+/// requests" (FCM's 429 `RESOURCE_EXHAUSTED`, APNs' 429 `TooManyRequests`)
+/// without saying for how long.
+pub const UPSTREAM_RETRY_AFTER_DEFAULT: Duration = Duration::from_secs(30);
+
+/// The range an upstream's own `Retry-After` is clamped to before a sender
+/// is told: at least a second (`0` invites a storm), at most an hour.
+pub const UPSTREAM_RETRY_AFTER_RANGE: (Duration, Duration) =
+    (Duration::from_secs(1), Duration::from_secs(3600));
+
+/// `Retry-After` for a sender whose push the upstream refused as too many:
+/// the upstream's value clamped to [`UPSTREAM_RETRY_AFTER_RANGE`], or
+/// [`UPSTREAM_RETRY_AFTER_DEFAULT`] when it gave none.
+pub fn upstream_retry_after(given: Option<Duration>) -> Duration {
+    let (min, max) = UPSTREAM_RETRY_AFTER_RANGE;
+    given.map_or(UPSTREAM_RETRY_AFTER_DEFAULT, |wait| wait.clamp(min, max))
+}
+
+/// The upstream said "too many requests": the sender gets 429 (`bridge`)
+/// with [`upstream_retry_after`].
+pub fn upstream_too_many(given: Option<Duration>) -> RouterError {
+    RouterError::TooManyRequests {
+        what: "bridge",
+        retry_after: upstream_retry_after(given),
     }
 }
 
@@ -302,6 +392,46 @@ mod tests {
         );
         drop(held);
         assert!(cap.try_acquire().is_ok());
+    }
+
+    #[tokio::test]
+    async fn an_absurd_retry_after_ends_at_once() {
+        let result: Result<(), _> = with_retries(&quick(3), |_| async {
+            Attempt::Retry {
+                error: upstream_too_many(Some(Duration::MAX)),
+                retry_after: Some(Duration::MAX),
+            }
+        })
+        .await;
+        assert_eq!(
+            result,
+            Err(RouterError::TooManyRequests {
+                what: "bridge",
+                retry_after: Duration::from_secs(3600)
+            })
+        );
+    }
+
+    #[test]
+    fn upstream_retry_after_is_clamped_with_a_default() {
+        let secs = |s| upstream_retry_after(Some(Duration::from_secs(s))).as_secs();
+        assert_eq!((secs(0), secs(60), secs(86_400)), (1, 60, 3600));
+        assert_eq!(upstream_retry_after(None), UPSTREAM_RETRY_AFTER_DEFAULT);
+    }
+
+    #[test]
+    fn each_app_has_its_own_rate_and_none_means_no_limit() {
+        let limits = AppLimits::new(Rate::new(0.001, 2.0), 100);
+        let (fcm, gcm) = (limits.app("fcm", "a"), limits.app("gcm", "a"));
+        assert!(fcm.check().is_ok() && fcm.check().is_ok());
+        let Err(RouterError::TooManyRequests { what, retry_after }) = fcm.check() else {
+            panic!("the third push is over the rate");
+        };
+        assert_eq!(what, "bridge app");
+        assert!(retry_after > Duration::from_secs(100), "{retry_after:?}");
+        assert!(gcm.check().is_ok(), "another bridge's app of the same name");
+        let off = AppLimits::default().app("fcm", "a");
+        assert!((0..1000).all(|_| off.check().is_ok()));
     }
 
     #[test]

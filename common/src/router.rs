@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use crate::bridge::mask_token;
+use crate::errors::retry_after_secs;
 use crate::{ApiError, ApiResult, Notification, RouterType, User};
 
 /// How a router disposed of a notification.
@@ -70,6 +71,13 @@ pub enum RouterError {
     /// come back later.
     #[error("the bridge is busy; retry after {retry_after:?}")]
     Unavailable { retry_after: std::time::Duration },
+    /// Too many requests, by our own rate for the app (`what`: `bridge
+    /// app`) or by the upstream's answer (`bridge`): 429 for the sender.
+    #[error("too many requests for this {what}; retry after {retry_after:?}")]
+    TooManyRequests {
+        what: &'static str,
+        retry_after: std::time::Duration,
+    },
 }
 
 impl From<RouterError> for ApiError {
@@ -89,6 +97,10 @@ impl From<RouterError> for ApiError {
             RouterError::Unavailable { retry_after } => ApiError::BridgeUnavailable {
                 // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
                 retry_after: retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
+            },
+            RouterError::TooManyRequests { what, retry_after } => ApiError::TooManyRequests {
+                what,
+                retry_after: retry_after_secs(retry_after),
             },
         }
     }
@@ -168,6 +180,19 @@ impl RouterRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn too_many_requests_is_a_429_with_whole_seconds() {
+        let error = ApiError::from(RouterError::TooManyRequests {
+            what: "bridge",
+            retry_after: std::time::Duration::from_millis(2500),
+        });
+        assert_eq!(
+            (error.status().as_u16(), error.errno(), error.retry_after()),
+            (429, 201, Some(3))
+        );
+        assert!(error.public_message().contains("bridge"), "{error}");
+    }
 
     #[test]
     fn tokens_are_masked_at_any_depth() {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use autopush_apns::ApnsRouter;
 use autopush_common::RouterType;
+use autopush_common::bridge::AppLimits;
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::limit::Limiter;
 use autopush_common::node::{LocalNode, NodeClient};
@@ -295,18 +296,25 @@ impl Running {
 /// line here.
 pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
     let mut bridges = RouterRegistry::default();
+    let limits = bridge_limits(settings);
     if !settings.apns.channels.is_empty() {
-        bridges = bridges.with(RouterType::Apns, Arc::new(ApnsRouter::new(&settings.apns)?));
+        let apns = ApnsRouter::new(&settings.apns, &limits)?;
+        bridges = bridges.with(RouterType::Apns, Arc::new(apns));
     }
     // FCM and GCM apps naming the same Firebase project share its client and tokens.
     let google = autopush_fcm::Projects::default();
-    if let Some(fcm) = autopush_fcm::FcmRouter::configured(&settings.fcm, &google)? {
+    if let Some(fcm) = autopush_fcm::FcmRouter::configured(&settings.fcm, &google, &limits)? {
         bridges = bridges.with(RouterType::Fcm, fcm);
     }
-    if let Some(gcm) = autopush_gcm::GcmRouter::configured(&settings.gcm, &google)? {
+    if let Some(gcm) = autopush_gcm::GcmRouter::configured(&settings.gcm, &google, &limits)? {
         bridges = bridges.with(RouterType::Gcm, gcm);
     }
     Ok(bridges)
+}
+
+/// The per-app rate every bridge applies (`--bridge-app-limit`).
+pub fn bridge_limits(settings: &Settings) -> AppLimits {
+    AppLimits::new(settings.limits.bridge_app, settings.limits.max_keys)
 }
 
 /// Run until the process is stopped.

@@ -93,12 +93,20 @@ impl ApnsService {
     }
 
     pub async fn start_with(double: Arc<ApnsDouble>) -> ApnsService {
+        ApnsService::start_configured(double, |_| {}).await
+    }
+
+    /// [`ApnsService::start_with`], with more settings set by `configure`.
+    pub async fn start_configured(
+        double: Arc<ApnsDouble>,
+        configure: impl FnOnce(&mut SettingsLayer),
+    ) -> ApnsService {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("autopush.toml");
         std::fs::write(&config, config_toml()).expect("write the settings file");
         let [port, router_port, endpoint_port] = crate::server::free_ports::<3>();
         let endpoint_base = format!("http://127.0.0.1:{endpoint_port}");
-        let layer = SettingsLayer {
+        let mut layer = SettingsLayer {
             host: Some("127.0.0.1".into()),
             port: Some(port),
             router_port: Some(router_port),
@@ -107,9 +115,12 @@ impl ApnsService {
             db: Some(dir.path().join("db").display().to_string()),
             ..SettingsLayer::default()
         };
+        configure(&mut layer);
         let settings = Settings::resolve(layer, Some(&config)).expect("settings");
         assert_eq!(settings.apns.channels.len(), 3, "{:?}", settings.apns);
-        let router = double.router(&settings.apns).expect("the APNs router");
+        let router = double
+            .router(&settings.apns, &app::bridge_limits(&settings))
+            .expect("the APNs router");
         let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
         let running = app::start(Mode::All, &settings, bridges)
             .await

@@ -47,8 +47,8 @@ pub enum Reply {
     Unauthenticated,
     /// 403 `PERMISSION_DENIED` / `SENDER_ID_MISMATCH`.
     PermissionDenied,
-    /// 429 `RESOURCE_EXHAUSTED` / `QUOTA_EXCEEDED` with `Retry-After`.
-    QuotaExceeded { retry_after: u64 },
+    /// 429 `RESOURCE_EXHAUSTED` / `QUOTA_EXCEEDED`, with `Retry-After` if given.
+    QuotaExceeded { retry_after: Option<u64> },
     /// 500 `INTERNAL`.
     Internal,
     /// 503 `UNAVAILABLE`, with `Retry-After` if given.
@@ -597,7 +597,7 @@ async fn answer(project: String, reply: Reply) -> warp::reply::Response {
                 "Quota exceeded for the device.",
                 fcm_detail("QUOTA_EXCEEDED"),
             ),
-            Some(retry_after),
+            retry_after,
         ),
         Reply::Internal => error(
             StatusCode::INTERNAL_SERVER_ERROR,

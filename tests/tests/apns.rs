@@ -235,7 +235,6 @@ async fn apple_failing_for_good_gives_502_or_503_with_retry_after() {
     let service = ApnsService::start().await;
     let cases = [
         (Outcome::refused(503, "ServiceUnavailable"), 503, 201),
-        (Outcome::refused(429, "TooManyRequests"), 503, 201),
         (Outcome::refused(500, "InternalServerError"), 502, 902),
         (
             Outcome::Fail(TransportError::Connect("connection refused".into())),
@@ -260,6 +259,60 @@ async fn apple_failing_for_good_gives_502_or_503_with_retry_after() {
         // The registration stays.
         assert_eq!(service.channels(&app).await.status, 200);
     }
+}
+
+#[tokio::test]
+async fn apples_too_many_requests_is_a_429_to_the_sender() {
+    let service = ApnsService::start().await;
+    for outcome in [
+        Outcome::refused(429, "TooManyRequests"),
+        Outcome::refused(429, ""),
+    ] {
+        let token = device_token();
+        let app = service.register(FIREFOX, &token, json!({})).await;
+        service
+            .double
+            .script(&token, std::iter::repeat_n(outcome.clone(), 10));
+        let sent = post_push(&app.endpoint, &[("ttl", "60")], None).await;
+        sent.assert_error(429, 201);
+        // Apple gives no Retry-After: the documented default.
+        assert_eq!(sent.header("retry-after"), Some("30"), "{outcome:?}");
+        // Apple asks us to slow down for this device: not asked again at once.
+        assert_eq!(service.double.requests_for(&token).len(), 1, "{outcome:?}");
+        assert_eq!(service.channels(&app).await.status, 200, "{outcome:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_channel_over_its_rate_gets_429_while_other_channels_go_on() {
+    // Two pushes at once per channel, then one per 100 s.
+    let service = ApnsService::start_configured(ApnsDouble::new(), |layer| {
+        layer.bridge_app_limit = Some("0.01,2".into());
+    })
+    .await;
+    let busy_token = device_token();
+    let busy = service.register(FIREFOX, &busy_token, json!({})).await;
+    let other_token = device_token();
+    let other = service.register(BETA, &other_token, json!({})).await;
+    let push = |endpoint: String| async move { post_push(&endpoint, &[("ttl", "60")], None).await };
+
+    for _ in 0..2 {
+        push(busy.endpoint.clone()).await.assert_created();
+    }
+    let refused = push(busy.endpoint.clone()).await;
+    refused.assert_error(429, 201);
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=100).contains(&retry_after), "{:?}", refused.headers);
+    assert!(refused.text.contains("bridge app"), "{}", refused.text);
+    // The other channel's burst is whole.
+    for _ in 0..2 {
+        push(other.endpoint.clone()).await.assert_created();
+    }
+    assert_eq!(service.double.requests_for(&busy_token).len(), 2);
+    assert_eq!(service.double.requests_for(&other_token).len(), 2);
 }
 
 #[tokio::test]

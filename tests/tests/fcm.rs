@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
+use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
 use autopush_tests::{Server, new_channel_id, server};
 use reqwest::Method;
@@ -35,6 +36,11 @@ const TIMEOUT_SECS: u64 = 3;
 
 impl Bridge {
     async fn start() -> Bridge {
+        Bridge::start_with(&[]).await
+    }
+
+    /// [`Bridge::start`] with more command-line arguments.
+    async fn start_with(args: &[&str]) -> Bridge {
         let google = Google::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let key_file = google.write_service_account(dir.path(), "service-account.json");
@@ -71,13 +77,10 @@ impl Bridge {
             "timeout": TIMEOUT_SECS,
         }})
         .to_string();
-        let server = Server::start_with(&[
-            "--config",
-            &config.display().to_string(),
-            "--gcm-credentials",
-            &gcm,
-        ])
-        .await;
+        let config = config.display().to_string();
+        let mut all_args = vec!["--config", &config, "--gcm-credentials", &gcm];
+        all_args.extend_from_slice(args);
+        let server = Server::start_with(&all_args).await;
         let keys = Keys::generate().await;
         Bridge {
             google,
@@ -482,11 +485,14 @@ async fn a_busy_fcm_is_retried_honouring_retry_after() {
         got[1].at - got[0].at
     );
 
-    // 429 asking for more than the deadline: 503 with FCM's Retry-After at once.
-    bridge
-        .google
-        .script(token, &[Reply::QuotaExceeded { retry_after: 60 }]);
-    let sent = bridge.push(&r, &SendOptions::text("quota")).await;
+    // 503 asking for more than the deadline: 503 with FCM's Retry-After at once.
+    bridge.google.script(
+        token,
+        &[Reply::Unavailable {
+            retry_after: Some(60),
+        }],
+    );
+    let sent = bridge.push(&r, &SendOptions::text("later")).await;
     sent.assert_error(503, 201);
     assert_eq!(sent.header("retry-after"), Some("60"));
     assert_eq!(bridge.google.received_for(token).len(), 3);
@@ -507,6 +513,109 @@ async fn a_busy_fcm_is_retried_honouring_retry_after() {
         .push(&r, &SendOptions::text("fine"))
         .await
         .assert_created();
+}
+
+/// A push as is (the bridge carries any body), without pywebpush.
+async fn raw_push(r: &Registration) -> HttpReply {
+    http::post_push(
+        &r.endpoint,
+        &[("ttl", "60"), ("content-encoding", "aes128gcm")],
+        Some(b"opaque".to_vec()),
+    )
+    .await
+}
+
+/// `Retry-After` of a refusal, in seconds.
+fn retry_after(reply: &HttpReply) -> u64 {
+    reply
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {:?}", reply.headers))
+}
+
+#[tokio::test]
+async fn fcm_quota_exhausted_is_a_429_with_a_clamped_retry_after() {
+    let bridge = Bridge::start().await;
+    let token = "device-of-an-app-over-quota";
+    let r = bridge.register("fcm", "app1", token).await;
+
+    // FCM asks for more than the deadline: no retry, its Retry-After, at
+    // most an hour.
+    for (asked, told) in [(60, 60), (86_400, 3600)] {
+        bridge.google.script(
+            token,
+            &[Reply::QuotaExceeded {
+                retry_after: Some(asked),
+            }],
+        );
+        let sent = raw_push(&r).await;
+        sent.assert_error(429, 201);
+        assert_eq!(retry_after(&sent), told, "FCM asked {asked}");
+    }
+    assert_eq!(bridge.google.received_for(token).len(), 2);
+
+    // FCM keeps saying 429 "now": three tries, then 429 with at least 1 s.
+    let now = Reply::QuotaExceeded {
+        retry_after: Some(0),
+    };
+    bridge
+        .google
+        .script(token, &[now.clone(), now.clone(), now]);
+    let sent = raw_push(&r).await;
+    sent.assert_error(429, 201);
+    assert_eq!(retry_after(&sent), 1);
+    assert_eq!(bridge.google.received_for(token).len(), 5);
+
+    // No Retry-After at all: three tries, then the default 30 s.
+    let unsaid = Reply::QuotaExceeded { retry_after: None };
+    bridge
+        .google
+        .script(token, &[unsaid.clone(), unsaid.clone(), unsaid]);
+    let sent = raw_push(&r).await;
+    sent.assert_error(429, 201);
+    assert_eq!(retry_after(&sent), 30);
+    assert_eq!(bridge.google.received_for(token).len(), 8);
+
+    // The registration stays.
+    raw_push(&r).await.assert_created();
+}
+
+#[tokio::test]
+async fn an_app_over_its_rate_gets_429_while_other_apps_go_on() {
+    // Two pushes at once per app, then one per 100 s.
+    let bridge = Bridge::start_with(&["--bridge-app-limit", "0.01,2"]).await;
+    let busy_token = "device-of-a-busy-app";
+    let busy = bridge.register("fcm", "app1", busy_token).await;
+    // Another app, on the same Firebase project.
+    let other_token = "device-of-another-app";
+    let other = bridge.register("gcm", SENDER_ID, other_token).await;
+
+    for _ in 0..2 {
+        raw_push(&busy).await.assert_created();
+    }
+    let refused = raw_push(&busy).await;
+    refused.assert_error(429, 201);
+    assert!(
+        (1..=100).contains(&retry_after(&refused)),
+        "{:?}",
+        refused.headers
+    );
+    assert!(refused.text.contains("bridge app"), "{}", refused.text);
+    // The other app's burst is whole.
+    for _ in 0..2 {
+        raw_push(&other).await.assert_created();
+    }
+    assert_eq!(bridge.google.received_for(busy_token).len(), 2);
+    assert_eq!(bridge.google.received_for(other_token).len(), 2);
+
+    let metrics = http::get(&format!("{}/metrics", bridge.server.router_base())).await;
+    let scrape = Scrape::parse(&metrics.text);
+    assert_eq!(
+        scrape.value("rate_limit_refused", &[("limit", "bridge_app")]),
+        1.0,
+        "{}",
+        metrics.text
+    );
 }
 
 #[tokio::test]

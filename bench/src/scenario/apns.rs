@@ -28,6 +28,9 @@ use crate::app_server::{AppServer, Bodies, Connection};
 use crate::server::{cpu_ticks, free_ports};
 use crate::stats::{Latencies, rate, refused_cell};
 
+/// A rate limit the bench never reaches (`PER_SECOND,BURST`).
+const OUT_OF_REACH: &str = "1000000000,1000000000";
+
 pub struct Options {
     pub devices: usize,
     pub connections: usize,
@@ -80,11 +83,22 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
         endpoint_url: Some(endpoint_url.clone()),
         db: Some(data.path().display().to_string()),
         apns: Some(ApnsSettings::from_json(&channels.to_string()).expect("APNs settings")),
+        // As the load generator's own servers have them (`server::limit_flags`):
+        // every device registers from one address, so per-address limits are
+        // off; the sender and bridge app limits are on but out of reach.
+        sender_limit: Some(OUT_OF_REACH.into()),
+        subscription_limit: Some("0".into()),
+        source_ip_limit: Some("0".into()),
+        registration_limit: Some("0".into()),
+        new_uaid_limit: Some("0".into()),
+        bridge_app_limit: Some(OUT_OF_REACH.into()),
         ..SettingsLayer::default()
     };
     let settings = Settings::resolve(layer, None).expect("settings");
     let double = ApnsDouble::counting(delay);
-    let router = double.router(&settings.apns).expect("the APNs router");
+    let router = double
+        .router(&settings.apns, &app::bridge_limits(&settings))
+        .expect("the APNs router");
     let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
     let running = app::start(Mode::All, &settings, bridges)
         .await

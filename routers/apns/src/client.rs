@@ -229,7 +229,9 @@ mod tests {
             .to_string(),
         )
         .unwrap();
-        let err = ApnsRouter::new(&settings).err().unwrap();
+        let err = ApnsRouter::new(&settings, &Default::default())
+            .err()
+            .unwrap();
         assert!(
             err.starts_with("apns channel \"beta\": key: cannot read"),
             "{err}"

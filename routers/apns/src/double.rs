@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use autopush_common::bridge::AppLimits;
 use tokio::sync::{Notify, watch};
 
 use crate::ApnsRouter;
@@ -118,9 +119,14 @@ impl ApnsDouble {
         })
     }
 
-    /// An [`ApnsRouter`] for `settings` with every channel sending here.
-    pub fn router(self: &Arc<Self>, settings: &ApnsSettings) -> Result<ApnsRouter, String> {
-        ApnsRouter::with_senders(settings, |name, _| Ok(self.sender(name)))
+    /// An [`ApnsRouter`] for `settings`, each channel within its rate in
+    /// `limits`, with every channel sending here.
+    pub fn router(
+        self: &Arc<Self>,
+        settings: &ApnsSettings,
+        limits: &AppLimits,
+    ) -> Result<ApnsRouter, String> {
+        ApnsRouter::with_senders(settings, limits, |name, _| Ok(self.sender(name)))
     }
 
     async fn answer(

@@ -5,8 +5,8 @@
 //!   topic, environment and credentials.
 //! * [`payload`]: what a registration stores and what Apple is sent.
 //! * [`sender`]: the boundary with Apple, [`client`] its a2 implementation.
-//! * [`ApnsRouter`]: the [`Router`]: per-channel clients, deadline, retries,
-//!   in-flight cap and the reading of Apple's answers.
+//! * [`ApnsRouter`]: the [`Router`]: per-channel clients, rate, deadline,
+//!   retries, in-flight cap and the reading of Apple's answers.
 
 pub mod client;
 #[cfg(any(test, feature = "test-double"))]
@@ -22,7 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use autopush_common::bridge::{Attempt, CredentialAlarm, InFlight, RetryPolicy, with_retries};
+use autopush_common::bridge::{
+    AppLimit, AppLimits, Attempt, CredentialAlarm, InFlight, RetryPolicy, upstream_too_many,
+    with_retries,
+};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use tracing::warn;
@@ -36,7 +39,7 @@ use crate::settings::{ApnsChannel, ApnsSettings};
 /// is reached.
 pub const BUSY_RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// `Retry-After` for a sender whose push Apple kept refusing with 429 or 503.
+/// `Retry-After` for a sender whose push Apple kept refusing with 503.
 pub const UPSTREAM_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Apple's answers that mean the device token is dead for this app.
@@ -59,6 +62,7 @@ struct Channel {
     retry: RetryPolicy,
     in_flight: InFlight,
     alarm: CredentialAlarm,
+    limit: AppLimit,
 }
 
 pub struct ApnsRouter {
@@ -66,17 +70,22 @@ pub struct ApnsRouter {
 }
 
 impl ApnsRouter {
-    /// A router with an a2 client per channel. Bad key material is an error
-    /// naming the channel and the field.
-    pub fn new(settings: &ApnsSettings) -> Result<ApnsRouter, String> {
-        ApnsRouter::with_senders(settings, |_, channel| {
+    /// A router with an a2 client per channel, each channel within its rate
+    /// in `limits`. Bad key material is an error naming the channel and the
+    /// field.
+    pub fn new(settings: &ApnsSettings, limits: &AppLimits) -> Result<ApnsRouter, String> {
+        ApnsRouter::with_senders(settings, limits, |_, channel| {
             Ok(Arc::new(A2Sender::new(channel)?) as Arc<dyn ApnsSender>)
         })
     }
 
     /// A router whose channels send through what `sender` makes for each
     /// (name, settings): the a2 client, or a test double.
-    pub fn with_senders<F>(settings: &ApnsSettings, mut sender: F) -> Result<ApnsRouter, String>
+    pub fn with_senders<F>(
+        settings: &ApnsSettings,
+        limits: &AppLimits,
+        mut sender: F,
+    ) -> Result<ApnsRouter, String>
     where
         F: FnMut(&str, &ApnsChannel) -> Result<Arc<dyn ApnsSender>, String>,
     {
@@ -97,6 +106,7 @@ impl ApnsRouter {
                     retry,
                     in_flight: InFlight::new(channel.max_in_flight, BUSY_RETRY_AFTER),
                     alarm: CredentialAlarm::default(),
+                    limit: limits.app("apns", name),
                 },
             );
         }
@@ -128,6 +138,7 @@ impl Router for ApnsRouter {
             .get(data.channel)
             .ok_or_else(|| RouterError::UnknownApp(data.channel.to_owned()))?;
         let request = payload::request(&notification, &data, &channel.topic)?;
+        channel.limit.check()?;
         let _slot = channel.in_flight.try_acquire()?;
         with_retries(&channel.retry, |_| channel.attempt(&request)).await?;
         Ok(Delivery::Direct)
@@ -154,8 +165,9 @@ impl Channel {
         }
     }
 
-    /// Read a refusal: a dead token, our credentials, a busy or failing
-    /// Apple (retried), or anything else (logged).
+    /// Read a refusal: a dead token, our credentials, too many requests (for
+    /// the device: not retried), a busy or failing Apple (retried), or
+    /// anything else (logged).
     fn refused(&self, response: ApnsResponse) -> Attempt<()> {
         let status = response.status;
         let reason = response.reason.as_deref().unwrap_or("");
@@ -167,12 +179,15 @@ impl Channel {
                 .raise("apns", &self.name, &format!("{status} {reason}"));
             return Attempt::Fail(RouterError::Authentication);
         }
-        let busy = RouterError::Unavailable {
-            retry_after: UPSTREAM_RETRY_AFTER,
-        };
+        if status == 429 || reason == "TooManyRequests" {
+            // Apple gives no Retry-After; trying again at once would only
+            // prolong it.
+            return Attempt::Fail(upstream_too_many(None));
+        }
         let error = match (status, reason) {
-            (429, _) | (_, "TooManyRequests") => busy,
-            (503, _) | (_, "ServiceUnavailable" | "Shutdown") => busy,
+            (503, _) | (_, "ServiceUnavailable" | "Shutdown") => RouterError::Unavailable {
+                retry_after: UPSTREAM_RETRY_AFTER,
+            },
             (500, _) | (_, "InternalServerError") => {
                 RouterError::Upstream(format!("APNs answered {status} {reason}"))
             }

@@ -1,6 +1,8 @@
 //! The router against the double: every answer Apple can give, as the
 //! application server sees it.
 
+use autopush_common::bridge::AppLimits;
+use autopush_common::limit::Rate;
 use autopush_common::router::{Router, RouterDataInput};
 use autopush_common::{ApiError, Notification, RouterType, User};
 use serde_json::json;
@@ -27,7 +29,9 @@ fn settings(timeout: f64, max_in_flight: usize) -> ApnsSettings {
 }
 
 fn router(double: &std::sync::Arc<ApnsDouble>) -> ApnsRouter {
-    double.router(&settings(5.0, 100)).unwrap()
+    double
+        .router(&settings(5.0, 100), &AppLimits::default())
+        .unwrap()
 }
 
 fn user(router: &ApnsRouter, token: &str, channel: &str) -> User {
@@ -132,7 +136,6 @@ async fn each_answer_maps_to_what_the_sender_is_told() {
 async fn busy_or_failing_apple_is_retried_until_it_answers() {
     for outcome in [
         Outcome::refused(503, "ServiceUnavailable"),
-        Outcome::refused(429, "TooManyRequests"),
         Outcome::refused(500, "InternalServerError"),
         Outcome::Fail(TransportError::Connect("connection reset".into())),
     ] {
@@ -147,13 +150,38 @@ async fn busy_or_failing_apple_is_retried_until_it_answers() {
 }
 
 #[tokio::test]
+async fn too_many_requests_is_a_429_at_once() {
+    let double = ApnsDouble::new();
+    let router = router(&double);
+    double.script(TOKEN, [Outcome::refused(429, "TooManyRequests")]);
+    let err = push(&router, &user(&router, TOKEN, "firefox"))
+        .await
+        .unwrap_err();
+    assert_eq!((err.status().as_u16(), err.errno()), (429, 201));
+    assert_eq!(err.retry_after(), Some(30));
+    assert_eq!(double.recorded().len(), 1, "not retried");
+}
+
+#[tokio::test]
+async fn each_channel_has_its_own_rate() {
+    let double = ApnsDouble::new();
+    let limits = AppLimits::new(Rate::new(0.001, 1.0), 100);
+    let router = double.router(&settings(5.0, 100), &limits).unwrap();
+    let firefox = user(&router, TOKEN, "firefox");
+    push(&router, &firefox).await.unwrap();
+    let err = push(&router, &firefox).await.unwrap_err();
+    assert_eq!((err.status().as_u16(), err.errno()), (429, 201));
+    push(&router, &user(&router, OTHER, "beta")).await.unwrap();
+    assert_eq!(double.recorded().len(), 2, "the refused push reached Apple");
+}
+
+#[tokio::test]
 async fn retries_are_bounded_then_the_sender_is_told() {
     let busy = ApiError::BridgeUnavailable {
         retry_after: UPSTREAM_RETRY_AFTER.as_secs(),
     };
     let cases = [
-        (Outcome::refused(503, "ServiceUnavailable"), busy.clone()),
-        (Outcome::refused(429, "TooManyRequests"), busy),
+        (Outcome::refused(503, "ServiceUnavailable"), busy),
         (
             Outcome::refused(500, "InternalServerError"),
             ApiError::BridgeConnect(String::new()),
@@ -183,7 +211,11 @@ async fn retries_are_bounded_then_the_sender_is_told() {
 #[tokio::test]
 async fn a_silent_apple_ends_at_the_deadline_without_delaying_other_channels() {
     let double = ApnsDouble::new();
-    let router = std::sync::Arc::new(double.router(&settings(0.5, 100)).unwrap());
+    let router = std::sync::Arc::new(
+        double
+            .router(&settings(0.5, 100), &AppLimits::default())
+            .unwrap(),
+    );
     double.script(TOKEN, [Outcome::Hang]);
     let slow_user = user(&router, TOKEN, "firefox");
     let slow = tokio::spawn({
@@ -200,7 +232,11 @@ async fn a_silent_apple_ends_at_the_deadline_without_delaying_other_channels() {
 #[tokio::test]
 async fn beyond_the_in_flight_cap_senders_are_asked_to_come_back() {
     let double = ApnsDouble::new();
-    let router = std::sync::Arc::new(double.router(&settings(2.0, 1)).unwrap());
+    let router = std::sync::Arc::new(
+        double
+            .router(&settings(2.0, 1), &AppLimits::default())
+            .unwrap(),
+    );
     double.script(TOKEN, [Outcome::Hang]);
     let first = user(&router, TOKEN, "firefox");
     let held = tokio::spawn({

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use autopush_common::bridge::AppLimits;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use serde_json::{Value, json};
@@ -21,16 +22,18 @@ pub struct FcmRouter {
 }
 
 impl FcmRouter {
-    /// The router for `apps`, or `None` when no app is configured. Errors
-    /// name the app whose settings are wrong.
+    /// The router for `apps`, each app within its rate in `limits`, or
+    /// `None` when no app is configured. Errors name the app whose settings
+    /// are wrong.
     pub fn configured(
         apps: &BTreeMap<String, AppSettings>,
         projects: &Projects,
+        limits: &AppLimits,
     ) -> Result<Option<Arc<FcmRouter>>, String> {
         if apps.is_empty() {
             return Ok(None);
         }
-        let apps = App::build_all("fcm", apps, projects)?;
+        let apps = App::build_all("fcm", apps, projects, limits)?;
         Ok(Some(Arc::new(FcmRouter { apps })))
     }
 

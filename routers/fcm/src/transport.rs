@@ -11,7 +11,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use autopush_common::bridge::{Attempt, CredentialAlarm, InFlight, RetryPolicy, with_retries};
+use autopush_common::bridge::{
+    AppLimit, AppLimits, Attempt, CredentialAlarm, InFlight, RetryPolicy,
+    UPSTREAM_RETRY_AFTER_RANGE, upstream_too_many, with_retries,
+};
 use autopush_common::router::RouterError;
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -19,8 +22,8 @@ use serde_json::Value;
 use crate::auth::AccessTokens;
 use crate::settings::AppSettings;
 
-/// What a sender is told to wait when FCM is busy and said not how long, or
-/// when the in-flight cap is reached.
+/// What a sender is told to wait when FCM is unavailable and said not how
+/// long, or when the in-flight cap is reached.
 const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// One Firebase project: where to send, with which credentials.
@@ -128,12 +131,14 @@ impl Project {
             .send()
             .await?;
         let status = response.status();
+        // Seconds (what FCM sends), at most the longest wait a sender is
+        // ever told.
         let retry_after = response
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .map(|seconds| Duration::from_secs(seconds).min(UPSTREAM_RETRY_AFTER_RANGE.1));
         let text = response.text().await?;
         Ok((
             status,
@@ -174,14 +179,18 @@ pub struct App {
     id: String,
     project: Arc<Project>,
     alarm: CredentialAlarm,
+    /// Its own rate, whatever project it shares.
+    limit: AppLimit,
 }
 
 impl App {
-    /// The apps of one bridge from its settings; an error names the app.
+    /// The apps of one bridge from its settings, each with its share of
+    /// `limits`; an error names the app.
     pub fn build_all(
         bridge: &'static str,
         apps: &std::collections::BTreeMap<String, AppSettings>,
         projects: &Projects,
+        limits: &AppLimits,
     ) -> Result<HashMap<String, App>, String> {
         apps.iter()
             .map(|(id, settings)| {
@@ -193,6 +202,7 @@ impl App {
                     id: id.clone(),
                     project,
                     alarm: CredentialAlarm::default(),
+                    limit: limits.app(bridge, id),
                 };
                 Ok((id.clone(), app))
             })
@@ -203,8 +213,9 @@ impl App {
         &self.project
     }
 
-    /// Deliver one `messages:send` body.
+    /// Deliver one `messages:send` body, if the app is within its rate.
     pub async fn send(&self, message: &Value) -> Result<(), RouterError> {
+        self.limit.check()?;
         let alarm = Alarm { app: self };
         let result = self.project.send(message, &alarm).await;
         if result.is_ok() {
@@ -248,6 +259,12 @@ impl Alarm<'_> {
         let error = FcmError::read(reply);
         match status.as_u16() {
             200..=299 => Attempt::Done(()),
+            // A quota (the project's, or a device's): retried within the
+            // deadline, then 429 for the sender.
+            code if code == 429 || error.status == "RESOURCE_EXHAUSTED" => Attempt::Retry {
+                error: upstream_too_many(retry_after),
+                retry_after,
+            },
             404 => Attempt::Fail(RouterError::DeviceGone),
             _ if error.code == "UNREGISTERED" => Attempt::Fail(RouterError::DeviceGone),
             400 if error.names_the_token() => Attempt::Fail(RouterError::DeviceGone),
@@ -256,7 +273,7 @@ impl Alarm<'_> {
                 self.raise(&format!("FCM answered {status}: {}", error.reason()));
                 Attempt::Fail(RouterError::Authentication)
             }
-            429 | 500..=599 => Attempt::Retry {
+            500..=599 => Attempt::Retry {
                 error: RouterError::Unavailable {
                     retry_after: retry_after.unwrap_or(DEFAULT_RETRY_AFTER),
                 },

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use autopush_common::bridge::AppLimits;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_fcm::message::{android_message, payload_data};
@@ -28,16 +29,18 @@ pub struct GcmRouter {
 }
 
 impl GcmRouter {
-    /// The router for `apps` (by sender id), or `None` when none is
-    /// configured. Errors name the sender id whose settings are wrong.
+    /// The router for `apps` (by sender id), each within its rate in
+    /// `limits`, or `None` when none is configured. Errors name the sender
+    /// id whose settings are wrong.
     pub fn configured(
         apps: &BTreeMap<String, AppSettings>,
         projects: &Projects,
+        limits: &AppLimits,
     ) -> Result<Option<Arc<GcmRouter>>, String> {
         if apps.is_empty() {
             return Ok(None);
         }
-        let apps = App::build_all("gcm", apps, projects)?;
+        let apps = App::build_all("gcm", apps, projects, limits)?;
         Ok(Some(Arc::new(GcmRouter { apps })))
     }
 
