@@ -70,9 +70,6 @@ pub enum ApiError {
     /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
-    /// The detail, for the log only.
-    #[error("Internal error: {0}")]
-    Internal(String),
 }
 
 impl ApiError {
@@ -88,7 +85,6 @@ impl ApiError {
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -110,7 +106,6 @@ impl ApiError {
             InvalidTopic(_) => 113,
             // "Use exponential back-off for retries".
             Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } => 201,
-            Internal(_) => 999,
         }
     }
 
@@ -126,14 +121,13 @@ impl ApiError {
     }
 
     /// What senders are told. Failures of our own backends (storage, a
-    /// bridge we could not reach, internal errors) say only that: their
+    /// bridge we could not reach) say only that: their
     /// detail (error codes, table names, AWS accounts and roles, upstream
     /// answers) is for the log, where the error's `Display` puts it.
     pub fn public_message(&self) -> String {
         match self {
             ApiError::Storage(_) => "Storage unavailable; retry after the Retry-After delay".into(),
             ApiError::BridgeConnect(_) => "Could not reach the bridge".into(),
-            ApiError::Internal(_) => "Internal error".into(),
             other => other.to_string(),
         }
     }
@@ -182,7 +176,6 @@ mod tests {
         for error in [
             ApiError::Storage(detail.into()),
             ApiError::BridgeConnect(detail.into()),
-            ApiError::Internal(detail.into()),
         ] {
             let body = error.body();
             assert!(!body.message.contains("arn:aws"), "{}", body.message);
