@@ -10,7 +10,6 @@
 //! and [`AccessTokens::refresh`] after a 401. Each fetch asks a fresh
 //! `CustomServiceAccount`, whose empty cache guarantees a new token.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -37,7 +36,6 @@ pub struct AccessTokens {
     current: RwLock<Option<Current>>,
     /// Held while fetching, so one fetch serves every waiting push.
     fetching: tokio::sync::Mutex<()>,
-    fetches: AtomicU64,
 }
 
 impl AccessTokens {
@@ -49,7 +47,6 @@ impl AccessTokens {
             key,
             current: RwLock::new(None),
             fetching: tokio::sync::Mutex::new(()),
-            fetches: AtomicU64::new(0),
         })
     }
 
@@ -76,11 +73,6 @@ impl AccessTokens {
         self.fetch().await
     }
 
-    /// Tokens fetched so far.
-    pub fn fetches(&self) -> u64 {
-        self.fetches.load(Ordering::Relaxed)
-    }
-
     /// The current token unless it is due for renewal or is `except`.
     fn fresh(&self, except: Option<&str>) -> Option<Arc<str>> {
         let current = self.current.read().ok()?.clone()?;
@@ -94,7 +86,6 @@ impl AccessTokens {
             Ok(account) => account.token(&[SCOPE]).await,
             Err(e) => Err(e),
         };
-        self.fetches.fetch_add(1, Ordering::Relaxed);
         let token = match result {
             Ok(token) => token,
             Err(e) => return self.fetch_failed(e),

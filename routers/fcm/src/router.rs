@@ -36,11 +36,6 @@ impl FcmRouter {
         let apps = App::build_all("fcm", apps, projects, limits)?;
         Ok(Some(Arc::new(FcmRouter { apps })))
     }
-
-    /// The configured app `app_id`.
-    pub fn app(&self, app_id: &str) -> Option<&App> {
-        self.apps.get(app_id)
-    }
 }
 
 #[async_trait]

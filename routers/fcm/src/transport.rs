@@ -77,15 +77,6 @@ impl Project {
         })
     }
 
-    pub fn project_id(&self) -> &str {
-        &self.project_id
-    }
-
-    /// Access tokens fetched so far for this project.
-    pub fn token_fetches(&self) -> u64 {
-        self.tokens.fetches()
-    }
-
     /// Send `message`, retrying what may succeed later, within the deadline.
     async fn send(&self, message: &Value, alarm: &Alarm<'_>) -> Result<(), RouterError> {
         let _slot = self.in_flight.try_acquire()?;
@@ -207,10 +198,6 @@ impl App {
                 Ok((id.clone(), app))
             })
             .collect()
-    }
-
-    pub fn project(&self) -> &Project {
-        &self.project
     }
 
     /// Deliver one `messages:send` body, if the app is within its rate.

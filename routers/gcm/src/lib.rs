@@ -43,11 +43,6 @@ impl GcmRouter {
         let apps = App::build_all("gcm", apps, projects, limits)?;
         Ok(Some(Arc::new(GcmRouter { apps })))
     }
-
-    /// The configured sender id `sender_id`.
-    pub fn app(&self, sender_id: &str) -> Option<&App> {
-        self.apps.get(sender_id)
-    }
 }
 
 /// The sender id of a registration: `app_id`, or `creds.senderID` in
