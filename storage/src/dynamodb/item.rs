@@ -121,28 +121,34 @@ pub fn month_offset(millis: u64, delta: i64) -> (i64, u32) {
     (total.div_euclid(12), (total.rem_euclid(12) + 1) as u32)
 }
 
-/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian
-/// (H. Hinnant's algorithm).
+/// Days since 1970-01-01 to (year, month, day), UTC.
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    let julian = i64::from(unix_epoch_julian_day()) + days;
+    let date = i32::try_from(julian)
+        .ok()
+        .and_then(|j| time::Date::from_julian_day(j).ok())
+        .unwrap_or(time::Date::MAX);
+    (
+        i64::from(date.year()),
+        u32::from(u8::from(date.month())),
+        u32::from(date.day()),
+    )
 }
 
+/// (year, month, day) to days since 1970-01-01; an impossible date (read
+/// from a corrupt key) counts as the epoch.
 fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let m = month as i64;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + day as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    let date = i32::try_from(year).ok().and_then(|year| {
+        let month = time::Month::try_from(u8::try_from(month).ok()?).ok()?;
+        time::Date::from_calendar_date(year, month, u8::try_from(day).ok()?).ok()
+    });
+    date.map_or(0, |d| {
+        i64::from(d.to_julian_day()) - i64::from(unix_epoch_julian_day())
+    })
+}
+
+fn unix_epoch_julian_day() -> i32 {
+    time::OffsetDateTime::UNIX_EPOCH.date().to_julian_day()
 }
 
 pub fn json_to_attr(value: &serde_json::Value) -> AttributeValue {
@@ -320,6 +326,18 @@ pub fn message_from_item(item: &Item) -> Result<Notification> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn calendar_days_round_trip() {
+        assert_eq!(civil_from_days(20_781), (2026, 11, 24));
+        assert_eq!(days_from_civil(2000, 2, 29), 11_016);
+        for day in 0..80_000 {
+            let (y, m, d) = civil_from_days(day);
+            assert_eq!(days_from_civil(y, m, d), day, "{y}-{m}-{d}");
+        }
+        // A corrupt key's impossible date counts as the epoch.
+        assert_eq!(days_from_civil(2024, 13, 1), 0);
+    }
 
     #[test]
     fn last_connect_keys_name_the_hour() {
