@@ -288,7 +288,12 @@ async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
             "ttl": "60s",
             "priority": "high",
             "collapse_key": "t1",
-            "data": {"chid": r.channel_id.replace('-', ""), "body": body, "con": "aes128gcm"},
+            "data": {
+                "chid": r.channel_id.replace('-', ""),
+                "ver": Registration::message_id(&sent),
+                "body": body,
+                "con": "aes128gcm",
+            },
         }}})
     );
     assert_eq!(bridge.decrypt(got[0].data()).await, "hi gcm");
