@@ -137,7 +137,11 @@ pub async fn start(
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
     let bridges = self::bridges(settings)?.extend(bridges);
-    let metrics = crate::metrics::install(settings.statsd.as_ref(), &settings.statsd_label)?;
+    let metrics = crate::metrics::install(
+        settings.statsd.as_ref(),
+        &settings.statsd_label,
+        settings.statsd_flush_interval,
+    )?;
     let storage = open_storage(settings).await?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
@@ -277,7 +281,7 @@ pub async fn start(
 impl Running {
     /// Serve until SIGTERM or Ctrl-C, then close client connections cleanly.
     pub async fn wait(mut self) -> Result<(), String> {
-        tokio::select! {
+        let stopped = tokio::select! {
             _ = self.servers.join_next() => Err("a server stopped unexpectedly".into()),
             _ = shutdown_signal() => {
                 if let Some(clients) = &self.clients {
@@ -286,7 +290,12 @@ impl Running {
                 info!("shut down");
                 Ok(())
             }
-        }
+        };
+        // What the last moments recorded (closed sessions among them).
+        tokio::task::spawn_blocking(crate::metrics::flush_statsd)
+            .await
+            .ok();
+        stopped
     }
 }
 
