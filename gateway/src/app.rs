@@ -266,6 +266,7 @@ pub async fn start(
                 }
             }
         });
+        info!("{}", served_bridges(settings));
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));
         servers.spawn(autopush_connection::http::serve(
@@ -274,7 +275,12 @@ pub async fn start(
             settings.http,
         ));
     }
-    info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+    if mode.connection() {
+        info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+    } else {
+        // An endpoint node has no router API, so no node URL of its own.
+        info!(endpoint_url = %settings.endpoint_url, ?mode, "autopush running");
+    }
     Ok(Running { servers, clients })
 }
 
@@ -319,6 +325,25 @@ pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
         bridges = bridges.with(RouterType::Gcm, gcm);
     }
     Ok(bridges)
+}
+
+/// The bridges' channels and apps, by name only (their settings hold
+/// credentials), for the start-up log.
+fn served_bridges(settings: &Settings) -> String {
+    fn names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+        let names: Vec<&str> = names.map(String::as_str).collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+    format!(
+        "bridges: apns channels: {}; fcm apps: {}; gcm apps: {}",
+        names(settings.apns.channels.keys()),
+        names(settings.fcm.keys()),
+        names(settings.gcm.keys()),
+    )
 }
 
 /// The per-app rate every bridge applies (`--bridge-app-limit`).
