@@ -137,7 +137,11 @@ pub async fn start(
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
     let bridges = self::bridges(settings)?.extend(bridges);
-    let metrics = crate::metrics::install(settings.statsd.as_ref(), &settings.statsd_label)?;
+    let metrics = crate::metrics::install(
+        settings.statsd.as_ref(),
+        &settings.statsd_label,
+        settings.statsd_flush_interval,
+    )?;
     let storage = open_storage(settings).await?;
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
@@ -262,6 +266,7 @@ pub async fn start(
                 }
             }
         });
+        info!("{}", served_bridges(settings));
         let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
         let routes = warp::service(endpoint::routes(state));
         servers.spawn(autopush_connection::http::serve(
@@ -270,14 +275,19 @@ pub async fn start(
             settings.http,
         ));
     }
-    info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+    if mode.connection() {
+        info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+    } else {
+        // An endpoint node has no router API, so no node URL of its own.
+        info!(endpoint_url = %settings.endpoint_url, ?mode, "autopush running");
+    }
     Ok(Running { servers, clients })
 }
 
 impl Running {
     /// Serve until SIGTERM or Ctrl-C, then close client connections cleanly.
     pub async fn wait(mut self) -> Result<(), String> {
-        tokio::select! {
+        let stopped = tokio::select! {
             _ = self.servers.join_next() => Err("a server stopped unexpectedly".into()),
             _ = shutdown_signal() => {
                 if let Some(clients) = &self.clients {
@@ -286,7 +296,12 @@ impl Running {
                 info!("shut down");
                 Ok(())
             }
-        }
+        };
+        // What the last moments recorded (closed sessions among them).
+        tokio::task::spawn_blocking(crate::metrics::flush_statsd)
+            .await
+            .ok();
+        stopped
     }
 }
 
@@ -310,6 +325,25 @@ pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
         bridges = bridges.with(RouterType::Gcm, gcm);
     }
     Ok(bridges)
+}
+
+/// The bridges' channels and apps, by name only (their settings hold
+/// credentials), for the start-up log.
+fn served_bridges(settings: &Settings) -> String {
+    fn names<'a>(names: impl Iterator<Item = &'a String>) -> String {
+        let names: Vec<&str> = names.map(String::as_str).collect();
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    }
+    format!(
+        "bridges: apns channels: {}; fcm apps: {}; gcm apps: {}",
+        names(settings.apns.channels.keys()),
+        names(settings.fcm.keys()),
+        names(settings.gcm.keys()),
+    )
 }
 
 /// The per-app rate every bridge applies (`--bridge-app-limit`).

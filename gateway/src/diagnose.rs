@@ -24,7 +24,14 @@ use crate::settings::{Db, Settings};
 const POINT_ELSEWHERE: &str = "Give the service's data directory with --db DIR (or AUTOPUSH_DB), \
      or the service's own settings file with --config FILE";
 
-pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
+/// What `diagnose` found: the report, and why the user could not be read,
+/// if it could not (the report then holds the token's side only).
+pub struct Report {
+    pub report: Value,
+    pub user_error: Option<String>,
+}
+
+pub async fn run(settings: &Settings, url: &str) -> Result<Report, String> {
     let path = url
         .split("://")
         .nth(1)
@@ -73,6 +80,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
         "channel_id": info.channel_id.to_string(),
         "restricted_to_key_hash": info.key_hash.map(|h| h.iter().map(|b| format!("{b:02x}")).collect::<String>()),
     });
+    let mut user_error = None;
     out["user"] = match lookup(settings, data_dir.as_deref(), &info.uaid).await {
         Ok(Some(user)) => {
             let subscribed = user["channels"].as_array().is_some_and(|c| {
@@ -83,9 +91,15 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Value, String> {
             user
         }
         Ok(None) => json!(null),
-        Err(e) => json!({"error": e}),
+        Err(e) => {
+            user_error = Some(e.clone());
+            json!({"error": e})
+        }
     };
-    Ok(out)
+    Ok(Report {
+        report: out,
+        user_error,
+    })
 }
 
 async fn lookup(

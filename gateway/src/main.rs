@@ -93,12 +93,17 @@ fn main() -> ExitCode {
             Command::All => app::run(Mode::All, settings).await,
             Command::Connection => app::run(Mode::Connection, settings).await,
             Command::Endpoint => app::run(Mode::Endpoint, settings).await,
-            Command::Diagnose { url } => diagnose::run(&settings, &url).await.map(|report| {
+            Command::Diagnose { url } => {
+                let found = diagnose::run(&settings, &url).await?;
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                    serde_json::to_string_pretty(&found.report).unwrap_or_default()
                 );
-            }),
+                match found.user_error {
+                    Some(e) => Err(format!("could not read the user: {e}")),
+                    None => Ok(()),
+                }
+            }
             Command::Db { action } => db::run(&settings, action).await,
             Command::Keygen | Command::Check { .. } => Ok(()),
         }

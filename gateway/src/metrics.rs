@@ -3,10 +3,13 @@
 //! `--statsd-host` is set. What is recorded, and under which names, is
 //! [`autopush_common::metrics`].
 
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use autopush_connection::http::HttpLimits;
+use cadence::{BufferedUdpMetricSink, MetricSink, QueuingMetricSink};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_exporter_statsd::StatsdBuilder;
 use metrics_util::layers::FanoutBuilder;
@@ -34,13 +37,108 @@ pub struct Statsd {
     pub port: u16,
 }
 
+/// Bytes of statsd lines gathered into one datagram.
+const STATSD_DATAGRAM: usize = 256;
+/// Lines waiting for the sending thread; more are dropped.
+const STATSD_QUEUE: usize = 5000;
+
 /// The recorder is global to the process; several services started in one
 /// process (as tests do) share it.
 static INSTALLED: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
 
+/// The statsd sink, kept to flush it (`None` without `--statsd-host`).
+static STATSD: Mutex<Option<Arc<StatsdSink>>> = Mutex::new(None);
+
+/// The buffered UDP sink, run by the queue's thread. An empty line, which no
+/// metric is, asks it to send what it holds: queued behind the lines
+/// recorded before it, those go too.
+struct Flushing {
+    udp: BufferedUdpMetricSink,
+    flushes: Arc<AtomicU64>,
+}
+
+impl MetricSink for Flushing {
+    fn emit(&self, line: &str) -> io::Result<usize> {
+        if !line.is_empty() {
+            return self.udp.emit(line);
+        }
+        let sent = self.udp.flush();
+        self.flushes.fetch_add(1, Ordering::Release);
+        sent.map(|()| 0)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.udp.flush()
+    }
+}
+
+/// The queue in front of [`Flushing`], shared by the recorder and the flushes.
+struct StatsdSink {
+    queue: QueuingMetricSink,
+    flushes: Arc<AtomicU64>,
+}
+
+impl StatsdSink {
+    /// Send every line recorded so far, waiting at most `within`.
+    fn flush(&self, within: Duration) {
+        let before = self.flushes.load(Ordering::Acquire);
+        if self.queue.emit("").is_err() {
+            return;
+        }
+        let deadline = Instant::now() + within;
+        while self.flushes.load(Ordering::Acquire) == before && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// What the statsd client writes to.
+struct Shared(Arc<StatsdSink>);
+
+impl MetricSink for Shared {
+    fn emit(&self, line: &str) -> io::Result<usize> {
+        self.0.queue.emit(line)
+    }
+}
+
+fn statsd_sink(statsd: &Statsd) -> io::Result<Arc<StatsdSink>> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    socket.set_nonblocking(true)?;
+    let udp = BufferedUdpMetricSink::with_capacity(
+        (statsd.host.as_str(), statsd.port),
+        socket,
+        STATSD_DATAGRAM,
+    )
+    .map_err(io::Error::other)?;
+    let flushes = Arc::new(AtomicU64::new(0));
+    let flushing = Flushing {
+        udp,
+        flushes: flushes.clone(),
+    };
+    Ok(Arc::new(StatsdSink {
+        queue: QueuingMetricSink::with_capacity(flushing, STATSD_QUEUE),
+        flushes,
+    }))
+}
+
+/// Send the statsd lines recorded so far (at shutdown), waiting up to a
+/// second for them to go out.
+pub fn flush_statsd() {
+    let sink = STATSD.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(sink) = sink {
+        sink.flush(Duration::from_secs(1));
+    }
+}
+
 /// Install the process's recorder (once; later calls share it) and return
-/// the handle that renders Prometheus text. Statsd names start with `prefix.`.
-pub fn install(statsd: Option<&Statsd>, prefix: &str) -> Result<PrometheusHandle, String> {
+/// the handle that renders Prometheus text. Statsd names start with `prefix.`;
+/// statsd lines are gathered into datagrams and sent when one is full, and
+/// what is gathered at least every `flush_every`.
+pub fn install(
+    statsd: Option<&Statsd>,
+    prefix: &str,
+    flush_every: Duration,
+) -> Result<PrometheusHandle, String> {
     let mut installed = INSTALLED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(handle) = installed.as_ref() {
         if statsd.is_some() {
@@ -58,9 +156,25 @@ pub fn install(statsd: Option<&Statsd>, prefix: &str) -> Result<PrometheusHandle
     let result = match statsd {
         None => metrics::set_global_recorder(prometheus).map_err(|_| ()),
         Some(statsd) => {
+            let bad = |e: &dyn std::fmt::Display| {
+                format!("statsd_host {}:{}: {e}", statsd.host, statsd.port)
+            };
+            let sink = statsd_sink(statsd).map_err(|e| bad(&e))?;
             let datagrams = StatsdBuilder::from(statsd.host.clone(), statsd.port)
+                .with_sink(Shared(sink.clone()))
                 .build(Some(prefix))
-                .map_err(|e| format!("statsd_host {}:{}: {e}", statsd.host, statsd.port))?;
+                .map_err(|e| bad(&e))?;
+            let flusher = sink.clone();
+            std::thread::Builder::new()
+                .name("statsd-flush".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(flush_every);
+                        flusher.flush(Duration::ZERO);
+                    }
+                })
+                .map_err(|e| format!("metrics: cannot start the statsd flush thread: {e}"))?;
+            *STATSD.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
             let both = FanoutBuilder::default()
                 .add_recorder(prometheus)
                 .add_recorder(datagrams)

@@ -191,6 +191,10 @@ pub struct SettingsLayer {
     /// Also send metrics as statsd datagrams to HOST[:PORT] (port 8125 by default) [default: off]
     #[arg(long, env = "AUTOPUSH_STATSD_HOST", global = true)]
     pub statsd_host: Option<String>,
+    /// Most seconds a statsd line waits to be sent: lines are gathered into
+    /// datagrams, sent when full, at this interval and at shutdown [default: 2]
+    #[arg(long, env = "AUTOPUSH_STATSD_FLUSH_INTERVAL", global = true)]
+    pub statsd_flush_interval: Option<f64>,
     /// Prefix of every statsd metric name [default: autopush]
     #[arg(long, env = "AUTOPUSH_STATSD_LABEL", global = true)]
     pub statsd_label: Option<String>,
@@ -328,6 +332,7 @@ pub struct Settings {
     pub vapid_cache_size: usize,
     pub metrics_port: Option<u16>,
     pub statsd: Option<Statsd>,
+    pub statsd_flush_interval: Duration,
     pub statsd_label: String,
     pub log_format: LogFormat,
     pub apns: ApnsSettings,
@@ -566,6 +571,14 @@ impl Settings {
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             metrics_port: l.metrics_port,
             statsd: l.statsd_host.as_deref().map(parse_statsd).transpose()?,
+            statsd_flush_interval: match seconds(
+                "statsd_flush_interval",
+                l.statsd_flush_interval,
+                2.0,
+            )? {
+                d if d.is_zero() => return Err("statsd_flush_interval must be more than 0".into()),
+                d => d,
+            },
             statsd_label: l.statsd_label.unwrap_or_else(|| "autopush".into()),
             log_format,
             apns: l.apns.unwrap_or_default(),

@@ -90,6 +90,9 @@ const CASES: &[Case] = &[
             .map(|s| format!("{}:{}", s.host, s.port))
             .unwrap_or_default()
     }),
+    case("statsd_flush_interval", "0.5", "7", |s| {
+        s.statsd_flush_interval.as_secs_f64().to_string()
+    }),
     case("statsd_label", "push-a", "push-b", |s| {
         s.statsd_label.clone()
     }),

@@ -218,6 +218,30 @@ impl Server {
         }
     }
 
+    /// Stop the process with SIGTERM, as an orchestrator does, and wait (up
+    /// to the hang guard) for it to exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self) -> bool {
+        self.signal(libc::SIGTERM);
+        let mut child = self.child.take().expect("the server is not running");
+        let deadline = std::time::Instant::now() + crate::HANG_GUARD;
+        loop {
+            match child.try_wait().expect("wait for the server") {
+                Some(status) => return status.success(),
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!(
+                        "the server did not exit within {:?} of SIGTERM",
+                        crate::HANG_GUARD
+                    );
+                }
+            }
+        }
+    }
+
     /// Freeze the process (SIGSTOP), as a stalled machine or VM is frozen:
     /// it keeps its sockets, and the kernel still accepts connections and
     /// buffers requests for it, but nothing answers until [`Server::resume`].

@@ -43,6 +43,13 @@ async fn register(server: &Server, channel: &str, body: Value) -> HttpReply {
 #[tokio::test]
 async fn configured_channels_are_served_and_diagnose_masks_the_token() {
     let mut server = Server::start_with(&["--apns-channels", &channels()]).await;
+    let log = server.stderr();
+    let listed = log.lines().find(|l| l.contains("bridges:")).unwrap_or("");
+    assert!(
+        listed.contains("apns channels: beta, firefox") && listed.contains("fcm apps: none"),
+        "no start-up line lists the channels:\n{log}"
+    );
+    assert!(!log.contains("PRIVATE KEY"), "{log}");
     let token = device_token();
     for channel in ["firefox", "beta"] {
         let reply = register(&server, channel, json!({"token": token})).await;

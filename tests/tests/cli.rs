@@ -178,3 +178,59 @@ async fn keys_that_start_with_a_hyphen_are_taken_as_written() {
     let (_, decrypted) = sub.receive(&mut ws).await;
     assert_eq!(decrypted.text, "hyphenated");
 }
+
+/// When the store is held and the running node does not answer, `diagnose`
+/// still shows what the token says, but exits non-zero: it could not read
+/// the user.
+#[tokio::test]
+async fn diagnose_fails_when_it_cannot_read_the_user() {
+    let server = Server::start().await;
+    let mut ws = server.client().await;
+    let reply = ws.register(&new_channel_id(), None).await;
+    let endpoint = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    let db = server.data_dir().display().to_string();
+    let [closed] = server::free_ports::<1>();
+    let nobody = format!("http://127.0.0.1:{closed}");
+    let out =
+        server::run_autopush(&["diagnose", endpoint, "--db", &db, "--node-url", &nobody]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "autopush diagnose: {stdout}\n{stderr}"
+    );
+    let info = first_json_object(&stdout);
+    assert!(info["user"]["error"].is_string(), "{info}");
+    assert!(stderr.contains("could not read the user"), "{stderr}");
+}
+
+/// An endpoint-only node has no internal router API: its log names no
+/// node URL or router port.
+#[tokio::test]
+async fn an_endpoint_node_logs_no_router_url() {
+    let key = keygen().await;
+    let node = server::Node {
+        role: "endpoint",
+        args: [
+            "--crypto-key",
+            &key,
+            "--auth-key",
+            &key,
+            "--router-key",
+            &key,
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..server::Node::default()
+    };
+    let server = Server::start_node(node).await;
+    let log = server.stderr();
+    assert!(log.contains("autopush running"), "{log}");
+    let router_port = server.router_base().rsplit(':').next().unwrap().to_owned();
+    assert!(
+        !log.contains("node=")
+            && !log.contains(&format!(":{router_port}"))
+            && !log.contains(":8081"),
+        "an endpoint node logs a router URL:\n{log}"
+    );
+}

@@ -288,7 +288,12 @@ async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
             "ttl": "60s",
             "priority": "high",
             "collapse_key": "t1",
-            "data": {"chid": r.channel_id.replace('-', ""), "body": body, "con": "aes128gcm"},
+            "data": {
+                "chid": r.channel_id.replace('-', ""),
+                "ver": Registration::message_id(&sent),
+                "body": body,
+                "con": "aes128gcm",
+            },
         }}})
     );
     assert_eq!(bridge.decrypt(got[0].data()).await, "hi gcm");
@@ -302,6 +307,27 @@ async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
         .register_reply("fcm", SENDER_ID, token)
         .await
         .assert_error(400, 108);
+}
+
+/// One start-up line names the bridges served and their apps, never what
+/// authenticates them.
+#[tokio::test]
+async fn the_start_up_log_names_the_apps_served_and_no_credentials() {
+    let bridge = Bridge::start().await;
+    let log = bridge.server.stderr();
+    let lines: Vec<_> = log.lines().filter(|l| l.contains("bridges:")).collect();
+    assert_eq!(lines.len(), 1, "one line lists the bridges:\n{log}");
+    let line = lines[0];
+    assert!(line.contains("apns channels: none"), "{line}");
+    assert!(line.contains("fcm apps: app1, down, slow"), "{line}");
+    assert!(line.contains(&format!("gcm apps: {SENDER_ID}")), "{line}");
+    let account = bridge.google.service_account();
+    let pem = account["private_key"].as_str().expect("a private key");
+    let body_line = pem.lines().nth(1).expect("a PEM body");
+    assert!(
+        !log.contains("PRIVATE KEY") && !log.contains(body_line),
+        "a credential is logged:\n{log}"
+    );
 }
 
 #[tokio::test]

@@ -244,8 +244,7 @@ async fn statsd_datagrams_carry_the_same_metrics() {
         .unwrap_or_default()
         .to_owned();
 
-    // The exporter sends when its 256-byte buffer fills, so keep the
-    // service busy until every expected name has been seen.
+    // Keep the service busy until every expected name has been seen.
     let wanted = [
         "push.ua.command.hello",
         "push.ua.command.ack",
@@ -290,4 +289,67 @@ async fn statsd_datagrams_carry_the_same_metrics() {
             "{line} names a user or endpoint"
         );
     }
+}
+
+/// Read statsd lines from `socket` until one starts with `name:`, for at
+/// most `within`; every line read so far is returned either way.
+async fn statsd_lines_until(
+    socket: &tokio::net::UdpSocket,
+    name: &str,
+    within: std::time::Duration,
+) -> (bool, Vec<String>) {
+    let mut lines: Vec<String> = Vec::new();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut buf = vec![0u8; 65_536];
+    while !lines.iter().any(|l| l.starts_with(&format!("{name}:"))) {
+        match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
+            Ok(Ok(n)) => {
+                let datagram = String::from_utf8_lossy(&buf[..n]).into_owned();
+                lines.extend(datagram.lines().map(str::to_owned));
+            }
+            _ => return (false, lines),
+        }
+    }
+    (true, lines)
+}
+
+/// At low traffic a metric still arrives: the exporter's buffer is flushed
+/// every `--statsd-flush-interval` (2 seconds by default), not only when it
+/// fills.
+#[tokio::test]
+async fn a_single_push_reaches_statsd_without_more_traffic() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let statsd = socket.local_addr().unwrap().to_string();
+    let server = Server::start_with(&["--statsd-host", &statsd, "--statsd-label", "push"]).await;
+    let (_, sub) = server.offline_subscription(false).await;
+    sub.push_text("one").await;
+    let (arrived, lines) =
+        statsd_lines_until(&socket, "push.notification.received", HANG_GUARD).await;
+    assert!(arrived, "the push's counter never arrived: {lines:?}");
+}
+
+/// What was recorded just before SIGTERM is sent at shutdown, however long
+/// the flush interval.
+#[tokio::test]
+async fn statsd_lines_recorded_before_sigterm_are_sent() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let statsd = socket.local_addr().unwrap().to_string();
+    let mut server = Server::start_with(&[
+        "--statsd-host",
+        &statsd,
+        "--statsd-label",
+        "push",
+        "--statsd-flush-interval",
+        "3600",
+    ])
+    .await;
+    let (_, sub) = server.offline_subscription(false).await;
+    sub.push_text("last words").await;
+    assert!(server.terminate(), "exit status: {}", server.stderr());
+    let (arrived, lines) =
+        statsd_lines_until(&socket, "push.notification.received", HANG_GUARD).await;
+    assert!(
+        arrived,
+        "the push's counter was lost at shutdown: {lines:?}"
+    );
 }

@@ -8,8 +8,8 @@
 //! * registrations stored by older servers keep the sender id in
 //!   `creds.senderID` instead of `app_id`;
 //! * the data GCM-era clients match on: `chid` in hex without dashes (the
-//!   form those clients registered channels with), plus `body`, `con`,
-//!   `enc` and `cryptokey` as for FCM.
+//!   form those clients registered channels with), plus `ver` (the message
+//!   id), `body`, `con`, `enc` and `cryptokey` as for FCM.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -83,6 +83,7 @@ impl Router for GcmRouter {
         let app = find_app(&self.apps, "gcm", sender_id(data))?;
         let mut fields = payload_data(&notification);
         fields.insert("chid", notification.channel_id.simple().to_string());
+        fields.insert("ver", notification.version.clone());
         app.send(&android_message(token, &notification, &fields)?)
             .await?;
         Ok(Delivery::Direct)
