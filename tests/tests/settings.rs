@@ -103,12 +103,13 @@ async fn a_router_api_beyond_loopback_needs_a_router_key() {
     assert!(stderr.contains("--router-key"), "{stderr}");
 
     // With a key it starts, listening beyond loopback.
-    let server = Server::start_with(&["--router-host", "0.0.0.0", "--router-key", "k"]).await;
+    let key = "a-router-key-of-enough-bytes";
+    let server = Server::start_with(&["--router-host", "0.0.0.0", "--router-key", key]).await;
     let reply = http::signed(
         Method::GET,
         &server.router_base(),
         &format!("/user/{}", random_uaid()),
-        "k",
+        key,
         None,
     )
     .await;
