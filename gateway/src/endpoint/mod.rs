@@ -68,7 +68,7 @@ pub fn error_response(error: &ApiError) -> Response {
     if let ApiError::MethodNotAllowed { allowed } = error {
         response
             .headers_mut()
-            .insert("allow", warp::http::HeaderValue::from_static(*allowed));
+            .insert("allow", warp::http::HeaderValue::from_static(allowed));
     }
     if let Some(seconds) = error.retry_after() {
         response
