@@ -60,6 +60,9 @@ pub enum ApiError {
     BridgeUnavailable { retry_after: u64 },
     #[error("Not found")]
     NotFound,
+    /// A known path asked with a method it does not take (`allowed`).
+    #[error("Method not allowed: this path takes {allowed} only")]
+    MethodNotAllowed { allowed: &'static str },
     /// Over a rate limit (`what` names it: "sender", "subscription",
     /// "source address", "bridge app"); back off for `retry_after` seconds.
     #[error("Too many requests for this {what}; retry after {retry_after} seconds")]
@@ -85,6 +88,7 @@ impl ApiError {
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
@@ -106,6 +110,7 @@ impl ApiError {
             InvalidTopic(_) => 113,
             // "Use exponential back-off for retries".
             Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } => 201,
+            MethodNotAllowed { .. } => 999,
         }
     }
 

@@ -2,6 +2,7 @@
 //! run the roles this process plays.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,10 +55,7 @@ impl Mode {
 /// recorded (`storage.time`, `storage.error`).
 pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
     let (backend, name): (Arc<dyn Storage>, _) = match &settings.db {
-        Db::Embedded(dir) => (
-            Arc::new(EmbeddedStore::open(dir).map_err(|e| e.to_string())?),
-            "embedded",
-        ),
+        Db::Embedded(dir) => (Arc::new(open_embedded(dir)?), "embedded"),
         Db::DynamoDb => {
             let store = open_dynamodb(settings).await?;
             // Missing tables or refused credentials stop start-up here
@@ -69,6 +67,88 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
         }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
+}
+
+/// The embedded store in `dir`, created if missing; every refusal names
+/// the directory and says what is wrong with it.
+fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
+    let name = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => {
+            return Err(format!(
+                "--db {name}: not a directory (the embedded store needs a directory, \
+                 or give `--db dynamodb`)"
+            ));
+        }
+        Ok(_) => {
+            let probe = dir.join(format!(".write-check-{}", std::process::id()));
+            std::fs::write(&probe, b"")
+                .and_then(|()| std::fs::remove_file(&probe))
+                .map_err(|e| format!("--db {name}: the data directory cannot be written: {e}"))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?,
+        Err(e) => return Err(format!("--db {name}: cannot use the data directory: {e}")),
+    }
+    EmbeddedStore::open(dir).map_err(|e| format!("--db {name}: {e}"))
+}
+
+/// Refuse settings that cannot work in `mode`: split mode on the embedded
+/// store, and two of this process's listeners on one port.
+fn check_mode(mode: Mode, settings: &Settings) -> Result<(), String> {
+    if let (Db::Embedded(dir), Mode::Connection | Mode::Endpoint) = (&settings.db, mode) {
+        let role = if mode == Mode::Connection {
+            "connection"
+        } else {
+            "endpoint"
+        };
+        return Err(format!(
+            "`autopush {role}` is split mode, which needs --db dynamodb: the embedded store \
+             (--db {}) belongs to one process. Run `autopush all` on it instead",
+            dir.display()
+        ));
+    }
+    let mut listeners = Vec::new();
+    if mode.connection() {
+        listeners.push(("--port", settings.host.as_str(), settings.port));
+        listeners.push((
+            "--router-port",
+            settings.router_host.as_str(),
+            settings.router_port,
+        ));
+    }
+    if let Some(port) = settings.metrics_port {
+        listeners.push(("--metrics-port", settings.router_host.as_str(), port));
+    }
+    if mode.endpoint() {
+        listeners.push((
+            "--endpoint-port",
+            settings.host.as_str(),
+            settings.endpoint_port,
+        ));
+    }
+    for (i, (a, a_host, a_port)) in listeners.iter().enumerate() {
+        for (b, b_host, b_port) in &listeners[i + 1..] {
+            // Port 0 asks for any free port: never the same one twice.
+            if *a_port != 0 && a_port == b_port && hosts_overlap(a_host, b_host) {
+                return Err(format!(
+                    "{a} and {b} clash: both are {a_port}; give each its own port"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether listeners on `a` and `b` can want the same socket: the same
+/// address, or either listening on every address.
+fn hosts_overlap(a: &str, b: &str) -> bool {
+    let every = |host: &str| {
+        host.trim_matches(|c| c == '[' || c == ']')
+            .parse::<IpAddr>()
+            .is_ok_and(|ip| ip.is_unspecified())
+    };
+    a == b || every(a) || every(b)
 }
 
 /// The DynamoDB store of `--db dynamodb`, from the standard AWS configuration.
@@ -136,6 +216,7 @@ pub async fn start(
     settings: &Settings,
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
+    check_mode(mode, settings)?;
     let bridges = self::bridges(settings)?.extend(bridges);
     let metrics = crate::metrics::install(
         settings.statsd.as_ref(),
@@ -386,4 +467,71 @@ async fn shutdown_signal() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::SettingsLayer;
+
+    fn settings(layer: SettingsLayer) -> Settings {
+        Settings::from_layer(layer).unwrap()
+    }
+
+    #[test]
+    fn a_split_node_needs_a_configured_router_key() {
+        let s = settings(SettingsLayer::default());
+        let err = router_keys(&s, Mode::Connection, None).unwrap_err();
+        assert!(err.contains("--router-key"), "{err}");
+    }
+
+    #[test]
+    fn refused_modes_and_clashing_ports() {
+        let split = settings(SettingsLayer {
+            db: Some("/some/dir".into()),
+            ..Default::default()
+        });
+        for mode in [Mode::Connection, Mode::Endpoint] {
+            let err = check_mode(mode, &split).unwrap_err();
+            assert!(err.contains("--db dynamodb"), "{err}");
+        }
+        assert!(check_mode(Mode::All, &split).is_ok());
+        let dynamodb = settings(SettingsLayer {
+            db: Some("dynamodb".into()),
+            ..Default::default()
+        });
+        assert!(check_mode(Mode::Connection, &dynamodb).is_ok());
+
+        // An endpoint node does not listen on --port: no clash with it.
+        let same = SettingsLayer {
+            db: Some("dynamodb".into()),
+            port: Some(9000),
+            endpoint_port: Some(9000),
+            ..Default::default()
+        };
+        assert!(check_mode(Mode::Endpoint, &settings(same.clone())).is_ok());
+        let err = check_mode(Mode::All, &settings(same)).unwrap_err();
+        assert!(err.contains("--port and --endpoint-port clash"), "{err}");
+        // The metrics port is on the router host: 127.0.0.1 and 0.0.0.0 overlap.
+        let metrics = SettingsLayer {
+            metrics_port: Some(8080),
+            ..Default::default()
+        };
+        let err = check_mode(Mode::All, &settings(metrics)).unwrap_err();
+        assert!(err.contains("--port and --metrics-port"), "{err}");
+        // Different specific addresses do not clash; port 0 never does.
+        let apart = SettingsLayer {
+            host: Some("10.0.0.5".into()),
+            router_port: Some(8080),
+            ..Default::default()
+        };
+        assert!(check_mode(Mode::All, &settings(apart)).is_ok());
+        let any = SettingsLayer {
+            port: Some(0),
+            router_port: Some(0),
+            endpoint_port: Some(0),
+            ..Default::default()
+        };
+        assert!(check_mode(Mode::All, &settings(any)).is_ok());
+    }
 }

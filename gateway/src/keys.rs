@@ -29,6 +29,15 @@ impl Key {
         }
     }
 
+    /// The setting's environment variable.
+    fn env(self) -> &'static str {
+        match self {
+            Key::Crypto => "AUTOPUSH_CRYPTO_KEY",
+            Key::Auth => "AUTOPUSH_AUTH_KEY",
+            Key::Router => "AUTOPUSH_ROUTER_KEY",
+        }
+    }
+
     fn flag(self) -> &'static str {
         match self {
             Key::Crypto => "--crypto-key",
@@ -36,6 +45,34 @@ impl Key {
             Key::Router => "--router-key",
         }
     }
+}
+
+/// The shortest `--auth-key` or `--router-key` accepted, in bytes. Both
+/// are HMAC-SHA256 keys used as written (`autopush keygen` makes 44 bytes
+/// of base64 carrying 32 random ones); a shorter key can be guessed.
+pub const MIN_HMAC_KEY_BYTES: usize = 16;
+
+/// Refuse configured HMAC keys shorter than [`MIN_HMAC_KEY_BYTES`], naming
+/// the setting and which key, never the key itself. The crypto key is a
+/// Fernet key, checked when it is decoded.
+fn check_strength(key: Key, keys: &[String]) -> Result<(), String> {
+    if matches!(key, Key::Crypto) {
+        return Ok(());
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if k.len() < MIN_HMAC_KEY_BYTES {
+            return Err(format!(
+                "{} ({}): key {} of {} is {} bytes; each key must be at least \
+                 {MIN_HMAC_KEY_BYTES} bytes (make one with `autopush keygen`)",
+                key.flag(),
+                key.env(),
+                i + 1,
+                keys.len(),
+                k.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether a missing all-in-one key may be created (a server starting) or
@@ -58,6 +95,7 @@ pub fn resolve(
         if keys.is_empty() {
             return Err(format!("{} is empty", key.flag()));
         }
+        check_strength(key, &keys)?;
         return Ok(keys);
     }
     let Some(dir) = data_dir else {
@@ -126,5 +164,32 @@ mod tests {
             vec!["a", "b"]
         );
         assert!(resolve(Key::Crypto, None, None, Missing::Generate).is_err());
+    }
+
+    #[test]
+    fn short_hmac_keys_are_refused_without_being_echoed() {
+        for key in [Key::Auth, Key::Router] {
+            let err = resolve(
+                key,
+                Some(&Secret::new("0123456789abcdef,tiny")),
+                None,
+                Missing::Fail,
+            )
+            .unwrap_err();
+            assert!(err.contains(key.flag()), "{err}");
+            assert!(err.contains("key 2 of 2 is 4 bytes"), "{err}");
+            assert!(!err.contains("tiny"), "{err}");
+            let strong = generate_key();
+            assert_eq!(
+                resolve(
+                    key,
+                    Some(&Secret::new(strong.as_str())),
+                    None,
+                    Missing::Fail
+                )
+                .unwrap(),
+                vec![strong]
+            );
+        }
     }
 }

@@ -204,33 +204,58 @@ async fn diagnose_fails_when_it_cannot_read_the_user() {
     assert!(stderr.contains("could not read the user"), "{stderr}");
 }
 
-/// An endpoint-only node has no internal router API: its log names no
-/// node URL or router port.
+/// `--auth-key` and `--router-key` keys shorter than 16 bytes are refused
+/// at start-up, naming the setting, without echoing the key; keys made by
+/// `autopush keygen` start.
 #[tokio::test]
-async fn an_endpoint_node_logs_no_router_url() {
-    let key = keygen().await;
-    let node = server::Node {
-        role: "endpoint",
-        args: [
-            "--crypto-key",
-            &key,
-            "--auth-key",
-            &key,
-            "--router-key",
-            &key,
-        ]
-        .map(String::from)
-        .to_vec(),
-        ..server::Node::default()
-    };
-    let server = Server::start_node(node).await;
-    let log = server.stderr();
-    assert!(log.contains("autopush running"), "{log}");
-    let router_port = server.router_base().rsplit(':').next().unwrap().to_owned();
-    assert!(
-        !log.contains("node=")
-            && !log.contains(&format!(":{router_port}"))
-            && !log.contains(":8081"),
-        "an endpoint node logs a router URL:\n{log}"
+async fn short_auth_and_router_keys_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("db").display().to_string();
+    let [port, router_port, endpoint_port] = server::free_ports::<3>();
+    let (port, router_port, endpoint_port) = (
+        port.to_string(),
+        router_port.to_string(),
+        endpoint_port.to_string(),
     );
+    let base = [
+        "all",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--router-port",
+        &router_port,
+        "--endpoint-port",
+        &endpoint_port,
+        "--db",
+        &db,
+    ];
+    let long_enough = "sixteen-bytes-ok";
+    for flag in ["--auth-key", "--router-key"] {
+        for value in ["x", "fifteen-bytes!!", &format!("{long_enough},short-key")] {
+            let out = server::run_autopush(&[&base[..], &[flag, value]].concat()).await;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{flag} {value:?} started: {stderr}");
+            assert!(stderr.contains(flag), "{flag} {value:?}: {stderr}");
+            assert!(stderr.contains("16 bytes"), "{flag} {value:?}: {stderr}");
+            assert!(!stderr.contains("short-key"), "the key is echoed: {stderr}");
+        }
+    }
+    let (auth, router) = (keygen().await, keygen().await);
+    let server = Server::start_with(&["--auth-key", &auth, "--router-key", &router]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("strong keys").await;
+    let (_, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "strong keys");
+    let server = Server::start_with(&["--router-key", long_enough]).await;
+    let reply = http::signed(
+        reqwest::Method::GET,
+        &server.router_base(),
+        &format!("/user/{}", random_uaid()),
+        long_enough,
+        None,
+    )
+    .await;
+    assert_eq!(reply.status, 404, "{reply:?}");
 }

@@ -239,6 +239,27 @@ fn node_on(endpoint: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node {
     }
 }
 
+/// An endpoint-only node has no internal router API: its log names no
+/// node URL or router port.
+#[tokio::test]
+async fn an_endpoint_node_logs_no_router_url() {
+    let tables = dynamo::tables();
+    let out = db_command(&tables, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let endpoint = &dynamo::local().await.endpoint;
+    let server =
+        Server::start_node(node_on(endpoint, shared_args(&tables).await)("endpoint")).await;
+    let log = server.stderr();
+    assert!(log.contains("autopush running"), "{log}");
+    let router_port = server.router_base().rsplit(':').next().unwrap().to_owned();
+    assert!(
+        !log.contains("node=")
+            && !log.contains(&format!(":{router_port}"))
+            && !log.contains(":8081"),
+        "an endpoint node logs a router URL:\n{log}"
+    );
+}
+
 /// Receive everything up to `expected` notifications on `ws`, ack each, and
 /// count what arrived by plaintext.
 async fn receive_and_ack(

@@ -289,3 +289,42 @@ async fn delete_of_a_garbage_message_id_is_404_102() {
     let url = format!("{}/m/not-a-message-id", server.endpoint_base());
     http::delete(&url).await.assert_error(404, 102);
 }
+
+/// An unknown path is 404/102 whatever the method; a known path asked with
+/// a method it does not take is 405 naming the method it does take. Both
+/// carry the whole error body.
+#[tokio::test]
+async fn unknown_paths_are_404_and_wrong_methods_405() {
+    use reqwest::Method;
+    let server = Server::start().await;
+    let base = server.endpoint_base();
+    for (method, path) in [
+        (Method::GET, "/nothing-here"),
+        (Method::POST, "/nothing-here"),
+        (Method::GET, "/"),
+        (Method::DELETE, "/wpush/v1"),
+        (Method::POST, "/wpush/v1/token/extra"),
+        (Method::PUT, "/m"),
+    ] {
+        let reply = http::request(method.clone(), &format!("{base}{path}"), &[], None).await;
+        assert_eq!(reply.status, 404, "{method} {path}: {reply:?}");
+        reply.assert_error(404, 102);
+    }
+    for (method, path, allowed) in [
+        (Method::GET, "/wpush/v1/some-token", "POST"),
+        (Method::PUT, "/wpush/v2/some-token", "POST"),
+        (Method::GET, "/m/some-message-id", "DELETE"),
+        (Method::POST, "/m/some-message-id", "DELETE"),
+        (Method::POST, "/health", "GET"),
+        (Method::DELETE, "/__heartbeat__", "GET"),
+        (Method::POST, "/__lbheartbeat__", "GET"),
+        (Method::PUT, "/__version__", "GET"),
+    ] {
+        let reply = http::request(method.clone(), &format!("{base}{path}"), &[], None).await;
+        assert_eq!(reply.status, 405, "{method} {path}: {reply:?}");
+        reply.assert_error(405, 999);
+        assert_eq!(reply.header("allow"), Some(allowed), "{method} {path}");
+        let message = reply.json["message"].as_str().unwrap();
+        assert!(message.contains(allowed), "{method} {path}: {message}");
+    }
+}

@@ -306,7 +306,7 @@ async fn unsigned_or_badly_signed_calls_get_401_and_do_nothing() {
 
 #[tokio::test]
 async fn a_configured_router_key_list_verifies_with_any_key() {
-    let server = Server::start_with(&["--router-key", "new-key,old-key"]).await;
+    let server = Server::start_with(&["--router-key", "new-router-key-1,old-router-key-0"]).await;
     assert!(
         !server.data_dir().join("router_key").exists(),
         "a configured key is not replaced by a generated one"
@@ -315,7 +315,11 @@ async fn a_configured_router_key_list_verifies_with_any_key() {
     let uaid = ws.uaid().to_string();
     let _sub = Subscription::new(&mut ws).await;
     let path = format!("/user/{uaid}");
-    for (key, status) in [("new-key", 200), ("old-key", 200), ("other-key", 401)] {
+    for (key, status) in [
+        ("new-router-key-1", 200),
+        ("old-router-key-0", 200),
+        ("other-router-key", 401),
+    ] {
         let reply = http::signed(Method::GET, &server.router_base(), &path, key, None).await;
         assert_eq!(reply.status, status, "signed with {key}: {reply:?}");
     }

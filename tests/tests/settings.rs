@@ -97,20 +97,122 @@ async fn a_router_api_beyond_loopback_needs_a_router_key() {
     assert!(stderr.contains("--router-key"), "{stderr}");
     assert!(stderr.contains("0.0.0.0"), "{stderr}");
 
-    // A connection node of a split deployment has no data dir to keep one in.
-    let crypto_key = "Jr2pJ8uOEBwYuSvC2WV8I3SrSZ81nXGeJ7qi5CAjCUA=";
-    let stderr = refused(&[&["connection", "--crypto-key", crypto_key][..], &base].concat()).await;
-    assert!(stderr.contains("--router-key"), "{stderr}");
-
     // With a key it starts, listening beyond loopback.
-    let server = Server::start_with(&["--router-host", "0.0.0.0", "--router-key", "k"]).await;
+    let key = "a-router-key-of-enough-bytes";
+    let server = Server::start_with(&["--router-host", "0.0.0.0", "--router-key", key]).await;
     let reply = http::signed(
         Method::GET,
         &server.router_base(),
         &format!("/user/{}", random_uaid()),
-        "k",
+        key,
         None,
     )
     .await;
     assert_eq!(reply.status, 404, "{reply:?}");
+}
+
+/// Free ports for `--port`, `--router-port` and `--endpoint-port`, as flags.
+fn port_flags() -> Vec<String> {
+    let [port, router_port, endpoint_port] = server::free_ports::<3>();
+    [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--router-port",
+        &router_port.to_string(),
+        "--endpoint-port",
+        &endpoint_port.to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// The embedded store belongs to one process: a connection or endpoint
+/// node on it is refused, pointing at `--db dynamodb`.
+#[tokio::test]
+async fn split_mode_on_the_embedded_store_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().display().to_string();
+    let key = "Jr2pJ8uOEBwYuSvC2WV8I3SrSZ81nXGeJ7qi5CAjCUA=";
+    for role in ["connection", "endpoint"] {
+        let mut args = vec![role, "--db", &db];
+        args.extend(["--crypto-key", key, "--auth-key", key, "--router-key", key]);
+        let ports = port_flags();
+        args.extend(strs(&ports));
+        let stderr = refused(&args).await;
+        assert!(stderr.contains("--db dynamodb"), "{role}: {stderr}");
+        assert!(stderr.contains(role), "{role}: {stderr}");
+        assert!(stderr.contains(&db), "{role}: {stderr}");
+    }
+}
+
+/// A `--db` that is a regular file, or lies under one, or cannot be
+/// written, is refused with an error naming the path and what is wrong.
+#[tokio::test]
+async fn a_data_directory_that_cannot_be_used_is_named() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory").unwrap();
+    let file_db = file.display().to_string();
+    let ports = port_flags();
+    let stderr = refused(&[&["all", "--db", &file_db][..], &strs(&ports)].concat()).await;
+    assert!(stderr.contains(&file_db), "{stderr}");
+    assert!(stderr.contains("not a directory"), "{stderr}");
+    assert!(!stderr.contains("File exists"), "{stderr}");
+
+    let under = file.join("data").display().to_string();
+    let stderr = refused(&[&["all", "--db", &under][..], &strs(&ports)].concat()).await;
+    assert!(stderr.contains(&under), "{stderr}");
+
+    // A directory without write permission (root writes anyway: then
+    // there is nothing to refuse).
+    let read_only = dir.path().join("read-only");
+    std::fs::create_dir(&read_only).unwrap();
+    let mut permissions = std::fs::metadata(&read_only).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut permissions, 0o500);
+    std::fs::set_permissions(&read_only, permissions).unwrap();
+    if std::fs::write(read_only.join("probe"), "").is_err() {
+        let read_only = read_only.display().to_string();
+        let stderr = refused(&[&["all", "--db", &read_only][..], &strs(&ports)].concat()).await;
+        assert!(stderr.contains(&read_only), "{stderr}");
+        assert!(stderr.contains("cannot be written"), "{stderr}");
+    }
+}
+
+/// Two of the ports a process listens on set to the same number are
+/// refused, naming both settings.
+#[tokio::test]
+async fn clashing_ports_are_refused_naming_both_settings() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().display().to_string();
+    let [a, b] = server::free_ports::<2>().map(|p| p.to_string());
+    for (port, router_port, endpoint_port, settings) in [
+        (&a, &b, &a, ["--port", "--endpoint-port"]),
+        (&a, &b, &b, ["--router-port", "--endpoint-port"]),
+        (&a, &a, &b, ["--port", "--router-port"]),
+    ] {
+        let args = [
+            "all",
+            "--db",
+            &db,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--router-port",
+            router_port,
+            "--endpoint-port",
+            endpoint_port,
+        ];
+        let stderr = refused(&args).await;
+        for setting in settings {
+            assert!(stderr.contains(setting), "{args:?}: {stderr}");
+        }
+        assert!(stderr.contains("clash"), "{args:?}: {stderr}");
+    }
 }

@@ -65,6 +65,11 @@ pub fn error_response(error: &ApiError) -> Response {
             warp::http::HeaderValue::from_static("max-age=86400"),
         );
     }
+    if let ApiError::MethodNotAllowed { allowed } = error {
+        response
+            .headers_mut()
+            .insert("allow", warp::http::HeaderValue::from_static(allowed));
+    }
     if let Some(seconds) = error.retry_after() {
         response
             .headers_mut()
@@ -170,14 +175,17 @@ pub fn routes(
             },
         );
     let health = autopush_connection::health::routes(state.health.clone());
-    let max = state.max_data_bytes;
+    // Whatever no route took: decided here from the path alone, not from
+    // which of warp's rejections ranks highest.
+    let unmatched = warp::path::full()
+        .map(|path: warp::path::FullPath| error_response(&unmatched(path.as_str())));
     push.or(cancel)
         .unify()
         .or(registration)
         .unify()
         .or(health)
         .unify()
-        .recover(move |rejection| recover(rejection, max))
+        .or(unmatched)
         .unify()
 }
 
@@ -205,20 +213,15 @@ async fn read_body(
     Ok(out.freeze())
 }
 
-/// Map warp's own rejections (no route, body too large...) onto the error table.
-async fn recover(
-    rejection: warp::Rejection,
-    max_data_bytes: usize,
-) -> Result<Response, Infallible> {
-    let error = if rejection.find::<warp::reject::PayloadTooLarge>().is_some() {
-        ApiError::PayloadTooLarge(max_data_bytes)
-    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-        let body = warp::reply::json(
-            &serde_json::json!({"code": 405, "errno": 999, "error": "Method Not Allowed"}),
-        );
-        return Ok(warp::reply::with_status(body, StatusCode::METHOD_NOT_ALLOWED).into_response());
-    } else {
-        ApiError::NotFound
+/// The answer to a request no route took: `405` naming the method a known
+/// path takes (a push, a cancel, a health route), else `404`.
+fn unmatched(path: &str) -> ApiError {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let allowed = match segments.as_slice() {
+        ["wpush", version, token] if !version.is_empty() && !token.is_empty() => "POST",
+        ["m", id] if !id.is_empty() => "DELETE",
+        ["health" | "__heartbeat__" | "__lbheartbeat__" | "__version__"] => "GET",
+        _ => return ApiError::NotFound,
     };
-    Ok(error_response(&error))
+    ApiError::MethodNotAllowed { allowed }
 }
