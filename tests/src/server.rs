@@ -54,6 +54,24 @@ pub async fn run_autopush(args: &[&str]) -> std::process::Output {
     }
 }
 
+/// `--host 127.0.0.1` and free ports for `--port`, `--router-port` and
+/// `--endpoint-port`, as flags for [`run_autopush`].
+pub fn port_flags() -> Vec<String> {
+    let [port, router_port, endpoint_port] = free_ports::<3>();
+    [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+        "--router-port",
+        &router_port.to_string(),
+        "--endpoint-port",
+        &endpoint_port.to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// Free loopback TCP ports (all held open until every one is chosen, so they differ).
 pub fn free_ports<const N: usize>() -> [u16; N] {
     let listeners: Vec<TcpListener> = (0..N)

@@ -211,25 +211,9 @@ async fn diagnose_fails_when_it_cannot_read_the_user() {
 async fn short_auth_and_router_keys_are_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("db").display().to_string();
-    let [port, router_port, endpoint_port] = server::free_ports::<3>();
-    let (port, router_port, endpoint_port) = (
-        port.to_string(),
-        router_port.to_string(),
-        endpoint_port.to_string(),
-    );
-    let base = [
-        "all",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port,
-        "--router-port",
-        &router_port,
-        "--endpoint-port",
-        &endpoint_port,
-        "--db",
-        &db,
-    ];
+    let ports = server::port_flags();
+    let mut base = vec!["all", "--db", &db];
+    base.extend(ports.iter().map(String::as_str));
     let long_enough = "sixteen-bytes-ok";
     for flag in ["--auth-key", "--router-key"] {
         for value in ["x", "fifteen-bytes!!", &format!("{long_enough},short-key")] {

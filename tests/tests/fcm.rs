@@ -767,23 +767,10 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
             "AUTOPUSH_FCM_CREDENTIALS",
         ),
     ] {
-        let [port, router_port, endpoint_port] = server::free_ports::<3>();
-        let out = server::run_autopush(&[
-            "all",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--router-port",
-            &router_port.to_string(),
-            "--endpoint-port",
-            &endpoint_port.to_string(),
-            "--db",
-            &db,
-            flag,
-            &value,
-        ])
-        .await;
+        let ports = server::port_flags();
+        let mut args = vec!["all", "--db", &db, flag, &value];
+        args.extend(ports.iter().map(String::as_str));
+        let out = server::run_autopush(&args).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "started with {value}");
         assert!(stderr.contains(name), "{flag} {value}: {stderr}");

@@ -75,24 +75,8 @@ async fn refused(args: &[&str]) -> String {
 async fn a_router_api_beyond_loopback_needs_a_router_key() {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().display().to_string();
-    let [port, router_port, endpoint_port] = server::free_ports::<3>();
-    let (port, router_port, endpoint_port) = (
-        port.to_string(),
-        router_port.to_string(),
-        endpoint_port.to_string(),
-    );
-    let base = [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port,
-        "--router-port",
-        &router_port,
-        "--endpoint-port",
-        &endpoint_port,
-        "--db",
-        &db,
-    ];
+    let ports = server::port_flags();
+    let base = [&strs(&ports)[..], &["--db", &db]].concat();
     let stderr = refused(&[&["all", "--router-host", "0.0.0.0"][..], &base].concat()).await;
     assert!(stderr.contains("--router-key"), "{stderr}");
     assert!(stderr.contains("0.0.0.0"), "{stderr}");
@@ -111,23 +95,6 @@ async fn a_router_api_beyond_loopback_needs_a_router_key() {
     assert_eq!(reply.status, 404, "{reply:?}");
 }
 
-/// Free ports for `--port`, `--router-port` and `--endpoint-port`, as flags.
-fn port_flags() -> Vec<String> {
-    let [port, router_port, endpoint_port] = server::free_ports::<3>();
-    [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--router-port",
-        &router_port.to_string(),
-        "--endpoint-port",
-        &endpoint_port.to_string(),
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
@@ -142,7 +109,7 @@ async fn split_mode_on_the_embedded_store_is_refused() {
     for role in ["connection", "endpoint"] {
         let mut args = vec![role, "--db", &db];
         args.extend(["--crypto-key", key, "--auth-key", key, "--router-key", key]);
-        let ports = port_flags();
+        let ports = server::port_flags();
         args.extend(strs(&ports));
         let stderr = refused(&args).await;
         assert!(stderr.contains("--db dynamodb"), "{role}: {stderr}");
@@ -159,7 +126,7 @@ async fn a_data_directory_that_cannot_be_used_is_named() {
     let file = dir.path().join("a-file");
     std::fs::write(&file, "not a directory").unwrap();
     let file_db = file.display().to_string();
-    let ports = port_flags();
+    let ports = server::port_flags();
     let stderr = refused(&[&["all", "--db", &file_db][..], &strs(&ports)].concat()).await;
     assert!(stderr.contains(&file_db), "{stderr}");
     assert!(stderr.contains("not a directory"), "{stderr}");
