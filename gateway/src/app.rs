@@ -90,7 +90,12 @@ fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
             .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?,
         Err(e) => return Err(format!("--db {name}: cannot use the data directory: {e}")),
     }
-    EmbeddedStore::open(dir).map_err(|e| format!("--db {name}: {e}"))
+    let store = EmbeddedStore::open(dir).map_err(|e| format!("--db {name}: {e}"))?;
+    // A relative --db depends on where the service was started from: say
+    // where the data (and the keys every issued endpoint depends on) is.
+    let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+    info!(data_dir = %absolute.display(), "embedded store open");
+    Ok(store)
 }
 
 /// Refuse settings that cannot work in `mode`: split mode on the embedded

@@ -119,7 +119,14 @@ pub fn resolve(
             let secret = generate_key();
             write_private(&path, &secret)
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            tracing::info!(path = %path.display(), "generated a new key");
+            let path = std::path::absolute(&path).unwrap_or(path);
+            tracing::warn!(
+                path = %path.display(),
+                "no {} in this data directory: generated a new one. Endpoints and secrets \
+                 issued by a server on another data directory are not valid here; if you \
+                 meant to keep them, stop and give that directory as --db",
+                key.file()
+            );
             Ok(vec![secret])
         }
         Err(e) => Err(format!("cannot read {}: {e}", path.display())),

@@ -243,3 +243,28 @@ async fn short_auth_and_router_keys_are_refused() {
     .await;
     assert_eq!(reply.status, 404, "{reply:?}");
 }
+
+/// The service names its data directory and says loudly when it makes the
+/// keys every endpoint it issues depends on: started from another
+/// directory, it would otherwise issue endpoints no earlier server can
+/// read, without a word. A restart on the same directory makes none.
+#[tokio::test]
+async fn the_data_directory_is_named_and_new_keys_are_announced() {
+    let generated = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("WARN") && l.contains("generated a new one"))
+            .count()
+    };
+    let mut server = Server::start().await;
+    let dir = server.data_dir().display().to_string();
+    let log = server.stderr();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("embedded store open") && l.contains(&dir)),
+        "no line names the data directory {dir}:\n{log}"
+    );
+    // The endpoint key, the registration secret key and the router key.
+    assert_eq!(generated(&log), 3, "{log}");
+    server.restart().await;
+    assert_eq!(generated(&server.stderr()), 0, "{}", server.stderr());
+}
