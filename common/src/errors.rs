@@ -35,6 +35,10 @@ pub enum ApiError {
     NoSubscription,
     #[error("Invalid router type")]
     InvalidRouterType,
+    /// The router type is served, but not for this app (APNs channel, FCM
+    /// app, GCM sender id).
+    #[error("No app {0:?} is configured for this router type")]
+    UnknownApp(String),
     #[error("Invalid authentication: {0}")]
     InvalidAuthentication(String),
     #[error("Invalid encryption headers: {0}")]
@@ -83,8 +87,8 @@ impl ApiError {
             NoUser | NoSubscription | DeviceGone => StatusCode::GONE,
             BridgeAuthentication | BridgeConnect(_) | BridgeTimeout => StatusCode::BAD_GATEWAY,
             PayloadTooLarge(_) | BridgePayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            InvalidRouterType | InvalidEncryption(_) | MissingTtl | InvalidTtl(_)
-            | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
+            InvalidRouterType | UnknownApp(_) | InvalidEncryption(_) | MissingTtl
+            | InvalidTtl(_) | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -102,7 +106,7 @@ impl ApiError {
             BridgeAuthentication => 901,
             BridgeConnect(_) => 902,
             BridgeTimeout => 903,
-            InvalidRouterType => 108,
+            InvalidRouterType | UnknownApp(_) => 108,
             InvalidAuthentication(_) => 109,
             InvalidEncryption(_) | BadRequest(_) => 110,
             MissingTtl => 111,

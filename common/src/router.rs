@@ -84,7 +84,7 @@ impl From<RouterError> for ApiError {
     fn from(e: RouterError) -> Self {
         match e {
             RouterError::InvalidRegistration(m) => ApiError::BadRequest(m),
-            RouterError::UnknownApp(_) => ApiError::InvalidRouterType,
+            RouterError::UnknownApp(app) => ApiError::UnknownApp(app),
             RouterError::DeviceGone => ApiError::DeviceGone,
             RouterError::TooMuchData(max) => ApiError::BridgePayloadTooLarge(max),
             RouterError::Refused(m) => {

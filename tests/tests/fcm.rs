@@ -298,15 +298,17 @@ async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
     );
     assert_eq!(bridge.decrypt(got[0].data()).await, "hi gcm");
 
-    // A sender id, or an FCM app, that is not configured is refused.
-    bridge
-        .register_reply("gcm", "999", token)
-        .await
-        .assert_error(400, 108);
-    bridge
-        .register_reply("fcm", SENDER_ID, token)
-        .await
-        .assert_error(400, 108);
+    // A sender id, or an FCM app, that is not configured is refused,
+    // naming it.
+    for (router_type, app) in [("gcm", "999"), ("fcm", SENDER_ID)] {
+        let reply = bridge.register_reply(router_type, app, token).await;
+        reply.assert_error(400, 108);
+        let message = reply.json["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("{app:?}")),
+            "{router_type}: {message}"
+        );
+    }
 }
 
 /// One start-up line names the bridges served and their apps, never what
