@@ -26,7 +26,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use crate::limit::{Limiter, Rate};
-use crate::metrics;
 use crate::router::RouterError;
 
 /// How long and how often a bridge tries one push.
@@ -188,13 +187,12 @@ impl AppLimit {
         let Some(limiter) = &self.limiter else {
             return Ok(());
         };
-        limiter.check(&self.key).map_err(|wait| {
-            metrics::rate_limited("bridge_app", limiter.len());
-            RouterError::TooManyRequests {
+        limiter
+            .check_counted(&self.key, "bridge_app")
+            .map_err(|wait| RouterError::TooManyRequests {
                 what: "bridge app",
                 retry_after: wait,
-            }
-        })
+            })
     }
 }
 

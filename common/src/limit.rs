@@ -10,8 +10,10 @@
 //! it did not earn).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Independent maps, each behind its own lock, so senders rarely wait on
@@ -90,6 +92,9 @@ pub struct Limiter<K> {
     per_shard: usize,
     shards: Vec<Mutex<Shard<K>>>,
     hasher: RandomState,
+    /// Buckets held across all shards, kept as they come and go so that
+    /// reading it (at every refusal) locks nothing.
+    keys: AtomicUsize,
 }
 
 impl<K: Hash + Eq + Clone> Limiter<K> {
@@ -106,16 +111,21 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
                 })
                 .collect(),
             hasher: RandomState::new(),
+            keys: AtomicUsize::new(0),
         }
-    }
-
-    pub fn rate(&self) -> Rate {
-        self.rate
     }
 
     /// Take a token for `key`, or say how long until one is there.
     pub fn check(&self, key: &K) -> Result<(), Duration> {
         self.check_at(key, Instant::now())
+    }
+
+    /// [`Limiter::check`], counting a refusal in `rate_limit.refused`
+    /// under `limit` (and the keys tracked in `rate_limit.keys`).
+    pub fn check_counted(&self, key: &K, limit: &'static str) -> Result<(), Duration> {
+        self.check(key).inspect_err(|_| {
+            crate::metrics::rate_limited(limit, self.len());
+        })
     }
 
     /// [`Limiter::check`] at `now` (tests drive the clock).
@@ -126,16 +136,20 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
             self.make_room(&mut shard, now);
         }
         let rate = self.rate;
-        shard
-            .buckets
-            .entry(key.clone())
-            .or_insert_with(|| Bucket::full(rate, now))
-            .take(rate, now)
+        let bucket = match shard.buckets.entry(key.clone()) {
+            Entry::Occupied(bucket) => bucket.into_mut(),
+            Entry::Vacant(slot) => {
+                self.keys.fetch_add(1, Ordering::Relaxed);
+                slot.insert(Bucket::full(rate, now))
+            }
+        };
+        bucket.take(rate, now)
     }
 
     /// Drop the buckets that have refilled (at most once a second: it is a
     /// scan), else any one bucket.
     fn make_room(&self, shard: &mut Shard<K>, now: Instant) {
+        let held = shard.buckets.len();
         let due = shard
             .last_purge
             .is_none_or(|last| now.saturating_duration_since(last) >= Duration::from_secs(1));
@@ -149,14 +163,13 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
         {
             shard.buckets.remove(&key);
         }
+        self.keys
+            .fetch_sub(held - shard.buckets.len(), Ordering::Relaxed);
     }
 
     /// Keys tracked now (at most `max_keys`, rounded up to the shards).
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).buckets.len())
-            .sum()
+        self.keys.load(Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -197,5 +210,12 @@ mod tests {
             assert!(limiter.check_at(&key, now).is_ok());
             assert!(limiter.len() <= 1000 + SHARDS, "{} keys", limiter.len());
         }
+        // The count kept as buckets come and go is what the shards hold.
+        let held: usize = limiter
+            .shards
+            .iter()
+            .map(|s| s.lock().unwrap().buckets.len())
+            .sum();
+        assert_eq!(limiter.len(), held);
     }
 }

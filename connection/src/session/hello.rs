@@ -44,17 +44,18 @@ fn within_new_uaid_quota(ctx: &NodeContext, client: Option<IpAddr>) -> Result<()
     let (Some(limiter), Some(client)) = (&ctx.new_uaids, client) else {
         return Ok(());
     };
-    limiter.check(&quota_key(client)).map_err(|wait| {
-        autopush_common::metrics::rate_limited("new_uaid", limiter.len());
-        debug!(
-            ?wait,
-            "refusing a new UAID: the client's address is over its quota"
-        );
-        Close::too_many(format!(
-            "too many new user agents from this address; try again in {} s",
-            wait.as_secs_f64().ceil().max(1.0)
-        ))
-    })
+    limiter
+        .check_counted(&quota_key(client), "new_uaid")
+        .map_err(|wait| {
+            debug!(
+                ?wait,
+                "refusing a new UAID: the client's address is over its quota"
+            );
+            Close::too_many(format!(
+                "too many new user agents from this address; try again in {} s",
+                wait.as_secs_f64().ceil().max(1.0)
+            ))
+        })
 }
 
 /// A client that joined the registry and published its `node_id`: from now

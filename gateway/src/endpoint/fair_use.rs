@@ -105,11 +105,10 @@ fn take<K: std::hash::Hash + Eq + Clone>(
     let Some(limiter) = limiter else {
         return Ok(());
     };
-    limiter.check(key).map_err(|wait: Duration| {
-        metrics::rate_limited(limit, limiter.len());
-        ApiError::TooManyRequests {
+    limiter
+        .check_counted(key, limit)
+        .map_err(|wait| ApiError::TooManyRequests {
             what,
             retry_after: retry_after_secs(wait),
-        }
-    })
+        })
 }
