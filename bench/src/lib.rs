@@ -6,3 +6,21 @@ pub mod client;
 pub mod scenario;
 pub mod server;
 pub mod stats;
+
+/// The micro-benchmarks' one optional argument: a count above zero, or
+/// `default` when none is given; anything else prints `usage` and exits 2.
+pub fn count_argument<T>(usage: &str, default: T) -> T
+where
+    T: std::str::FromStr + PartialOrd + Default,
+{
+    match std::env::args().nth(1) {
+        None => default,
+        Some(arg) => match arg.parse() {
+            Ok(n) if n > T::default() => n,
+            _ => {
+                eprintln!("usage: {usage}");
+                std::process::exit(2);
+            }
+        },
+    }
+}

@@ -18,16 +18,7 @@ const DEFAULT_MAX_KEYS: usize = 100_000;
 const CHECKS: u64 = 2_000_000;
 
 fn main() {
-    let max_keys = match std::env::args().nth(1) {
-        None => DEFAULT_MAX_KEYS,
-        Some(arg) => match arg.parse() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("usage: limiter [max_keys > 0]");
-                std::process::exit(2);
-            }
-        },
-    };
+    let max_keys = autopush_bench::count_argument("limiter [max_keys > 0]", DEFAULT_MAX_KEYS);
     // Never reached: every check passes, as for senders within their limit.
     let rate = Rate::new(1e9, 1e9).expect("a rate");
 

@@ -19,16 +19,7 @@ const DEFAULT_ITERATIONS: u32 = 20_000;
 const WARM_UP: u32 = 200;
 
 fn main() {
-    let iterations = match std::env::args().nth(1) {
-        None => DEFAULT_ITERATIONS,
-        Some(arg) => match arg.parse() {
-            Ok(n) if n > 0 => n,
-            _ => {
-                eprintln!("usage: vapid [iterations > 0]");
-                std::process::exit(2);
-            }
-        },
-    };
+    let iterations = autopush_bench::count_argument("vapid [iterations > 0]", DEFAULT_ITERATIONS);
     let authorization = AppServer::new(AUDIENCE).authorization().to_owned();
     let cold = VapidVerifier::without_cache(AUDIENCE.to_owned());
     let cached = VapidVerifier::new(AUDIENCE.to_owned(), 1024);
