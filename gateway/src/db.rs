@@ -10,10 +10,12 @@ use crate::settings::{Db, Settings};
 #[derive(Subcommand, Debug)]
 pub enum DbCommand {
     /// Create the router and message tables (on-demand capacity, the
-    /// last_connect index, TTL on expiry) unless they exist
+    /// last_connect index, TTL on expiry) unless they exist; a server
+    /// without TTL (dynalite) gets a warning
     CreateTables,
     /// Check that the tables exist and these credentials can read and write
-    /// them; lists what is missing and exits non-zero if anything is
+    /// them; lists what is missing and exits non-zero if anything is (a
+    /// message table without TTL is only a warning)
     Preflight,
     /// Remove webpush users last connected in the calendar month N months
     /// ago (UTC), with their subscriptions and messages
@@ -47,18 +49,26 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
             Ok(())
         }
         DbCommand::Preflight => {
-            let problems = store.preflight().await.map_err(|e| e.to_string())?;
+            let found = store.preflight().await.map_err(|e| e.to_string())?;
+            let warn = || {
+                for warning in &found.warnings {
+                    println!("warning: {warning}");
+                }
+            };
+            let problems = &found.problems;
             if problems.is_empty() {
                 let tables = store.tables();
                 println!(
                     "ready: tables {} and {} exist with the expected keys, and these credentials can write, read and delete in both",
                     tables.router, tables.message
                 );
+                warn();
                 return Ok(());
             }
-            for problem in &problems {
+            for problem in problems {
                 println!("missing: {problem}");
             }
+            warn();
             Err(format!("preflight found {} problem(s)", problems.len()))
         }
         DbCommand::DropOldUsers {

@@ -1,7 +1,9 @@
-//! A local DynamoDB-compatible server for the DynamoDB tests: moto
-//! (`moto[dynamodb]` from tests/py/requirements.txt), started on a free
-//! loopback port once per test binary. It is not AWS: it answers the same
-//! API, with the same conditions, pagination and TTL settings.
+//! Local DynamoDB-compatible servers for the DynamoDB tests: moto
+//! (`moto[dynamodb]` from tests/py/requirements.txt) and dynalite (npm,
+//! tests/node/package.json), each started on a free loopback port once per
+//! test binary. Neither is AWS: they answer the same API, with the same
+//! conditions and pagination; moto also keeps TTL settings, dynalite has
+//! no TTL API at all.
 //!
 //! Each test gets its own pair of tables ([`tables`]), so tests share the
 //! server without seeing each other's records.
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use autopush_storage::dynamodb::{DynamoStore, Tables};
 use tokio::sync::OnceCell;
 
+use crate::node::{node, node_dir};
 use crate::py::python;
 use crate::server::free_ports;
 
@@ -27,6 +30,13 @@ threading.Thread(target=watch, daemon=True).start()
 main(["-H", "127.0.0.1", "-p", sys.argv[1]])
 "#;
 
+/// dynalite in memory, exiting when its stdin closes.
+const DYNALITE: &str = r#"
+process.stdin.on("end", () => process.exit(0));
+process.stdin.resume();
+require("dynalite")({ createTableMs: 50 }).listen(Number(process.argv[1]), "127.0.0.1");
+"#;
+
 pub struct LocalDynamo {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
@@ -35,53 +45,63 @@ pub struct LocalDynamo {
 }
 
 static SHARED: OnceCell<LocalDynamo> = OnceCell::const_new();
+static DYNALITE_SHARED: OnceCell<LocalDynamo> = OnceCell::const_new();
 
-/// The server this test binary shares, started on first use.
+/// The moto server this test binary shares, started on first use.
 pub async fn local() -> &'static LocalDynamo {
-    SHARED.get_or_init(LocalDynamo::start).await
+    SHARED
+        .get_or_init(|| async {
+            let mut moto = Command::new(python());
+            moto.arg("-c").arg(MOTO);
+            LocalDynamo::start("moto (run scripts/test --setup-python)", moto).await
+        })
+        .await
+}
+
+/// The dynalite server this test binary shares, started on first use.
+pub async fn dynalite() -> &'static LocalDynamo {
+    DYNALITE_SHARED
+        .get_or_init(|| async {
+            let mut dynalite = Command::new(node());
+            dynalite.current_dir(node_dir()).arg("-e").arg(DYNALITE);
+            LocalDynamo::start("dynalite (run scripts/test --setup-node)", dynalite).await
+        })
+        .await
 }
 
 impl LocalDynamo {
-    async fn start() -> LocalDynamo {
+    /// Run `command PORT` and wait until it answers HTTP on that port.
+    async fn start(name: &str, mut command: Command) -> LocalDynamo {
         let [port] = free_ports::<1>();
         let log = tempfile::Builder::new()
-            .prefix("autopush-moto-")
+            .prefix("autopush-local-dynamo-")
             .tempfile()
-            .expect("create moto log file")
+            .expect("create server log file")
             .into_temp_path()
             .keep()
-            .expect("keep moto log file");
-        let mut child = Command::new(python())
-            .args(["-c", MOTO, &port.to_string()])
+            .expect("keep server log file");
+        let mut child = command
+            .arg(port.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("open moto log"))
+            .stderr(std::fs::File::create(&log).expect("open server log"))
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start moto with {} (run scripts/test --setup-python): {e}",
-                    python().display()
-                )
-            });
-        let stdin = child.stdin.take().expect("moto stdin");
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdin = child.stdin.take().expect("server stdin");
         let endpoint = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
         let started = Instant::now();
-        loop {
-            if let Ok(reply) = http.get(format!("{endpoint}/moto-api/")).send().await
-                && reply.status().is_success()
-            {
-                break;
-            }
+        // Any HTTP answer means it is up.
+        while http.get(&endpoint).send().await.is_err() {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
-                    "moto exited ({status}): {}",
+                    "{name} exited ({status}): {}",
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
             assert!(
                 started.elapsed() < Duration::from_secs(60),
-                "moto did not answer on {endpoint} within 60 s"
+                "{name} did not answer on {endpoint} within 60 s"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

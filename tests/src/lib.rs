@@ -7,8 +7,8 @@
 //! `tests/py/webpush_tool.py`, see [`py`]) or with raw requests ([`http`]).
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
-//! with a recording double for Apple ([`apns`]). DynamoDB tests run on a local
-//! DynamoDB-compatible server, moto ([`dynamo`]).
+//! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
+//! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).

@@ -11,9 +11,13 @@ use autopush_tests::dynamo::ThrottlingProxy;
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, dynamo};
 
-/// `autopush ARGS` against the local server, with `tables`.
+/// `autopush ARGS` against the local moto server, with `tables`.
 async fn db_command(tables: &Tables, args: &[&str]) -> std::process::Output {
-    let endpoint = &dynamo::local().await.endpoint;
+    db_command_on(&dynamo::local().await.endpoint, tables, args).await
+}
+
+/// `autopush ARGS` against the server at `endpoint`, with `tables`.
+async fn db_command_on(endpoint: &str, tables: &Tables, args: &[&str]) -> std::process::Output {
     let mut cmd = tokio::process::Command::from(autopush_tests::server::autopush_command());
     cmd.args(args)
         .args(["--db", "dynamodb", "--router-table", &tables.router])
@@ -102,6 +106,42 @@ async fn db_commands_create_check_and_drop_old_users() {
     assert!(store.get_channels(&old.uaid).await.unwrap().is_empty());
     assert!(store.get_user(&recent.uaid).await.unwrap().is_some());
     assert!(store.get_user(&bridge.uaid).await.unwrap().is_some());
+}
+
+/// dynalite has no TTL API: `db create-tables` makes the tables and warns
+/// what running without TTL costs, `db preflight` passes with the warning,
+/// and a node on it stores and delivers.
+#[tokio::test]
+async fn a_server_without_ttl_gets_a_warning_not_a_failure() {
+    let endpoint = &dynamo::dynalite().await.endpoint;
+    let tables = dynamo::tables();
+    let out = db_command_on(endpoint, &tables, &["db", "create-tables"]).await;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.contains(&format!("message table {}: created", tables.message)),
+        "{said}"
+    );
+    let warning = format!("warning: message table {} has no TTL", tables.message);
+    assert!(
+        said.contains(&warning) && said.contains("drop-old-users"),
+        "{said}"
+    );
+
+    let out = db_command_on(endpoint, &tables, &["db", "preflight"]).await;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.starts_with("ready") && said.contains(&warning),
+        "{said}"
+    );
+
+    let node = Server::start_node(node_on(endpoint, shared_args(&tables).await)("all")).await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+    sub.push_text("no ttl").await;
+    let mut ws = node.reconnect(&uaid).await;
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "no ttl");
 }
 
 #[tokio::test]

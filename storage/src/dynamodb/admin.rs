@@ -19,6 +19,9 @@ use crate::{Result, StorageError};
 pub const ACCESS_INDEX: &str = "AccessIndex";
 /// The message table's TTL attribute.
 pub const TTL_ATTRIBUTE: &str = "expiry";
+/// What a DynamoDB-compatible server without an operation answers.
+const UNKNOWN_OPERATION: &str = "UnknownOperationException";
+const NO_TTL_API: &str = "this server has no TTL API";
 /// The UAID the preflight check writes and removes (the seeds' default).
 const PREFLIGHT_UAID: Uuid = Uuid::from_u128(0xdeadbeef00000000deadbeef00000000);
 
@@ -42,6 +45,25 @@ fn key_names(keys: &[KeySchemaElement]) -> Vec<(String, KeyType)> {
     keys.iter()
         .map(|k| (k.attribute_name.clone(), k.key_type.clone()))
         .collect()
+}
+
+/// What running without TTL on `message` costs (nothing a user sees, but
+/// the space of expired messages), and `why` it is off.
+fn no_ttl(message: &str, why: &str) -> String {
+    format!(
+        "message table {message} has no TTL on {TTL_ATTRIBUTE} ({why}): expired messages are still never delivered, since reads \
+         filter them, but nothing deletes them; their space comes back only when their user \
+         is removed (`autopush db drop-old-users`)"
+    )
+}
+
+/// What [`DynamoStore::preflight`] found.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// What stops the service from working, one line each; empty means ready.
+    pub problems: Vec<String>,
+    /// What works but costs something, one line each.
+    pub warnings: Vec<String>,
 }
 
 impl DynamoStore {
@@ -141,6 +163,8 @@ impl DynamoStore {
         }
     }
 
+    /// Whether TTL is on for `expiry`; `None` when the server has no TTL
+    /// API (dynalite answers DescribeTimeToLive, but not UpdateTimeToLive).
     async fn ttl_enabled(&self, message: &str) -> Result<Option<bool>> {
         let out = self
             .client
@@ -156,20 +180,17 @@ impl DynamoStore {
                         Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
                     )
             }))),
-            // Some compatible servers (dynalite) have no TTL API at all.
-            Err(e) if e.code() == Some("UnknownOperationException") => Ok(None),
+            Err(e) if e.code() == Some(UNKNOWN_OPERATION) => Ok(None),
             Err(e) => Err(backend("DescribeTimeToLive", e)),
         }
     }
 
+    /// Turn TTL on; on a server without a TTL API, say what that costs
+    /// instead of failing, since reads filter expired messages anyway.
     async fn enable_ttl(&self, message: &str) -> Result<String> {
         match self.ttl_enabled(message).await? {
             Some(true) => return Ok(format!("message table {message}: TTL on expiry: on")),
-            None => {
-                return Ok(format!(
-                    "message table {message}: this server has no TTL API; expired messages are still never delivered"
-                ));
-            }
+            None => return Ok(format!("warning: {}", no_ttl(message, NO_TTL_API))),
             Some(false) => {}
         }
         let spec = TimeToLiveSpecification::builder()
@@ -177,21 +198,29 @@ impl DynamoStore {
             .enabled(true)
             .build()
             .map_err(|e| StorageError::Backend(e.to_string()))?;
-        self.client
+        let updated = self
+            .client
             .update_time_to_live()
             .table_name(message)
             .time_to_live_specification(spec)
             .send()
-            .await
-            .map_err(|e| backend("UpdateTimeToLive", e))?;
-        Ok(format!("message table {message}: TTL on expiry: turned on"))
+            .await;
+        match updated {
+            Ok(_) => Ok(format!("message table {message}: TTL on expiry: turned on")),
+            Err(e) if e.code() == Some(UNKNOWN_OPERATION) => {
+                Ok(format!("warning: {}", no_ttl(message, NO_TTL_API)))
+            }
+            Err(e) => Err(backend("UpdateTimeToLive", e)),
+        }
     }
 
     /// Check that both tables exist with the seeds' keys, and that these
-    /// credentials can write, read and delete in both. Returns what is
-    /// missing or refused, one line each; empty means ready.
-    pub async fn preflight(&self) -> Result<Vec<String>> {
+    /// credentials can write, read and delete in both. A message table
+    /// without TTL is a warning: the service works, expired messages keep
+    /// their space (servers such as dynalite have no TTL at all).
+    pub async fn preflight(&self) -> Result<Preflight> {
         let mut problems = Vec::new();
+        let mut warnings = Vec::new();
         let router = &self.tables.router;
         match self.describe(router).await {
             Ok(None) => problems.push(format!(
@@ -233,21 +262,22 @@ impl DynamoStore {
                         ));
                     }
                     match self.ttl_enabled(&message).await {
-                        Ok(Some(false)) => problems.push(format!(
-                            "message table {message} has no TTL on {TTL_ATTRIBUTE} (run `autopush db create-tables`); expired messages would stay until read"
+                        Ok(Some(true)) => {}
+                        Ok(Some(false)) => warnings.push(no_ttl(
+                            &message,
+                            "it is off; `autopush db create-tables` turns it on where the server has a TTL API",
                         )),
-                        Ok(_) => {}
+                        Ok(None) => warnings.push(no_ttl(&message, NO_TTL_API)),
                         Err(e) => problems.push(format!("cannot read the TTL of {message}: {e}")),
                     }
                 }
                 Err(e) => problems.push(format!("cannot describe message table {message}: {e}")),
             }
         }
-        if !problems.is_empty() {
-            return Ok(problems);
+        if problems.is_empty() {
+            problems.extend(self.preflight_round_trip().await);
         }
-        problems.extend(self.preflight_round_trip().await);
-        Ok(problems)
+        Ok(Preflight { problems, warnings })
     }
 
     /// Write, read and delete one record in each table.
