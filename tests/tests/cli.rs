@@ -1,4 +1,4 @@
-//! The binary's other subcommands: keygen, diagnose.
+//! The binary's other subcommands: keygen, diagnose, and how `db` reports DynamoDB failures.
 
 use autopush_tests::*;
 use base64::Engine;
@@ -267,4 +267,66 @@ async fn the_data_directory_is_named_and_new_keys_are_announced() {
     assert_eq!(generated(&log), 3, "{log}");
     server.restart().await;
     assert_eq!(generated(&server.stderr()), 0, "{}", server.stderr());
+}
+
+/// DynamoDB and AWS SDK failures reach the operator as one line (the
+/// operation, the code or cause, the message), never the SDK's nested
+/// causes and debug dump: no credentials, nothing listening, no table.
+#[tokio::test]
+async fn dynamodb_failures_are_one_line() {
+    let home = tempfile::tempdir().unwrap(); // no ~/.aws to find credentials in
+    let [port] = server::free_ports::<1>();
+    let closed = format!("http://127.0.0.1:{port}");
+    let dynalite = &dynamo::dynalite().await.endpoint;
+    let cases: [(&str, bool, &[&str], &str); 3] = [
+        (
+            &closed,
+            false,
+            &["db", "create-tables"],
+            "DynamoDB DescribeTable: no AWS credentials found: set AWS_ACCESS_KEY_ID",
+        ),
+        (
+            &closed,
+            true,
+            &["db", "create-tables"],
+            "DynamoDB DescribeTable: cannot connect: Connection refused",
+        ),
+        (
+            dynalite,
+            true,
+            &["db", "drop-old-users", "--months", "2"],
+            "ResourceNotFoundException: Requested resource not found",
+        ),
+    ];
+    for (endpoint, credentials, args, want) in cases {
+        let mut cmd = tokio::process::Command::from(server::autopush_command());
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("AWS_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.envs(dynamo::aws_env(endpoint))
+            .env("HOME", home.path())
+            .args(args)
+            .args(["--db", "dynamodb", "--router-table", "no_such_router"])
+            .kill_on_drop(true);
+        if !credentials {
+            cmd.env_remove("AWS_ACCESS_KEY_ID")
+                .env_remove("AWS_SECRET_ACCESS_KEY");
+        }
+        let out = tokio::time::timeout(std::time::Duration::from_secs(60), cmd.output())
+            .await
+            .expect("autopush db did not finish")
+            .expect("run autopush db");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(
+            said.trim().lines().count() == 1 && said.contains(want),
+            "{args:?}: {said}"
+        );
+        assert!(
+            !said.contains("DispatchFailure") && !said.contains('{'),
+            "a debug dump: {said}"
+        );
+    }
 }

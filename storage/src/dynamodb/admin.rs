@@ -376,7 +376,9 @@ impl DynamoStore {
                     .set_exclusive_start_key(start)
                     .send()
                     .await
-                    .map_err(|e| backend("Query AccessIndex", e))?;
+                    .map_err(|e| {
+                        backend(&format!("Query {}.{ACCESS_INDEX}", self.tables.router), e)
+                    })?;
                 for found in page.items.unwrap_or_default() {
                     let Some(uaid) = found
                         .get("uaid")

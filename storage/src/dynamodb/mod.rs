@@ -23,8 +23,9 @@ use autopush_common::{Notification, User, time::now_secs};
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
 use uuid::Uuid;
 
@@ -82,8 +83,52 @@ where
             "DynamoDB {op}: {code}: {}",
             e.message().unwrap_or_default()
         )),
-        None => StorageError::Backend(format!("DynamoDB {op}: {}", DisplayErrorContext(&e))),
+        None => StorageError::Backend(format!("DynamoDB {op}: {}", no_answer(&e))),
     }
+}
+
+/// Why a call got no answer from DynamoDB, in one line: the SDK's own
+/// message nests every cause and ends in a debug dump.
+fn no_answer<E>(e: &SdkError<E>) -> String
+where
+    E: std::error::Error + 'static,
+{
+    let mut causes = Vec::new();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(error) = cause {
+        if let Some(credentials) = error.downcast_ref::<CredentialsError>() {
+            return match credentials {
+                CredentialsError::CredentialsNotLoaded(_) => "no AWS credentials found: set \
+                    AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (any values for a local \
+                    server), or use a profile or an instance role"
+                    .into(),
+                other => format!("AWS credentials: {}", first_line(other)),
+            };
+        }
+        causes.push(first_line(error));
+        cause = error.source();
+    }
+    match e {
+        SdkError::TimeoutError(_) => "timed out".into(),
+        SdkError::DispatchFailure(d) if d.is_timeout() => "timed out".into(),
+        // The innermost cause says it best ("Connection refused (os error 111)").
+        SdkError::DispatchFailure(d) if d.is_io() => {
+            format!(
+                "cannot connect: {}",
+                causes.last().map_or("", String::as_str)
+            )
+        }
+        _ => causes.join(": "),
+    }
+}
+
+fn first_line(error: &dyn std::error::Error) -> String {
+    error
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
