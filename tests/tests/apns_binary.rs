@@ -142,6 +142,15 @@ async fn bad_apns_settings_stop_the_start_up_naming_channel_and_field() {
             "team_id",
         ),
         (
+            vec![
+                "--apns-channels".into(),
+                json!({"beta": {"topic": "t", "cert": cert_file("apns-cert.pem"), "key": cert_file("apns-other-key.pem")}})
+                    .to_string(),
+            ],
+            "\"beta\"",
+            "key: does not match the certificate",
+        ),
+        (
             vec!["--config".into(), toml.display().to_string()],
             "beta",
             "sandbx",

@@ -52,6 +52,7 @@ impl A2Sender {
                 }
                 let key_pem = key.load().map_err(|e| format!("key: {e}"))?;
                 expect_pkcs8(&key_pem, "the certificate's private key")?;
+                expect_pair(&blocks, &key_pem)?;
                 Client::certificate_parts(&cert_pem, &key_pem, config)
                     .map_err(|e| format!("key: the certificate and key are unusable ({e})"))?
             }
@@ -73,6 +74,27 @@ fn expect_pkcs8(pem_bytes: &[u8], what: &str) -> Result<(), String> {
         tag => Err(format!(
             "key: expected {what} (BEGIN PRIVATE KEY), found BEGIN {tag}"
         )),
+    }
+}
+
+/// The key must be the certificate's own (the first certificate in the
+/// file is the client's), or Apple would refuse the first push.
+fn expect_pair(cert_blocks: &[pem::Pem], key_pem: &[u8]) -> Result<(), String> {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let chain = cert_blocks
+        .iter()
+        .filter(|b| b.tag() == "CERTIFICATE")
+        .map(|b| CertificateDer::from(b.contents().to_vec()))
+        .collect();
+    let key = pem::parse(key_pem).map_err(|e| format!("key: not PEM ({e})"))?;
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.contents().to_vec()));
+    let provider = rustls::crypto::ring::default_provider();
+    match rustls::sign::CertifiedKey::from_der(chain, key, &provider) {
+        Ok(_) => Ok(()),
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err("key: does not match the certificate (it is the private key of another one)".into())
+        }
+        Err(e) => Err(format!("key: the certificate and key are unusable ({e})")),
     }
 }
 
@@ -215,6 +237,8 @@ mod tests {
         assert!(err(certificate(&cert, &pkcs1)).contains("openssl pkcs8 -topk8"));
         assert!(err(certificate(&key, &key)).starts_with("cert: no PEM certificate"));
         assert!(err(certificate(&missing, &key)).starts_with("cert: cannot read"));
+        let other = cert_file("apns-other-key.pem");
+        assert!(err(certificate(&cert, &other)).starts_with("key: does not match the certificate"));
         // The certificate given as its own key.
         assert!(err(certificate(&cert, &cert)).starts_with("key:"));
     }
