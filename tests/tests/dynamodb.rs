@@ -830,11 +830,11 @@ async fn monthly_tables_from_the_command_line() {
         );
     }
     let out = db_command(&tables, &[&["db", "preflight"][..], &rotation].concat()).await;
-    assert!(
-        text(&out.stdout).starts_with("ready"),
-        "{}",
-        text(&out.stdout)
-    );
+    let said = text(&out.stdout);
+    assert!(said.starts_with("ready"), "{said}");
+    for checked in [months.month(0), months.month(1)] {
+        assert!(said.contains(&checked), "{checked} not named: {said}");
+    }
 
     let mut args = shared_args(&tables).await;
     args.push("--message-table-rotation=true".into());
