@@ -6,6 +6,9 @@ pub mod check;
 pub mod db;
 pub mod diagnose;
 pub mod endpoint;
+/// Test support: the network parsers' properties, for `cargo test` and
+/// the `fuzz/` targets (feature `fuzzing`); not in the binary.
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod keys;
 pub mod limits;
