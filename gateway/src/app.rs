@@ -22,6 +22,7 @@ use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
 use autopush_webpush::WebPushRouter;
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::info;
@@ -214,6 +215,15 @@ pub struct Running {
     clients: Option<Arc<ClientRegistry>>,
 }
 
+/// What both roles share, built once per process.
+struct Shared {
+    storage: Arc<dyn Storage>,
+    crypto: Arc<EndpointCrypto>,
+    nodes: NodeClient,
+    /// One storage check behind the health routes of every public port.
+    health: Arc<HealthCheck>,
+}
+
 /// Start the roles of `mode`. `bridges` adds routers for bridge router types
 /// over those the settings configure (the webpush router is always present).
 pub async fn start(
@@ -239,68 +249,24 @@ pub async fn start(
         data_dir,
         Missing::Generate,
     )?;
-    let crypto = Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?);
-    let nodes = NodeClient::new(NodeKeys::new(&router_keys(settings, mode, data_dir)?)?);
+    let shared = Shared {
+        crypto: Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?),
+        nodes: NodeClient::new(NodeKeys::new(&router_keys(settings, mode, data_dir)?)?),
+        health: HealthCheck::new(storage.clone()),
+        storage,
+    };
 
     let mut servers = JoinSet::new();
     servers.spawn(autopush_storage::sweeper::run(
-        storage.clone(),
+        shared.storage.clone(),
         autopush_storage::sweeper::SweepSettings {
             interval: settings.sweep_interval,
             drop_idle_users_after: settings.drop_idle_users_after,
         },
     ));
-    // One storage check behind the health routes of every public port.
-    let health = HealthCheck::new(storage.clone());
     let mut clients = None;
     if mode.connection() {
-        let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
-        clients = Some(registry.clone());
-        let ctx = Arc::new(NodeContext {
-            settings: ConnectionSettings {
-                hello_timeout: settings.hello_timeout,
-                auto_ping_interval: settings.auto_ping_interval,
-                auto_ping_timeout: settings.auto_ping_timeout,
-                min_ping_interval: settings.min_ping_interval,
-                msg_limit: settings.msg_limit,
-                max_channels: settings.max_channels,
-                max_connections: settings
-                    .max_connections
-                    .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
-                send_timeout: settings.ws_send_timeout,
-                refresh_last_connect: refresh_last_connect(settings.drop_idle_users_after),
-                trusted_proxies: settings.limits.trusted_proxies.clone(),
-                ..ConnectionSettings::default()
-            },
-            storage: storage.clone(),
-            crypto: crypto.clone(),
-            registry,
-            nodes: nodes.clone(),
-            open_sockets: Default::default(),
-            new_uaids: settings
-                .limits
-                .new_uaid
-                .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
-        });
-        let websocket = bind(&settings.host, settings.port, "websocket").await?;
-        let router_api = bind(
-            &settings.router_host,
-            settings.router_port,
-            "internal router API",
-        )
-        .await?;
-        servers.spawn(server::serve_websocket(
-            websocket,
-            ctx.clone(),
-            health.clone(),
-            settings.http,
-        ));
-        servers.spawn(server::serve_router_api(
-            router_api,
-            ctx,
-            crate::metrics::route(metrics.clone()),
-            settings.http,
-        ));
+        clients = Some(start_connection(settings, &shared, &metrics, &mut servers).await?);
     }
     if let Some(port) = settings.metrics_port {
         let listener = bind(&settings.router_host, port, "metrics").await?;
@@ -310,56 +276,13 @@ pub async fn start(
         // In all-in-one mode the webpush router hands notifications to the
         // local connection node directly instead of over HTTP.
         let local = clients.clone().map(|c| c as Arc<dyn LocalNode>);
-        let webpush = Arc::new(WebPushRouter::new(
-            storage.clone(),
-            local,
-            settings.durable_direct,
-            nodes,
-        ));
-        let routers = RouterRegistry::default()
-            .with(RouterType::WebPush, webpush)
-            .extend(bridges);
         let auth_keys = keys::resolve(
             Key::Auth,
             settings.auth_key.as_ref(),
             data_dir,
             Missing::Generate,
         )?;
-        let registration = Arc::new(RegistrationState {
-            storage: storage.clone(),
-            crypto: crypto.clone(),
-            routers: routers.clone(),
-            secrets: SecretKeys::new(&auth_keys)?,
-            max_channels: settings.max_channels,
-        });
-        let state = Arc::new(EndpointState {
-            crypto,
-            storage,
-            routers,
-            registration,
-            vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
-            max_data_bytes: settings.max_data_bytes,
-            health,
-            fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
-        });
-        servers.spawn({
-            let state = state.clone();
-            async move {
-                let mut every = tokio::time::interval(endpoint::fair_use::REPORT_EVERY);
-                loop {
-                    every.tick().await;
-                    state.fair_use.report();
-                }
-            }
-        });
-        info!("{}", served_bridges(settings));
-        let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
-        let routes = warp::service(endpoint::routes(state));
-        servers.spawn(autopush_connection::http::serve(
-            listener,
-            routes,
-            settings.http,
-        ));
+        start_endpoint(settings, shared, bridges, local, &auth_keys, &mut servers).await?;
     }
     if mode.connection() {
         info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
@@ -368,6 +291,127 @@ pub async fn start(
         info!(endpoint_url = %settings.endpoint_url, ?mode, "autopush running");
     }
     Ok(Running { servers, clients })
+}
+
+/// The connection role: the websocket port and the internal router API.
+/// Returns the registry of the clients connected here.
+async fn start_connection(
+    settings: &Settings,
+    shared: &Shared,
+    metrics: &PrometheusHandle,
+    servers: &mut JoinSet<()>,
+) -> Result<Arc<ClientRegistry>, String> {
+    let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
+    let ctx = Arc::new(NodeContext {
+        settings: ConnectionSettings {
+            hello_timeout: settings.hello_timeout,
+            auto_ping_interval: settings.auto_ping_interval,
+            auto_ping_timeout: settings.auto_ping_timeout,
+            min_ping_interval: settings.min_ping_interval,
+            msg_limit: settings.msg_limit,
+            max_channels: settings.max_channels,
+            max_connections: settings
+                .max_connections
+                .unwrap_or_else(|| limits::default_max_connections(limits::raise_open_files())),
+            send_timeout: settings.ws_send_timeout,
+            refresh_last_connect: refresh_last_connect(settings.drop_idle_users_after),
+            trusted_proxies: settings.limits.trusted_proxies.clone(),
+            ..ConnectionSettings::default()
+        },
+        storage: shared.storage.clone(),
+        crypto: shared.crypto.clone(),
+        registry: registry.clone(),
+        nodes: shared.nodes.clone(),
+        open_sockets: Default::default(),
+        new_uaids: settings
+            .limits
+            .new_uaid
+            .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
+    });
+    let websocket = bind(&settings.host, settings.port, "websocket").await?;
+    let router_api = bind(
+        &settings.router_host,
+        settings.router_port,
+        "internal router API",
+    )
+    .await?;
+    servers.spawn(server::serve_websocket(
+        websocket,
+        ctx.clone(),
+        shared.health.clone(),
+        settings.http,
+    ));
+    servers.spawn(server::serve_router_api(
+        router_api,
+        ctx,
+        crate::metrics::route(metrics.clone()),
+        settings.http,
+    ));
+    Ok(registry)
+}
+
+/// The endpoint role: the public HTTP API (push, registration, health),
+/// routing through the webpush router (handing to `local` clients when
+/// this process also holds connections) and `bridges`.
+async fn start_endpoint(
+    settings: &Settings,
+    shared: Shared,
+    bridges: RouterRegistry,
+    local: Option<Arc<dyn LocalNode>>,
+    auth_keys: &[String],
+    servers: &mut JoinSet<()>,
+) -> Result<(), String> {
+    let Shared {
+        storage,
+        crypto,
+        nodes,
+        health,
+    } = shared;
+    let webpush = Arc::new(WebPushRouter::new(
+        storage.clone(),
+        local,
+        settings.durable_direct,
+        nodes,
+    ));
+    let routers = RouterRegistry::default()
+        .with(RouterType::WebPush, webpush)
+        .extend(bridges);
+    let registration = Arc::new(RegistrationState {
+        storage: storage.clone(),
+        crypto: crypto.clone(),
+        routers: routers.clone(),
+        secrets: SecretKeys::new(auth_keys)?,
+        max_channels: settings.max_channels,
+    });
+    let state = Arc::new(EndpointState {
+        crypto,
+        storage,
+        routers,
+        registration,
+        vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
+        max_data_bytes: settings.max_data_bytes,
+        health,
+        fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
+    });
+    servers.spawn({
+        let state = state.clone();
+        async move {
+            let mut every = tokio::time::interval(endpoint::fair_use::REPORT_EVERY);
+            loop {
+                every.tick().await;
+                state.fair_use.report();
+            }
+        }
+    });
+    info!("{}", served_bridges(settings));
+    let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
+    let routes = warp::service(endpoint::routes(state));
+    servers.spawn(autopush_connection::http::serve(
+        listener,
+        routes,
+        settings.http,
+    ));
+    Ok(())
 }
 
 impl Running {
