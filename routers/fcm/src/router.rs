@@ -30,11 +30,8 @@ impl FcmRouter {
         projects: &Projects,
         limits: &AppLimits,
     ) -> Result<Option<Arc<FcmRouter>>, String> {
-        if apps.is_empty() {
-            return Ok(None);
-        }
-        let apps = App::build_all("fcm", apps, projects, limits)?;
-        Ok(Some(Arc::new(FcmRouter { apps })))
+        let apps = App::configured("fcm", apps, projects, limits)?;
+        Ok(apps.map(|apps| Arc::new(FcmRouter { apps })))
     }
 }
 

@@ -175,14 +175,18 @@ pub struct App {
 }
 
 impl App {
-    /// The apps of one bridge from its settings, each with its share of
-    /// `limits`; an error names the app.
-    pub fn build_all(
+    /// The apps of one bridge (`fcm`, `gcm`) from its settings, each with
+    /// its share of `limits`, or `None` when none is configured (the bridge
+    /// is then not served); an error names the app.
+    pub fn configured(
         bridge: &'static str,
         apps: &std::collections::BTreeMap<String, AppSettings>,
         projects: &Projects,
         limits: &AppLimits,
-    ) -> Result<HashMap<String, App>, String> {
+    ) -> Result<Option<HashMap<String, App>>, String> {
+        if apps.is_empty() {
+            return Ok(None);
+        }
         apps.iter()
             .map(|(id, settings)| {
                 let project = projects
@@ -197,7 +201,8 @@ impl App {
                 };
                 Ok((id.clone(), app))
             })
-            .collect()
+            .collect::<Result<_, String>>()
+            .map(Some)
     }
 
     /// Deliver one `messages:send` body, if the app is within its rate.

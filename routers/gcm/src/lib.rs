@@ -37,11 +37,8 @@ impl GcmRouter {
         projects: &Projects,
         limits: &AppLimits,
     ) -> Result<Option<Arc<GcmRouter>>, String> {
-        if apps.is_empty() {
-            return Ok(None);
-        }
-        let apps = App::build_all("gcm", apps, projects, limits)?;
-        Ok(Some(Arc::new(GcmRouter { apps })))
+        let apps = App::configured("gcm", apps, projects, limits)?;
+        Ok(apps.map(|apps| Arc::new(GcmRouter { apps })))
     }
 }
 
