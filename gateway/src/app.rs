@@ -6,7 +6,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use autopush_apns::ApnsRouter;
 use autopush_common::RouterType;
 use autopush_common::bridge::AppLimits;
 use autopush_common::endpoint::EndpointCrypto;
@@ -232,7 +231,9 @@ pub async fn start(
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
     check_mode(mode, settings)?;
-    let bridges = self::bridges(settings)?.extend(bridges);
+    let (configured, serves) =
+        crate::bridges::bridges(&settings.bridges, &bridge_limits(settings))?;
+    let bridges = configured.extend(bridges);
     let metrics = crate::metrics::install(
         settings.statsd.as_ref(),
         &settings.statsd_label,
@@ -282,6 +283,7 @@ pub async fn start(
             data_dir,
             Missing::Generate,
         )?;
+        info!("{serves}");
         start_endpoint(settings, shared, bridges, local, &auth_keys, &mut servers).await?;
     }
     if mode.connection() {
@@ -403,7 +405,6 @@ async fn start_endpoint(
             }
         }
     });
-    info!("{}", served_bridges(settings));
     let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
     let routes = warp::service(endpoint::routes(state));
     servers.spawn(autopush_connection::http::serve(
@@ -433,47 +434,6 @@ impl Running {
             .ok();
         stopped
     }
-}
-
-/// The bridge routers `settings` configure, clients built and key material
-/// checked; a bridge with nothing configured is not served. Bad bridge
-/// settings are an error naming the channel or app. Adding a bridge is one
-/// line here.
-pub fn bridges(settings: &Settings) -> Result<RouterRegistry, String> {
-    let mut bridges = RouterRegistry::default();
-    let limits = bridge_limits(settings);
-    if !settings.apns.channels.is_empty() {
-        let apns = ApnsRouter::new(&settings.apns, &limits)?;
-        bridges = bridges.with(RouterType::Apns, Arc::new(apns));
-    }
-    // FCM and GCM apps naming the same Firebase project share its client and tokens.
-    let google = autopush_fcm::Projects::default();
-    if let Some(fcm) = autopush_fcm::FcmRouter::configured(&settings.fcm, &google, &limits)? {
-        bridges = bridges.with(RouterType::Fcm, fcm);
-    }
-    if let Some(gcm) = autopush_gcm::GcmRouter::configured(&settings.gcm, &google, &limits)? {
-        bridges = bridges.with(RouterType::Gcm, gcm);
-    }
-    Ok(bridges)
-}
-
-/// The bridges' channels and apps, by name only (their settings hold
-/// credentials), for the start-up log.
-fn served_bridges(settings: &Settings) -> String {
-    fn names<'a>(names: impl Iterator<Item = &'a String>) -> String {
-        let names: Vec<&str> = names.map(String::as_str).collect();
-        if names.is_empty() {
-            "none".into()
-        } else {
-            names.join(", ")
-        }
-    }
-    format!(
-        "bridges: apns channels: {}; fcm apps: {}; gcm apps: {}",
-        names(settings.apns.channels.keys()),
-        names(settings.fcm.keys()),
-        names(settings.gcm.keys()),
-    )
 }
 
 /// The per-app rate every bridge applies (`--bridge-app-limit`).

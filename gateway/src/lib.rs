@@ -2,6 +2,7 @@
 //! HTTP API, VAPID, and the router registry.
 
 pub mod app;
+pub mod bridges;
 pub mod check;
 pub mod db;
 pub mod diagnose;

@@ -6,26 +6,27 @@
 //! unknown key in the file is an error at start-up. Layers are merged
 //! through serde ([`SettingsLayer::over`]), so every field is merged without
 //! being named: a new setting is a field here, a field in [`Settings`] and
-//! its line in [`Settings::from_layer`].
+//! its line in [`Settings::from_layer`]. A bridge's settings are its crate's
+//! section, flattened in through [`crate::bridges::BridgeSettings`].
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_apns::settings::ApnsSettings;
 use autopush_common::Secret;
 use autopush_common::limit::Rate;
 use autopush_connection::http::HttpLimits;
-use autopush_fcm::settings::{AppSettings, BridgeSection, apps_from_json};
 use clap::Args;
 
+use crate::bridges::BridgeSettings;
 use crate::metrics::{Statsd, parse_statsd};
 use serde::{Deserialize, Serialize};
 
 /// One layer of settings; `None` means "not set here".
 #[derive(Args, Debug, Default, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+// Unknown keys are refused by `from_file`: serde cannot refuse them
+// through the flattened bridge sections.
+#[serde(rename_all = "snake_case")]
 pub struct SettingsLayer {
     /// Address the public ports (websocket, endpoint) listen on [default: 0.0.0.0]
     #[arg(long, env = "AUTOPUSH_HOST", global = true)]
@@ -201,70 +202,27 @@ pub struct SettingsLayer {
     /// Log format: `human` or `json` [default: human]
     #[arg(long, env = "AUTOPUSH_LOG_FORMAT", global = true)]
     pub log_format: Option<String>,
-    /// APNs release channels as one JSON object, `{"NAME": {"topic": ..., "key": ...,
-    /// "key_id": ..., "team_id": ..., "sandbox": ...}, ...}`; in the file,
-    /// `[apns.channels.NAME]` tables [default: none, APNs not served]
-    #[arg(
-        long = "apns-channels",
-        env = "AUTOPUSH_APNS_CHANNELS",
-        global = true,
-        hide_env_values = true,
-        value_parser = ApnsChannelsParser
-    )]
-    pub apns: Option<ApnsSettings>,
-    /// FCM apps as one JSON object: {"APP": {"project_id": ..., "credential": ...}};
-    /// replaces the settings file's [fcm.apps.*] tables
-    #[arg(
-        long,
-        env = "AUTOPUSH_FCM_CREDENTIALS",
-        global = true,
-        hide_env_values = true
-    )]
-    pub fcm_credentials: Option<String>,
-    /// GCM sender ids as one JSON object: {"SENDER_ID": {"project_id": ..., "credential": ...}};
-    /// replaces the settings file's [gcm.apps.*] tables
-    #[arg(
-        long,
-        env = "AUTOPUSH_GCM_CREDENTIALS",
-        global = true,
-        hide_env_values = true
-    )]
-    pub gcm_credentials: Option<String>,
-    /// The settings file's `[fcm.apps.NAME]` tables.
-    #[arg(skip)]
-    pub fcm: Option<BridgeSection>,
-    /// The settings file's `[gcm.apps.SENDER_ID]` tables.
-    #[arg(skip)]
-    pub gcm: Option<BridgeSection>,
-}
-
-/// Parses `--apns-channels` / `AUTOPUSH_APNS_CHANNELS` without echoing the
-/// value in errors, as clap would: it may hold inline private keys.
-#[derive(Clone)]
-struct ApnsChannelsParser;
-
-impl clap::builder::TypedValueParser for ApnsChannelsParser {
-    type Value = ApnsSettings;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        _arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<ApnsSettings, clap::Error> {
-        let error = |message: String| {
-            clap::Error::raw(
-                clap::error::ErrorKind::InvalidValue,
-                format!("AUTOPUSH_APNS_CHANNELS (--apns-channels): {message}\n"),
-            )
-            .with_cmd(cmd)
-        };
-        let text = value.to_str().ok_or_else(|| error("not UTF-8".into()))?;
-        ApnsSettings::from_json(text).map_err(error)
-    }
+    /// Each bridge's section, as its crate defines it (`--apns-channels`,
+    /// `[fcm.apps.NAME]`, ...).
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub bridges: BridgeSettings,
 }
 
 impl SettingsLayer {
+    /// The settings file's layer. An unknown key is an error: inside a
+    /// table, by that table's own schema; at the top, here, as a key the
+    /// layer does not read back.
+    fn from_file(text: &str) -> Result<SettingsLayer, String> {
+        let layer: SettingsLayer = toml::from_str(text).map_err(|e| e.to_string())?;
+        let given: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+        let read = toml::Table::try_from(&layer).map_err(|e| e.to_string())?;
+        match given.keys().find(|key| !read.contains_key(*key)) {
+            Some(key) => Err(format!("unknown key `{key}`")),
+            None => Ok(layer),
+        }
+    }
+
     /// This layer over `lower`: every setting left unset here comes from
     /// `lower`. Both layers become tables of the settings they set, so no
     /// field can be forgotten.
@@ -335,24 +293,8 @@ pub struct Settings {
     pub statsd_flush_interval: Duration,
     pub statsd_label: String,
     pub log_format: LogFormat,
-    pub apns: ApnsSettings,
-    /// FCM apps by name.
-    pub fcm: BTreeMap<String, AppSettings>,
-    /// GCM apps by sender id.
-    pub gcm: BTreeMap<String, AppSettings>,
-}
-
-/// A bridge's apps: the environment's (or flag's) JSON object if given,
-/// else the settings file's tables.
-fn bridge_apps(
-    variable: &str,
-    json: Option<&str>,
-    file: Option<BridgeSection>,
-) -> Result<BTreeMap<String, AppSettings>, String> {
-    match json {
-        Some(json) => apps_from_json(variable, json),
-        None => Ok(file.unwrap_or_default().apps),
-    }
+    /// Each bridge's section, read when the bridges are built.
+    pub bridges: BridgeSettings,
 }
 
 fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
@@ -432,8 +374,8 @@ impl Settings {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let file: SettingsLayer =
-                    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                let file = SettingsLayer::from_file(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
                 flags.over(file)?
             }
             None => flags,
@@ -581,17 +523,7 @@ impl Settings {
             },
             statsd_label: l.statsd_label.unwrap_or_else(|| "autopush".into()),
             log_format,
-            apns: l.apns.unwrap_or_default(),
-            fcm: bridge_apps(
-                "AUTOPUSH_FCM_CREDENTIALS",
-                l.fcm_credentials.as_deref(),
-                l.fcm,
-            )?,
-            gcm: bridge_apps(
-                "AUTOPUSH_GCM_CREDENTIALS",
-                l.gcm_credentials.as_deref(),
-                l.gcm,
-            )?,
+            bridges: l.bridges,
         })
     }
 
@@ -691,9 +623,16 @@ mod tests {
     fn unknown_file_keys_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("autopush.toml");
-        std::fs::write(&path, "prot = 9000\n").unwrap();
-        let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
-        assert!(err.contains("prot"), "{err}");
+        // At the top (beside the bridges' keys, which serde reads through
+        // flattened sections), and inside a bridge's table.
+        for (file, key) in [
+            ("prot = 9000\n[fcm.apps]\n", "prot"),
+            ("[gcm]\napss = {}\n", "apss"),
+        ] {
+            std::fs::write(&path, file).unwrap();
+            let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
+            assert!(err.contains(key), "{err}");
+        }
     }
 
     #[test]
@@ -745,19 +684,18 @@ mod tests {
         )
         .unwrap();
         let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
-        assert!(s.apns.channels["firefox"].sandbox);
+        assert!(s.bridges.apns.settings().channels["firefox"].sandbox);
         // The environment's JSON replaces the file's channels.
-        let flags = SettingsLayer {
-            apns: Some(
-                ApnsSettings::from_json(
-                    r#"{"beta": {"key": "k.p8", "key_id": "K", "team_id": "T", "topic": "t"}}"#,
-                )
-                .unwrap(),
-            ),
-            ..Default::default()
-        };
+        let mut flags = SettingsLayer::default();
+        flags.bridges.apns.apns = Some(
+            autopush_apns::settings::ApnsSettings::from_json(
+                r#"{"beta": {"key": "k.p8", "key_id": "K", "team_id": "T", "topic": "t"}}"#,
+            )
+            .unwrap(),
+        );
         let s = Settings::resolve(flags, Some(&path)).unwrap();
-        assert_eq!(s.apns.channels.keys().collect::<Vec<_>>(), ["beta"]);
+        let channels = s.bridges.apns.settings().channels;
+        assert_eq!(channels.keys().collect::<Vec<_>>(), ["beta"]);
 
         std::fs::write(
             &path,
@@ -782,26 +720,29 @@ mod tests {
         )
         .unwrap();
         let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
-        assert_eq!(s.fcm["myapp"].project_id, "p1");
-        assert_eq!(s.fcm["myapp"].timeout, Some(2.5));
-        assert_eq!(s.gcm["123456"].project_id, "p2");
+        let (fcm, gcm) = (s.bridges.fcm.apps().unwrap(), s.bridges.gcm.apps().unwrap());
+        assert_eq!(fcm["myapp"].project_id, "p1");
+        assert_eq!(fcm["myapp"].timeout, Some(2.5));
+        assert_eq!(gcm["123456"].project_id, "p2");
 
-        let flags = SettingsLayer {
-            fcm_credentials: Some(r#"{"other": {"project_id": "p3", "credential": "{}"}}"#.into()),
-            ..Default::default()
-        };
-        let s = Settings::resolve(flags, Some(&path)).unwrap();
-        assert_eq!(s.fcm.keys().collect::<Vec<_>>(), ["other"]);
-        assert_eq!(s.gcm["123456"].project_id, "p2");
+        let secret =
+            r#"{"other": {"project_id": "p3", "credential": "{\"private_key\": \"pk-secret\"}"}}"#;
+        let mut flags = SettingsLayer::default();
+        flags.bridges.fcm.fcm_credentials = Some(secret.into());
+        let s = Settings::resolve(flags.clone(), Some(&path)).unwrap();
+        let fcm = s.bridges.fcm.apps().unwrap();
+        assert_eq!(fcm.keys().collect::<Vec<_>>(), ["other"]);
+        assert_eq!(s.bridges.gcm.apps().unwrap()["123456"].project_id, "p2");
+        let shown = format!("{flags:?} {s:?}");
+        assert!(!shown.contains("pk-secret"), "{shown}");
 
         std::fs::write(&path, "[fcm.apps.myapp]\nproject = \"p1\"\n").unwrap();
         let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
         assert!(err.contains("project"), "{err}");
-        let flags = SettingsLayer {
-            gcm_credentials: Some("not json".into()),
-            ..Default::default()
-        };
-        let err = Settings::resolve(flags, None).unwrap_err();
+        let mut flags = SettingsLayer::default();
+        flags.bridges.gcm.gcm_credentials = Some("not json".into());
+        let s = Settings::resolve(flags, None).unwrap();
+        let err = s.bridges.gcm.apps().unwrap_err();
         assert!(err.contains("AUTOPUSH_GCM_CREDENTIALS"), "{err}");
     }
 

@@ -117,9 +117,12 @@ impl ApnsService {
         };
         configure(&mut layer);
         let settings = Settings::resolve(layer, Some(&config)).expect("settings");
-        assert_eq!(settings.apns.channels.len(), 3, "{:?}", settings.apns);
+        assert_eq!(settings.bridges.apns.settings().channels.len(), 3);
         let router = double
-            .router(&settings.apns, &app::bridge_limits(&settings))
+            .router(
+                &settings.bridges.apns.settings(),
+                &app::bridge_limits(&settings),
+            )
             .expect("the APNs router");
         let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
         let running = app::start(Mode::All, &settings, bridges)

@@ -97,7 +97,10 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
     let settings = Settings::resolve(layer, None).expect("settings");
     let double = ApnsDouble::counting(delay);
     let router = double
-        .router(&settings.apns, &app::bridge_limits(&settings))
+        .router(
+            &settings.bridges.apns.settings(),
+            &app::bridge_limits(&settings),
+        )
         .expect("the APNs router");
     let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
     let running = app::start(Mode::All, &settings, bridges)

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use autopush_common::bridge::{
-    AppLimit, AppLimits, Attempt, CredentialAlarm, InFlight, RetryPolicy, upstream_too_many,
-    with_retries,
+    AppLimit, AppLimits, Attempt, Bridge, CredentialAlarm, InFlight, RetryPolicy,
+    upstream_too_many, with_retries,
 };
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
@@ -67,6 +67,23 @@ struct Channel {
 
 pub struct ApnsRouter {
     channels: BTreeMap<String, Channel>,
+}
+
+impl settings::ApnsSection {
+    /// The APNs bridge: a router with an a2 client per channel, each within
+    /// its rate in `limits`, or none when no channel is configured.
+    pub fn bridge(&self, limits: &AppLimits) -> Result<Bridge, String> {
+        let settings = self.settings();
+        let mut router = None;
+        if !settings.channels.is_empty() {
+            router = Some(Arc::new(ApnsRouter::new(&settings, limits)?) as Arc<dyn Router>);
+        }
+        Ok(Bridge::serving(
+            "apns channels",
+            settings.channels.keys(),
+            router,
+        ))
+    }
 }
 
 impl ApnsRouter {

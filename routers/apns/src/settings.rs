@@ -196,6 +196,57 @@ impl ApnsSettings {
     }
 }
 
+/// The APNs bridge's section of the service's settings (flattened into the
+/// gateway's): `--apns-channels` / `AUTOPUSH_APNS_CHANNELS`, or the file's
+/// `[apns.channels.NAME]` tables.
+#[derive(clap::Args, Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ApnsSection {
+    /// APNs release channels as one JSON object, `{"NAME": {"topic": ..., "key": ...,
+    /// "key_id": ..., "team_id": ..., "sandbox": ...}, ...}`; in the file,
+    /// `[apns.channels.NAME]` tables [default: none, APNs not served]
+    #[arg(
+        long = "apns-channels",
+        env = "AUTOPUSH_APNS_CHANNELS",
+        global = true,
+        hide_env_values = true,
+        value_parser = ApnsChannelsParser
+    )]
+    pub apns: Option<ApnsSettings>,
+}
+
+impl ApnsSection {
+    /// The channels configured (none when the section is absent).
+    pub fn settings(&self) -> ApnsSettings {
+        self.apns.clone().unwrap_or_default()
+    }
+}
+
+/// Parses `--apns-channels` / `AUTOPUSH_APNS_CHANNELS` without echoing the
+/// value in errors, as clap would: it may hold inline private keys.
+#[derive(Clone)]
+struct ApnsChannelsParser;
+
+impl clap::builder::TypedValueParser for ApnsChannelsParser {
+    type Value = ApnsSettings;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<ApnsSettings, clap::Error> {
+        let error = |message: String| {
+            clap::Error::raw(
+                clap::error::ErrorKind::InvalidValue,
+                format!("AUTOPUSH_APNS_CHANNELS (--apns-channels): {message}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| error("not UTF-8".into()))?;
+        ApnsSettings::from_json(text).map_err(error)
+    }
+}
+
 /// The file's form: `[apns.channels.NAME]` tables. Each channel is read on
 /// its own so that an error names it.
 impl<'de> Deserialize<'de> for ApnsSettings {

@@ -18,5 +18,5 @@ pub mod settings;
 pub mod transport;
 
 pub use router::FcmRouter;
-pub use settings::{AppSettings, BridgeSection};
+pub use settings::{AppSettings, BridgeSection, FcmSection};
 pub use transport::{App, Project, Projects};

@@ -5,13 +5,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::bridge::AppLimits;
+use autopush_common::bridge::{AppLimits, Bridge};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use serde_json::{Value, json};
 
 use crate::message::{android_message, payload_data};
-use crate::settings::AppSettings;
+use crate::settings::{AppSettings, FcmSection};
 use crate::transport::{App, Projects};
 
 /// Longest registration token accepted (FCM's are about 160 characters).
@@ -32,6 +32,21 @@ impl FcmRouter {
     ) -> Result<Option<Arc<FcmRouter>>, String> {
         let apps = App::configured("fcm", apps, projects, limits)?;
         Ok(apps.map(|apps| Arc::new(FcmRouter { apps })))
+    }
+}
+
+impl FcmSection {
+    /// The FCM bridge, its apps sharing the clients of `projects` with the
+    /// GCM bridge's, each within its rate in `limits`; not served without
+    /// apps.
+    pub fn bridge(&self, projects: &Projects, limits: &AppLimits) -> Result<Bridge, String> {
+        let apps = self.apps()?;
+        let router = FcmRouter::configured(&apps, projects, limits)?;
+        Ok(Bridge::serving(
+            "fcm apps",
+            apps.keys(),
+            router.map(|r| r as Arc<dyn Router>),
+        ))
     }
 }
 

@@ -100,6 +100,58 @@ impl AppSettings {
     }
 }
 
+/// The FCM bridge's section of the service's settings (flattened into the
+/// gateway's): `--fcm-credentials` / `AUTOPUSH_FCM_CREDENTIALS`, or the
+/// file's `[fcm.apps.NAME]` tables.
+#[derive(clap::Args, Clone, Default, Deserialize, Serialize)]
+pub struct FcmSection {
+    /// FCM apps as one JSON object: {"APP": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [fcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_FCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub fcm_credentials: Option<String>,
+    /// The settings file's `[fcm.apps.NAME]` tables.
+    #[arg(skip)]
+    pub fcm: Option<BridgeSection>,
+}
+
+impl FcmSection {
+    /// FCM apps by name.
+    pub fn apps(&self) -> Result<BTreeMap<String, AppSettings>, String> {
+        apps_of(
+            "AUTOPUSH_FCM_CREDENTIALS",
+            self.fcm_credentials.as_deref(),
+            self.fcm.as_ref(),
+        )
+    }
+}
+
+/// The credentials are secrets: the apps are shown as [`AppSettings`] shows them.
+impl fmt::Debug for FcmSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FcmSection")
+            .field("apps", &self.apps())
+            .finish()
+    }
+}
+
+/// A bridge's apps: the environment's (or flag's) JSON object `json` if
+/// given (`variable` names it in errors), else the settings file's tables.
+pub fn apps_of(
+    variable: &str,
+    json: Option<&str>,
+    file: Option<&BridgeSection>,
+) -> Result<BTreeMap<String, AppSettings>, String> {
+    match json {
+        Some(json) => apps_from_json(variable, json),
+        None => Ok(file.map(|f| f.apps.clone()).unwrap_or_default()),
+    }
+}
+
 /// Parse the environment's JSON object `{"APP": {"project_id", "credential", ...}}`.
 /// `variable` names it in errors.
 pub fn apps_from_json(variable: &str, json: &str) -> Result<BTreeMap<String, AppSettings>, String> {

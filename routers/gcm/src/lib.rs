@@ -12,16 +12,70 @@
 //!   id), `body`, `con`, `enc` and `cryptokey` as for FCM.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::bridge::AppLimits;
+use autopush_common::bridge::{AppLimits, Bridge};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_fcm::message::{android_message, payload_data};
 use autopush_fcm::router::{find_app, registration_token, stored_token};
-use autopush_fcm::{App, AppSettings, Projects};
+use autopush_fcm::settings::apps_of;
+use autopush_fcm::{App, AppSettings, BridgeSection, Projects};
 use serde_json::{Value, json};
+
+/// The GCM bridge's section of the service's settings (flattened into the
+/// gateway's): `--gcm-credentials` / `AUTOPUSH_GCM_CREDENTIALS`, or the
+/// file's `[gcm.apps.SENDER_ID]` tables.
+#[derive(clap::Args, Clone, Default, serde::Deserialize, serde::Serialize)]
+pub struct GcmSection {
+    /// GCM sender ids as one JSON object: {"SENDER_ID": {"project_id": ..., "credential": ...}};
+    /// replaces the settings file's [gcm.apps.*] tables
+    #[arg(
+        long,
+        env = "AUTOPUSH_GCM_CREDENTIALS",
+        global = true,
+        hide_env_values = true
+    )]
+    pub gcm_credentials: Option<String>,
+    /// The settings file's `[gcm.apps.SENDER_ID]` tables.
+    #[arg(skip)]
+    pub gcm: Option<BridgeSection>,
+}
+
+impl GcmSection {
+    /// GCM apps by sender id.
+    pub fn apps(&self) -> Result<BTreeMap<String, AppSettings>, String> {
+        apps_of(
+            "AUTOPUSH_GCM_CREDENTIALS",
+            self.gcm_credentials.as_deref(),
+            self.gcm.as_ref(),
+        )
+    }
+
+    /// The GCM bridge, its apps sharing the clients of `projects` with the
+    /// FCM bridge's, each within its rate in `limits`; not served without
+    /// apps.
+    pub fn bridge(&self, projects: &Projects, limits: &AppLimits) -> Result<Bridge, String> {
+        let apps = self.apps()?;
+        let router = GcmRouter::configured(&apps, projects, limits)?;
+        Ok(Bridge::serving(
+            "gcm apps",
+            apps.keys(),
+            router.map(|r| r as Arc<dyn Router>),
+        ))
+    }
+}
+
+/// The credentials are secrets: the apps are shown as [`AppSettings`] shows them.
+impl fmt::Debug for GcmSection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcmSection")
+            .field("apps", &self.apps())
+            .finish()
+    }
+}
 
 pub struct GcmRouter {
     /// By sender id.
