@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::limit::Limiter;
-use autopush_common::node::NodeClient;
 use autopush_storage::Storage;
+use autopush_webpush::NodeClient;
 
 pub mod health;
 pub mod http;

@@ -10,8 +10,8 @@
 
 use std::path::Path;
 
-use autopush_common::node::NodeClient;
 use autopush_common::node_auth::NodeKeys;
+use autopush_webpush::NodeClient;
 use http::Method;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -331,10 +331,10 @@ async fn a_configured_router_key_list_verifies_with_any_key() {
 #[tokio::test]
 async fn the_webpush_router_signs_its_calls_to_other_nodes() {
     use autopush_common::User;
-    use autopush_common::node::NodeClient;
     use autopush_common::node_auth::NodeKeys;
     use autopush_common::router::{Delivery, Router};
     use autopush_storage::embedded::EmbeddedStore;
+    use autopush_webpush::NodeClient;
     use autopush_webpush::WebPushRouter;
     use std::sync::Arc;
 

@@ -288,10 +288,11 @@ mod tests {
     use async_trait::async_trait;
     use autopush_common::Notification;
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
-    use autopush_common::node::{LocalNode, NodeClient, PushOutcome};
+    use autopush_common::node::{LocalNode, PushOutcome};
     use autopush_common::node_auth::NodeKeys;
     use autopush_storage::embedded::EmbeddedStore;
     use autopush_storage::{Result, Storage, StorageError};
+    use autopush_webpush::NodeClient;
     use tokio::sync::Notify;
 
     use super::*;

@@ -16,16 +16,20 @@
 //! loses nothing. Off, a direct message lives in the node's memory until the
 //! ack, and is written to storage only if the session ends without one.
 
+pub mod node_client;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::node::{LocalNode, NodeClient, PushOutcome};
+use autopush_common::node::{LocalNode, PushOutcome};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_storage::Storage;
 use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
+
+pub use node_client::{NodeCallError, NodeClient};
 
 pub struct WebPushRouter {
     storage: Arc<dyn Storage>,

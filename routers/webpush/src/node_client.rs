@@ -1,44 +1,19 @@
-//! How to reach a connection node: in process ([`LocalNode`], so an
-//! all-in-one process hands a notification to its own clients without an
-//! HTTP round trip) or over its internal router API ([`NodeClient`]).
+//! Calls to other connection nodes' internal router API ([`NodeClient`]),
+//! signed with the shared router key; the webpush router delivers through
+//! it, and a connection node tells the node a client left to drop it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use autopush_common::node_auth::NodeKeys;
+use autopush_common::time::now_secs;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, StatusCode};
 use tracing::warn;
-use uuid::Uuid;
-
-use crate::Notification;
-use crate::node_auth::NodeKeys;
-use crate::time::now_secs;
-
-/// What happened to a notification offered to a connection node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PushOutcome {
-    /// Queued for the connected client.
-    Delivered,
-    /// The client is not connected to this node.
-    NotConnected,
-    /// The client is connected but cannot take more right now; store it.
-    Busy,
-}
-
-/// A connection node that lives in this process.
-pub trait LocalNode: Send + Sync {
-    /// The node id written to user records (its internal router URL).
-    fn node_id(&self) -> &str;
-    /// Offer a notification to the client `uaid` if it is connected here.
-    fn push(&self, uaid: &Uuid, notification: Notification) -> PushOutcome;
-    /// Ask the client `uaid`, if connected here, to check storage. Returns
-    /// whether it is connected.
-    fn notify(&self, uaid: &Uuid) -> bool;
-}
 
 /// Calls to other connection nodes' internal router API, signed with the
-/// shared router key (see [`crate::node_auth`]).
+/// shared router key (see [`autopush_common::node_auth`]).
 #[derive(Clone)]
 pub struct NodeClient {
     http: reqwest::Client,
