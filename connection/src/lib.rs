@@ -6,8 +6,7 @@
 //! * [`session`] owns one websocket; its submodules handle one message each.
 //! * [`registry`] maps connected UAIDs to their sessions.
 //! * [`router_api`] is the internal HTTP API (`/push`, `/notif`, `/user`).
-//! * [`health`] is shared by every public HTTP port.
-//! * [`http`] serves HTTP on every port, with timeouts and a connection cap.
+//! * [`server`] serves both ports through `autopush-serving`.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -19,8 +18,6 @@ use autopush_common::limit::Limiter;
 use autopush_storage::Storage;
 use autopush_webpush::NodeClient;
 
-pub mod health;
-pub mod http;
 pub mod protocol;
 pub mod registry;
 pub mod router_api;

@@ -19,8 +19,10 @@ use warp::filters::BoxedFilter;
 use warp::http::{HeaderMap, HeaderValue, StatusCode, header};
 use warp::reply::Reply;
 
-use crate::http::{self, HttpLimits, Peer};
-use crate::{NodeContext, health, router_api, session};
+use autopush_serving::health;
+use autopush_serving::http::{self, HttpLimits, Peer};
+
+use crate::{NodeContext, router_api, session};
 
 /// A client's websocket, after the HTTP upgrade.
 pub type Socket = WebSocketStream<TokioIo<Upgraded>>;

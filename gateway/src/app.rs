@@ -13,9 +13,9 @@ use autopush_common::limit::Limiter;
 use autopush_common::node::LocalNode;
 use autopush_common::node_auth::NodeKeys;
 use autopush_common::router::RouterRegistry;
-use autopush_connection::health::HealthCheck;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
+use autopush_serving::health::HealthCheck;
 use autopush_storage::Storage;
 use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
@@ -408,7 +408,7 @@ async fn start_endpoint(
     });
     let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
     let routes = warp::service(endpoint::routes(state));
-    servers.spawn(autopush_connection::http::serve(
+    servers.spawn(autopush_serving::http::serve(
         listener,
         routes,
         settings.http,

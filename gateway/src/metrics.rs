@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use autopush_connection::http::HttpLimits;
+use autopush_serving::http::HttpLimits;
 use cadence::{BufferedUdpMetricSink, MetricSink, QueuingMetricSink};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_exporter_statsd::StatsdBuilder;
@@ -219,7 +219,7 @@ pub fn route(handle: PrometheusHandle) -> BoxedFilter<(Response,)> {
 /// The `--metrics-port` listener: `/metrics` and nothing else, with the
 /// same connection cap and timeouts as every other port.
 pub async fn serve(listener: TcpListener, handle: PrometheusHandle, limits: HttpLimits) {
-    autopush_connection::http::serve(listener, warp::service(route(handle)), limits).await;
+    autopush_serving::http::serve(listener, warp::service(route(handle)), limits).await;
 }
 
 /// Parse `--statsd-host` (`HOST` or `HOST:PORT`, port 8125 by default).

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use autopush_common::Secret;
 use autopush_common::limit::Rate;
-use autopush_connection::http::HttpLimits;
+use autopush_serving::http::HttpLimits;
 use clap::Args;
 
 use crate::bridges::BridgeSettings;

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::{ApiError, metrics};
-use autopush_connection::health::HealthCheck;
-use autopush_connection::http::{Peer, client_ip};
+use autopush_serving::health::HealthCheck;
+use autopush_serving::http::{Peer, client_ip};
 use autopush_storage::Storage;
 use std::net::{IpAddr, Ipv4Addr};
 use warp::Filter;
@@ -174,7 +174,7 @@ pub fn routes(
                 render(reply.map(|json| warp::reply::json(&json).into_response()))
             },
         );
-    let health = autopush_connection::health::routes(state.health.clone());
+    let health = autopush_serving::health::routes(state.health.clone());
     // Whatever no route took: decided here from the path alone, not from
     // which of warp's rejections ranks highest.
     let unmatched = warp::path::full()

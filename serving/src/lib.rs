@@ -1,0 +1,10 @@
+//! HTTP serving shared by every port of the service (websocket, internal
+//! router API, public endpoint, metrics), so that no role depends on
+//! another's crate to serve:
+//!
+//! * [`http`] serves HTTP/1.1 with timeouts and a connection cap, and says
+//!   who the client is.
+//! * [`health`] is the health and version routes of every public port.
+
+pub mod health;
+pub mod http;
