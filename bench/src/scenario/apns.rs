@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autopush_apns::double::ApnsDouble;
-use autopush_apns::settings::ApnsSettings;
+use autopush_apns::settings::{ApnsSection, ApnsSettings};
 use autopush_common::RouterType;
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode, Running};
+use autopush_gateway::bridges::BridgeSettings;
 use autopush_gateway::settings::{Settings, SettingsLayer};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -82,7 +83,12 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
         endpoint_port: Some(endpoint),
         endpoint_url: Some(endpoint_url.clone()),
         db: Some(data.path().display().to_string()),
-        apns: Some(ApnsSettings::from_json(&channels.to_string()).expect("APNs settings")),
+        bridges: BridgeSettings {
+            apns: ApnsSection {
+                apns: Some(ApnsSettings::from_json(&channels.to_string()).expect("APNs settings")),
+            },
+            ..BridgeSettings::default()
+        },
         // As the load generator's own servers have them (`server::limit_flags`):
         // every device registers from one address, so per-address limits are
         // off; the sender and bridge app limits are on but out of reach.
