@@ -51,9 +51,9 @@ fn key_names(keys: &[KeySchemaElement]) -> Vec<(String, KeyType)> {
 /// the space of expired messages), and `why` it is off.
 fn no_ttl(message: &str, why: &str) -> String {
     format!(
-        "message table {message} has no TTL on {TTL_ATTRIBUTE} ({why}): expired messages are still never delivered, since reads \
-         filter them, but nothing deletes them; their space comes back only when their user \
-         is removed (`autopush db drop-old-users`)"
+        "message table {message} has no TTL on {TTL_ATTRIBUTE} ({why}): expired messages \
+         are still never delivered, since reads filter them, but nothing deletes them; their \
+         space comes back only when their user is removed (`autopush db drop-old-users`)"
     )
 }
 
