@@ -8,7 +8,8 @@
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on a local
-//! DynamoDB-compatible server, moto ([`dynamo`]).
+//! DynamoDB-compatible server, moto ([`dynamo`]); Bigtable tests on Google's
+//! emulator ([`bigtable`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
@@ -22,6 +23,7 @@
 //! Firefox.
 
 pub mod apns;
+pub mod bigtable;
 pub mod bridge;
 pub mod dynamo;
 pub mod firefox;
