@@ -1,16 +1,18 @@
-//! `autopush db ...`: DynamoDB maintenance for operators.
+//! `autopush db ...`: DynamoDB and Bigtable maintenance for operators.
 
 use std::time::Duration;
 
 use clap::Subcommand;
 
-use crate::app::open_dynamodb;
+use crate::app::{open_bigtable, open_dynamodb};
 use crate::settings::{Db, Settings};
 
 #[derive(Subcommand, Debug)]
 pub enum DbCommand {
     /// Create the router and message tables (on-demand capacity, the
-    /// last_connect index, TTL on expiry) unless they exist
+    /// last_connect index, TTL on expiry) unless they exist; on Bigtable the
+    /// table and its router, message and message_topic families with
+    /// autopush-rs's GC policies
     CreateTables,
     /// Check that the tables exist and these credentials can read and write
     /// them; lists what is missing and exits non-zero if anything is
@@ -31,6 +33,9 @@ pub enum DbCommand {
 }
 
 pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> {
+    if let Db::Bigtable(bigtable) = &settings.db {
+        return run_bigtable(bigtable, command).await;
+    }
     if settings.db != Db::DynamoDb {
         return Err(
             "`autopush db` works on --db dynamodb; the embedded store makes its own tables \
@@ -75,5 +80,50 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
             println!("dropped {dropped} users");
             Ok(())
         }
+    }
+}
+
+/// `db create-tables` and `db preflight` on Bigtable (the table and
+/// families autopush-rs's setup_bt.sh makes).
+async fn run_bigtable(
+    settings: &crate::settings::BigtableSettings,
+    command: DbCommand,
+) -> Result<(), String> {
+    let store = open_bigtable(settings).await?;
+    match command {
+        DbCommand::CreateTables => {
+            for line in store.create_tables().await.map_err(|e| e.to_string())? {
+                println!("{line}");
+            }
+            Ok(())
+        }
+        DbCommand::Preflight => {
+            let found = store.preflight().await.map_err(|e| e.to_string())?;
+            for note in &found.notes {
+                println!("note: {note}");
+            }
+            if found.problems.is_empty() {
+                println!(
+                    "ready: table {} has the families {}, {} and {}, and these credentials can write, read and delete in it",
+                    settings.table_name,
+                    settings.families.router,
+                    settings.families.message,
+                    settings.families.message_topic
+                );
+                return Ok(());
+            }
+            for problem in &found.problems {
+                println!("missing: {problem}");
+            }
+            Err(format!(
+                "preflight found {} problem(s)",
+                found.problems.len()
+            ))
+        }
+        DbCommand::DropOldUsers { .. } => Err(
+            "`autopush db drop-old-users` works on --db dynamodb: a Bigtable table has no \
+             index on last_connect to find them by"
+                .into(),
+        ),
     }
 }
