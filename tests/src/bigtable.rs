@@ -121,3 +121,67 @@ pub async fn fresh_store() -> BigtableStore {
     store.create_tables().await.expect("create the table");
     store
 }
+
+/// A TCP forwarder in front of the emulator that can be cut: while cut, it
+/// drops every connection and refuses new ones, as a Bigtable outage looks
+/// to a client.
+pub struct Outage {
+    /// `127.0.0.1:PORT`.
+    pub host: String,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    closed: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Outage {
+    pub async fn start(upstream: &str) -> Outage {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind forwarder");
+        let host = listener.local_addr().expect("forwarder addr").to_string();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (closed, _) = tokio::sync::watch::channel(0u64);
+        let (upstream, flag, cuts) = (upstream.to_owned(), cut.clone(), closed.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if flag.load(SeqCst) {
+                    continue; // dropped: connection reset
+                }
+                let upstream = upstream.clone();
+                let mut cuts = cuts.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Outage {
+            host,
+            cut,
+            closed,
+            task,
+        }
+    }
+
+    /// Drop every connection and refuse new ones until [`Outage::end`].
+    pub fn begin(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.closed.send_modify(|n| *n += 1);
+    }
+
+    pub fn end(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::{Result, Storage, StorageError};
 use client::Connection;
+pub use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as proto;
 use row::Families;
 pub use settings::BigtableSettings;
 
@@ -66,6 +67,12 @@ impl BigtableStore {
 
     pub fn settings(&self) -> &BigtableSettings {
         &self.conn.settings
+    }
+
+    /// The gRPC connection, for tests and tools that write rows as
+    /// autopush-rs lays them out.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
     }
 
     fn families(&self) -> &Families {
