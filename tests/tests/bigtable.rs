@@ -494,3 +494,80 @@ async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
     ws.ack_notification(&n).await;
     ws.assert_nothing_arrives().await;
 }
+
+/// The Bigtable requests a node sends, by RPC, from its `storage.request`
+/// counter (each attempt counted).
+async fn requests(metrics: &str) -> BTreeMap<String, usize> {
+    let text = reqwest::get(format!("{metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let scrape = autopush_tests::prometheus::Scrape::parse(&text);
+    scrape
+        .series("storage_request")
+        .map(|(labels, value)| (labels["rpc"].clone(), value as usize))
+        .collect()
+}
+
+fn minus(
+    after: &BTreeMap<String, usize>,
+    before: &BTreeMap<String, usize>,
+) -> BTreeMap<String, usize> {
+    after
+        .iter()
+        .map(|(rpc, n)| (rpc.clone(), n - before.get(rpc).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// What a Bigtable bill is made of: requests per delivered message, direct,
+/// stored and drained (BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_per_delivered_message() {
+    let (table, _) = fresh_table().await;
+    let [metrics_port] = autopush_tests::server::free_ports::<1>();
+    let mut args = shared_args(&table).await;
+    args.push(format!("--metrics-port={metrics_port}"));
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let metrics = format!("http://127.0.0.1:{metrics_port}");
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+
+    let count = 10;
+    let start = requests(&metrics).await;
+    for i in 0..count {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    let uaid = ws.uaid().to_owned();
+    ws.close().await;
+    // The session handles the close after the last ack (and its delete).
+    tokio::time::sleep(autopush_tests::QUIET).await;
+    let after_direct = requests(&metrics).await;
+    for i in 0..count {
+        sub.push_text(&format!("stored {i}")).await;
+    }
+    let after_stored = requests(&metrics).await;
+    let mut ws = node.reconnect(&uaid).await;
+    for _ in 0..count {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    tokio::time::sleep(autopush_tests::QUIET).await;
+    let after_drain = requests(&metrics).await;
+    let direct = minus(&after_direct, &start);
+    let stored = minus(&after_stored, &after_direct);
+    let drained = minus(&after_drain, &after_stored);
+    eprintln!(
+        "Bigtable requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+         stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
+    );
+    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
+    assert!(total(&direct) <= 5 * count, "{direct:?}");
+    assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
+    assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+}

@@ -124,7 +124,12 @@ impl Connection {
 
     /// Run `attempt` until it succeeds, fails for good, or the budget is
     /// spent.
-    pub async fn retry<T, F, Fut>(&self, op: &str, retry: Retry, mut attempt: F) -> Result<T>
+    pub async fn retry<T, F, Fut>(
+        &self,
+        op: &'static str,
+        retry: Retry,
+        mut attempt: F,
+    ) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<std::result::Result<T, Status>>>,
@@ -132,6 +137,7 @@ impl Connection {
         let deadline = tokio::time::Instant::now() + RETRY_BUDGET;
         let mut backoff = Duration::from_millis(25);
         loop {
+            autopush_common::metrics::storage_request("bigtable", op);
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let status = match tokio::time::timeout(left.min(ATTEMPT_TIMEOUT), attempt()).await {
                 Ok(outcome) => match outcome? {

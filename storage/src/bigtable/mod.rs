@@ -243,18 +243,18 @@ impl BigtableStore {
         let families = self.families();
         let key = row::message_key(uaid, &message.sort_key());
         let mutations = row::message_mutations(families, message);
-        let stored = match message.topic {
-            // A newer message under this topic is stored: keep it.
+        // Matches when what is stored must stay.
+        let keep = match message.topic {
+            // A newer message under this topic.
             Some(_) => {
                 let ts = message.sortkey_timestamp.unwrap_or(0).to_be_bytes();
-                let newer = row::chain(vec![
+                row::chain(vec![
                     row::column(&families.message_topic, b"sortkey_timestamp"),
                     row::unexpired(),
                     row::value_above(&ts),
-                ]);
-                newer
+                ])
             }
-            // A different, unexpired message is stored under this key.
+            // A different, unexpired message under this key.
             None => {
                 let version = || {
                     row::chain(vec![
@@ -263,12 +263,11 @@ impl BigtableStore {
                     ])
                 };
                 let same = row::chain(vec![version(), row::value_is(message.version.as_bytes())]);
-                let other = row::condition(same, row::block_all(), version());
-                other
+                row::condition(same, row::block_all(), version())
             }
         };
         let kept = self
-            .check_and_mutate(key, stored, Vec::new(), mutations)
+            .check_and_mutate(key, keep, Vec::new(), mutations)
             .await?;
         Ok(!kept)
     }
