@@ -45,26 +45,17 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
     }
     let store = open_dynamodb(settings).await?;
     match command {
-        DbCommand::CreateTables => {
-            for line in store.create_tables().await.map_err(|e| e.to_string())? {
-                println!("{line}");
-            }
-            Ok(())
-        }
+        DbCommand::CreateTables => print_lines(store.create_tables().await),
         DbCommand::Preflight => {
             let problems = store.preflight().await.map_err(|e| e.to_string())?;
-            if problems.is_empty() {
-                let tables = store.tables();
-                println!(
-                    "ready: tables {} and {} exist with the expected keys, and these credentials can write, read and delete in both",
+            let tables = store.tables();
+            verdict(
+                &problems,
+                format!(
+                    "tables {} and {} exist with the expected keys, and these credentials can write, read and delete in both",
                     tables.router, tables.message
-                );
-                return Ok(());
-            }
-            for problem in &problems {
-                println!("missing: {problem}");
-            }
-            Err(format!("preflight found {} problem(s)", problems.len()))
+                ),
+            )
         }
         DbCommand::DropOldUsers {
             months,
@@ -91,34 +82,20 @@ async fn run_bigtable(
 ) -> Result<(), String> {
     let store = open_bigtable(settings).await?;
     match command {
-        DbCommand::CreateTables => {
-            for line in store.create_tables().await.map_err(|e| e.to_string())? {
-                println!("{line}");
-            }
-            Ok(())
-        }
+        DbCommand::CreateTables => print_lines(store.create_tables().await),
         DbCommand::Preflight => {
             let found = store.preflight().await.map_err(|e| e.to_string())?;
             for note in &found.notes {
                 println!("note: {note}");
             }
-            if found.problems.is_empty() {
-                println!(
-                    "ready: table {} has the families {}, {} and {}, and these credentials can write, read and delete in it",
-                    settings.table_name,
-                    settings.families.router,
-                    settings.families.message,
-                    settings.families.message_topic
-                );
-                return Ok(());
-            }
-            for problem in &found.problems {
-                println!("missing: {problem}");
-            }
-            Err(format!(
-                "preflight found {} problem(s)",
-                found.problems.len()
-            ))
+            let families = &settings.families;
+            verdict(
+                &found.problems,
+                format!(
+                    "table {} has the families {}, {} and {}, and these credentials can write, read and delete in it",
+                    settings.table_name, families.router, families.message, families.message_topic
+                ),
+            )
         }
         DbCommand::DropOldUsers { .. } => Err(
             "`autopush db drop-old-users` works on --db dynamodb: a Bigtable table has no \
@@ -126,4 +103,24 @@ async fn run_bigtable(
                 .into(),
         ),
     }
+}
+
+/// What `create-tables` did, a line each.
+fn print_lines(lines: autopush_storage::Result<Vec<String>>) -> Result<(), String> {
+    for line in lines.map_err(|e| e.to_string())? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// `preflight`'s answer: `ready: {ready}`, or each problem and an error.
+fn verdict(problems: &[String], ready: String) -> Result<(), String> {
+    if problems.is_empty() {
+        println!("ready: {ready}");
+        return Ok(());
+    }
+    for problem in problems {
+        println!("missing: {problem}");
+    }
+    Err(format!("preflight found {} problem(s)", problems.len()))
 }

@@ -9,7 +9,7 @@ use autopush_common::time::{now_millis, now_secs};
 use autopush_storage::Storage;
 use autopush_storage::bigtable::{BigtableStore, proto};
 use autopush_tests::server::run_autopush;
-use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, bigtable};
+use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, bigtable, scenarios};
 use uuid::Uuid;
 
 fn text(bytes: &[u8]) -> String {
@@ -398,68 +398,13 @@ impl Cluster {
     }
 }
 
-async fn receive_and_ack(
-    ws: &mut WsClient,
-    sub: &Subscription,
-    expected: usize,
-    seen: &mut BTreeMap<String, usize>,
-) {
-    for _ in 0..expected {
-        let (n, d) = sub.receive(ws).await;
-        ws.ack_notification(&n).await;
-        *seen.entry(d.text).or_default() += 1;
-    }
-}
-
 /// The DynamoDB suite's scenario on Bigtable: a client moving between
 /// connection nodes, pushes racing its moves, nothing lost or doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
     let (table, _) = fresh_table().await;
     let cluster = Cluster::start_on(&bigtable::local().await.host, &table).await;
-    let mut seen = BTreeMap::new();
-
-    let mut on_a = WsClient::connect_hello(&cluster.a.ws_url(), None).await;
-    let uaid = on_a.uaid().to_owned();
-    let sub = Subscription::new(&mut on_a).await;
-    assert!(sub.endpoint.starts_with(&cluster.endpoint.endpoint_base()));
-    sub.push_text("one").await;
-    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
-
-    let mut on_b = cluster.b.reconnect(&uaid).await;
-    on_a.expect_closed().await;
-    sub.push_text("two").await;
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-
-    on_b.close().await;
-    sub.push_text("three").await;
-    let mut ws = cluster.a.reconnect(&uaid).await;
-    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-
-    let nodes = [&cluster.b, &cluster.a];
-    let rounds = 6;
-    for round in 0..rounds {
-        let pusher = {
-            let sub = sub.clone();
-            tokio::spawn(async move {
-                sub.push_text(&format!("race {round}")).await;
-            })
-        };
-        ws.close().await;
-        ws = nodes[round % 2].reconnect(&uaid).await;
-        pusher.await.unwrap();
-        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    }
-    ws.close().await;
-    let mut last = cluster.b.reconnect(&uaid).await;
-    last.assert_nothing_arrives().await;
-
-    let mut want: BTreeMap<String, usize> = ["one", "two", "three"]
-        .iter()
-        .map(|s| (s.to_string(), 1))
-        .collect();
-    want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
-    assert_eq!(seen, want);
+    scenarios::clients_move_between_nodes(&cluster.endpoint, &cluster.a, &cluster.b).await;
 }
 
 /// Bigtable unreachable: senders get 503 errno 201 with Retry-After,
