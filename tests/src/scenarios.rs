@@ -3,7 +3,23 @@
 
 use std::collections::BTreeMap;
 
+use crate::server::run_autopush;
 use crate::{Server, Subscription, WsClient};
+
+/// The keys every node of one cluster shares, fresh, as flags.
+pub async fn cluster_keys() -> Vec<String> {
+    let keygen = async || {
+        let out = run_autopush(&["keygen"]).await;
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let (crypto_key, auth_key) = (keygen().await, keygen().await);
+    vec![
+        format!("--crypto-key={crypto_key}"),
+        format!("--auth-key={auth_key}"),
+        // Node-to-node calls are signed; any shared secret will do here.
+        format!("--router-key={auth_key}"),
+    ]
+}
 
 /// Receive everything up to `expected` notifications on `ws`, ack each, and
 /// count what arrived by plaintext.

@@ -70,18 +70,9 @@ async fn db_commands_create_and_check_the_table() {
 
 /// What every node of one cluster shares: the table and fresh keys.
 async fn shared_args(table: &str) -> Vec<String> {
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let (crypto_key, auth_key) = (keygen().await, keygen().await);
-    vec![
-        format!("--db-settings={}", bigtable::db_settings(table)),
-        format!("--crypto-key={crypto_key}"),
-        format!("--auth-key={auth_key}"),
-        format!("--router-key={auth_key}"),
-    ]
+    let mut args = vec![format!("--db-settings={}", bigtable::db_settings(table))];
+    args.extend(scenarios::cluster_keys().await);
+    args
 }
 
 /// Nodes of a role on the Bigtable at `host` (`HOST:PORT`), with `args`.
@@ -422,6 +413,12 @@ async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
     let refused = sub.send(&SendOptions::text("refused")).await;
     assert_eq!(refused.status, 503, "{}", refused.body);
     assert_eq!(refused.json()["errno"], 201, "{}", refused.body);
+    // Backend detail stays in the log.
+    assert!(
+        !refused.body.contains("Bigtable") && !refused.body.contains(&outage.host),
+        "{}",
+        refused.body
+    );
     assert!(
         refused.headers.contains_key("retry-after"),
         "{:?}",

@@ -207,20 +207,12 @@ impl Cluster {
 /// What every node of one cluster must agree on: the tables and fresh keys
 /// (and any other cluster-wide secret, added here).
 async fn shared_args(tables: &Tables) -> Vec<String> {
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let (crypto_key, auth_key) = (keygen().await, keygen().await);
-    vec![
+    let mut args = vec![
         format!("--router-table={}", tables.router),
         format!("--message-table={}", tables.message),
-        format!("--crypto-key={crypto_key}"),
-        format!("--auth-key={auth_key}"),
-        // Node-to-node calls are signed; any shared secret will do here.
-        format!("--router-key={auth_key}"),
-    ]
+    ];
+    args.extend(scenarios::cluster_keys().await);
+    args
 }
 
 /// Nodes of a role on the DynamoDB-compatible server at `endpoint`, with
