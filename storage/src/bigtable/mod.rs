@@ -313,7 +313,7 @@ impl Storage for BigtableStore {
     }
 
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
-        let filter = row::chain(vec![row::family(&self.families().router), row::latest()]);
+        let filter = row::user_columns(self.families());
         match self.read_row(row::user_key(uaid), filter).await? {
             Some(r) => row::user_from_row(self.families(), uaid, &r),
             None => Ok(None),

@@ -40,8 +40,10 @@ const RECORD_VERSION: u64 = 1;
 /// until the year 2286, so real keys read as autopush-rs writes them
 /// (unpadded) and small test values still sort by number.
 const SORTKEY_DIGITS: usize = 16;
-/// The channel-set cells' qualifier prefix.
+/// The channel-set cells' qualifier prefix, and the first qualifier after
+/// them (`:` + 1).
 const CHID_PREFIX: &str = "chid:";
+const AFTER_CHIDS: &[u8] = b"chid;";
 
 /// The family names (autopush-rs's defaults: router, message, message_topic).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -416,11 +418,39 @@ pub fn channels(families: &Families) -> RowFilter {
             start_qualifier: Some(column_range::StartQualifier::StartQualifierClosed(
                 CHID_PREFIX.as_bytes().to_vec(),
             )),
-            // ':' + 1
             end_qualifier: Some(column_range::EndQualifier::EndQualifierOpen(
-                b"chid;".to_vec(),
+                AFTER_CHIDS.to_vec(),
             )),
         })),
+        latest(),
+    ])
+}
+
+/// The newest cell of every router column but the channel set (a user
+/// may have thousands of channels: reading it has no use).
+pub fn user_columns(families: &Families) -> RowFilter {
+    let range = |start, end| {
+        filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
+            family_name: families.router.clone(),
+            start_qualifier: start,
+            end_qualifier: end,
+        }))
+    };
+    chain(vec![
+        interleave(vec![
+            range(
+                None,
+                Some(column_range::EndQualifier::EndQualifierOpen(
+                    CHID_PREFIX.as_bytes().to_vec(),
+                )),
+            ),
+            range(
+                Some(column_range::StartQualifier::StartQualifierClosed(
+                    AFTER_CHIDS.to_vec(),
+                )),
+                None,
+            ),
+        ]),
         latest(),
     ])
 }
