@@ -47,6 +47,9 @@ pub const BRIDGE_TIME: &str = "notification.bridge.time";
 pub const STORAGE_TIME: &str = "storage.time";
 /// Failed storage operations: `backend`, `op`.
 pub const STORAGE_ERRORS: &str = "storage.error";
+/// Requests a backend sent its server, each attempt counted: `backend`,
+/// `rpc` (Bigtable's `ReadRows`, `CheckAndMutateRow`...).
+pub const STORAGE_REQUESTS: &str = "storage.request";
 /// Requests refused over a rate limit: `limit` (`sender`, `subscription`,
 /// `source_ip`, `registration`, `new_uaid`, `bridge_app`).
 pub const RATE_LIMITED: &str = "rate_limit.refused";
@@ -132,6 +135,11 @@ pub fn bridge_request(
     counter!(BRIDGE_REQUESTS, "router_type" => router_type, "app" => app.clone(), "outcome" => outcome)
         .increment(1);
     histogram!(BRIDGE_TIME, "router_type" => router_type, "app" => app).record(took.as_secs_f64());
+}
+
+/// One request (attempt) `rpc` that `backend` sent its server.
+pub fn storage_request(backend: &'static str, rpc: &'static str) {
+    counter!(STORAGE_REQUESTS, "backend" => backend, "rpc" => rpc).increment(1);
 }
 
 pub fn storage_op(backend: &'static str, op: &'static str, ok: bool, took: Duration) {

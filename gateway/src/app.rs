@@ -17,6 +17,7 @@ use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, serve
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_serving::health::HealthCheck;
 use autopush_storage::Storage;
+use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
 use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
@@ -66,6 +67,13 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
             })?;
             (Arc::new(store), "dynamodb")
         }
+        Db::Bigtable(bigtable) => {
+            let store = open_bigtable(bigtable).await?;
+            store.health_check().await.map_err(|e| {
+                format!("--db bigtable: {e} (`autopush db preflight` says what is missing)")
+            })?;
+            (Arc::new(store), "bigtable")
+        }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
 }
@@ -109,7 +117,8 @@ fn check_mode(mode: Mode, settings: &Settings) -> Result<(), String> {
             "endpoint"
         };
         return Err(format!(
-            "`autopush {role}` is split mode, which needs --db dynamodb: the embedded store \
+            "`autopush {role}` is split mode, which needs a shared store (--db dynamodb or \
+             bigtable): the embedded store \
              (--db {}) belongs to one process. Run `autopush all` on it instead",
             dir.display()
         ));
@@ -162,6 +171,25 @@ pub async fn open_dynamodb(settings: &Settings) -> Result<DynamoStore, String> {
     DynamoStore::connect(settings.tables.clone())
         .await
         .map_err(|e| e.to_string())
+}
+
+/// The Bigtable store of a Bigtable `--db`.
+pub async fn open_bigtable(settings: &BigtableSettings) -> Result<BigtableStore, String> {
+    if !settings.ignored.is_empty() {
+        info!(
+            keys = settings.ignored.join(", "),
+            "db_settings: autopush-rs pool and timeout settings not used here"
+        );
+    }
+    info!(
+        endpoint = settings.endpoint,
+        table = settings.table_name,
+        emulator = settings.emulator,
+        "Bigtable"
+    );
+    BigtableStore::connect(settings.clone())
+        .await
+        .map_err(|e| format!("--db bigtable: {e}"))
 }
 
 /// How often a session refreshes its client's `last_connect`: daily, or a

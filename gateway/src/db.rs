@@ -1,17 +1,18 @@
-//! `autopush db ...`: DynamoDB maintenance for operators.
+//! `autopush db ...`: DynamoDB and Bigtable maintenance for operators.
 
 use std::time::Duration;
 
 use clap::Subcommand;
 
-use crate::app::open_dynamodb;
+use crate::app::{open_bigtable, open_dynamodb};
 use crate::settings::{Db, Settings};
 
 #[derive(Subcommand, Debug)]
 pub enum DbCommand {
     /// Create the router and message tables (on-demand capacity, the
-    /// last_connect index, TTL on expiry) unless they exist; a server
-    /// without TTL (dynalite) gets a warning
+    /// last_connect index, TTL on expiry) unless they exist, and warn on a
+    /// server without TTL (dynalite); on Bigtable the table and its router,
+    /// message and message_topic families with autopush-rs's GC policies
     CreateTables,
     /// Check that the tables exist and these credentials can read and write
     /// them; lists what is missing and exits non-zero if anything is (a
@@ -33,6 +34,9 @@ pub enum DbCommand {
 }
 
 pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> {
+    if let Db::Bigtable(bigtable) = &settings.db {
+        return run_bigtable(bigtable, command).await;
+    }
     if settings.db != Db::DynamoDb {
         return Err(
             "`autopush db` works on --db dynamodb; the embedded store makes its own tables \
@@ -42,41 +46,28 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
     }
     let store = open_dynamodb(settings).await?;
     match command {
-        DbCommand::CreateTables => {
-            for line in store.create_tables().await.map_err(|e| e.to_string())? {
-                println!("{line}");
-            }
-            Ok(())
-        }
+        DbCommand::CreateTables => print_lines(store.create_tables().await),
         DbCommand::Preflight => {
             let found = store.preflight().await.map_err(|e| e.to_string())?;
-            let warn = || {
-                for warning in &found.warnings {
-                    println!("warning: {warning}");
-                }
+            // With monthly rotation, the month tables checked, by name; the
+            // round trip goes through the first.
+            let router = &store.tables().router;
+            let messages = store.message_tables_now();
+            let written = match &messages[..] {
+                [_] => "both".to_owned(),
+                _ => format!("{router} and {}", messages[0]),
             };
-            let problems = &found.problems;
-            if problems.is_empty() {
-                // With monthly rotation, the month tables checked, by name;
-                // the round trip goes through the first.
-                let router = &store.tables().router;
-                let messages = store.message_tables_now();
-                let written = match &messages[..] {
-                    [_] => "both".to_owned(),
-                    _ => format!("{router} and {}", messages[0]),
-                };
-                println!(
-                    "ready: tables {router} and {} exist with the expected keys, and these credentials can write, read and delete in {written}",
+            let result = verdict(
+                &found.problems,
+                format!(
+                    "tables {router} and {} exist with the expected keys, and these credentials can write, read and delete in {written}",
                     messages.join(", ")
-                );
-                warn();
-                return Ok(());
+                ),
+            );
+            for warning in &found.warnings {
+                println!("warning: {warning}");
             }
-            for problem in problems {
-                println!("missing: {problem}");
-            }
-            warn();
-            Err(format!("preflight found {} problem(s)", problems.len()))
+            result
         }
         DbCommand::DropOldUsers {
             months,
@@ -93,4 +84,55 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
             Ok(())
         }
     }
+}
+
+/// `db create-tables` and `db preflight` on Bigtable (the table and
+/// families autopush-rs's setup_bt.sh makes).
+async fn run_bigtable(
+    settings: &crate::settings::BigtableSettings,
+    command: DbCommand,
+) -> Result<(), String> {
+    let store = open_bigtable(settings).await?;
+    match command {
+        DbCommand::CreateTables => print_lines(store.create_tables().await),
+        DbCommand::Preflight => {
+            let found = store.preflight().await.map_err(|e| e.to_string())?;
+            for note in &found.notes {
+                println!("note: {note}");
+            }
+            let families = &settings.families;
+            verdict(
+                &found.problems,
+                format!(
+                    "table {} has the families {}, {} and {}, and these credentials can write, read and delete in it",
+                    settings.table_name, families.router, families.message, families.message_topic
+                ),
+            )
+        }
+        DbCommand::DropOldUsers { .. } => Err(
+            "`autopush db drop-old-users` works on --db dynamodb: a Bigtable table has no \
+             index on last_connect to find them by"
+                .into(),
+        ),
+    }
+}
+
+/// What `create-tables` did, a line each.
+fn print_lines(lines: autopush_storage::Result<Vec<String>>) -> Result<(), String> {
+    for line in lines.map_err(|e| e.to_string())? {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// `preflight`'s answer: `ready: {ready}`, or each problem and an error.
+fn verdict(problems: &[String], ready: String) -> Result<(), String> {
+    if problems.is_empty() {
+        println!("ready: {ready}");
+        return Ok(());
+    }
+    for problem in problems {
+        println!("missing: {problem}");
+    }
+    Err(format!("preflight found {} problem(s)", problems.len()))
 }

@@ -46,7 +46,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Report, String> {
     };
     let data_dir = match &settings.db {
         Db::Embedded(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
-        Db::DynamoDb => None,
+        Db::DynamoDb | Db::Bigtable(_) => None,
     };
     if let Some(dir) = data_dir.as_ref().filter(|d| !d.is_dir()) {
         return Err(format!(

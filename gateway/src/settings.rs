@@ -49,9 +49,15 @@ pub struct SettingsLayer {
     /// Base of every push endpoint URL and the VAPID audience [default: http://localhost:ENDPOINT_PORT]
     #[arg(long, env = "AUTOPUSH_ENDPOINT_URL", global = true)]
     pub endpoint_url: Option<String>,
-    /// Storage: a directory for the embedded store, or `dynamodb` [default: ./autopush-data]
+    /// Storage: a directory for the embedded store, `dynamodb`, or Bigtable
+    /// as `grpc://HOST:PORT` (or `bigtable` for Google's endpoint) [default: ./autopush-data]
     #[arg(long, env = "AUTOPUSH_DB", global = true)]
     pub db: Option<String>,
+    /// Bigtable settings as autopush-rs's JSON `db_settings`: `table_name`
+    /// (projects/P/instances/I/tables/T), `app_profile_id`, `router_family`,
+    /// `message_family`, `message_topic_family`; with a Bigtable --db
+    #[arg(long, env = "AUTOPUSH_DB_SETTINGS", global = true)]
+    pub db_settings: Option<String>,
     /// DynamoDB router (user) table, with --db dynamodb [default: router]
     #[arg(long, env = "AUTOPUSH_ROUTER_TABLE", global = true)]
     pub router_table: Option<String>,
@@ -238,11 +244,35 @@ impl SettingsLayer {
     }
 }
 
-/// Where settings live: the embedded store in a directory, or DynamoDB.
+/// Where settings live: the embedded store in a directory, DynamoDB, or
+/// Bigtable.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Db {
     Embedded(PathBuf),
     DynamoDb,
+    Bigtable(BigtableSettings),
+}
+
+pub use autopush_storage::bigtable::BigtableSettings;
+
+/// `--db` and `--db-settings`: a Bigtable DSN in autopush-rs's shape
+/// (`grpc://HOST:PORT`) or `bigtable`, with `BIGTABLE_EMULATOR_HOST`
+/// honoured; `dynamodb`; or a directory.
+fn db_from(db: Option<&str>, db_settings: Option<&str>) -> Result<Db, String> {
+    let db = match db {
+        Some(dsn) if dsn == "bigtable" || dsn.starts_with("grpc://") => {
+            let emulator = std::env::var("BIGTABLE_EMULATOR_HOST").ok();
+            return BigtableSettings::parse(dsn, db_settings, emulator.as_deref())
+                .map(Db::Bigtable);
+        }
+        Some("dynamodb") => Db::DynamoDb,
+        Some(dir) => Db::Embedded(PathBuf::from(dir)),
+        None => Db::Embedded(PathBuf::from("./autopush-data")),
+    };
+    match db_settings {
+        Some(_) => Err("db_settings applies to a Bigtable --db (grpc://HOST:PORT) only".into()),
+        None => Ok(db),
+    }
 }
 
 pub use autopush_storage::dynamodb::Tables;
@@ -399,11 +429,7 @@ impl Settings {
                 "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
             ));
         }
-        let db = match l.db.as_deref() {
-            Some("dynamodb") => Db::DynamoDb,
-            Some(dir) => Db::Embedded(PathBuf::from(dir)),
-            None => Db::Embedded(PathBuf::from("./autopush-data")),
-        };
+        let db = db_from(l.db.as_deref(), l.db_settings.as_deref())?;
         if db != Db::DynamoDb {
             for (name, given) in [
                 ("router_table", l.router_table.is_some()),
@@ -540,6 +566,29 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bigtable_takes_autopush_rs_dsn_and_db_settings() {
+        let layer = |db: &str, db_settings: Option<&str>| SettingsLayer {
+            db: Some(db.into()),
+            db_settings: db_settings.map(str::to_owned),
+            ..Default::default()
+        };
+        let table = r#"{"table_name": "projects/p/instances/i/tables/autopush"}"#;
+        let s = Settings::from_layer(layer("grpc://bigtable.example:443", Some(table))).unwrap();
+        let Db::Bigtable(bigtable) = s.db else {
+            panic!("not Bigtable: {:?}", s.db)
+        };
+        assert_eq!(
+            bigtable.table_name,
+            "projects/p/instances/i/tables/autopush"
+        );
+        assert_eq!(bigtable.families.message_topic, "message_topic");
+        let e = Settings::from_layer(layer("grpc://h:1", None)).unwrap_err();
+        assert!(e.contains("table_name"), "{e}");
+        let e = Settings::from_layer(layer("dynamodb", Some(table))).unwrap_err();
+        assert!(e.contains("db_settings applies to a Bigtable --db"), "{e}");
+    }
 
     #[test]
     fn dynamodb_table_names_are_checked() {

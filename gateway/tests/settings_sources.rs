@@ -68,6 +68,7 @@ const CASES: &[Case] = &[
     case("db", "/srv/db-a", "/srv/db-b", |s| match &s.db {
         Db::Embedded(dir) => dir.display().to_string(),
         Db::DynamoDb => "dynamodb".into(),
+        Db::Bigtable(bigtable) => bigtable.table_name.clone(),
     }),
     case("crypto_key", "crypto-a", "crypto-b", |s| {
         secret(&s.crypto_key)
@@ -222,10 +223,15 @@ const BRIDGES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Settings that are an error without `--db dynamodb`, so a row setting
-/// only them cannot stand alone; the settings module's own tests read them
-/// from each source.
-const NEEDS_DYNAMODB: &[&str] = &["router_table", "message_table", "message_table_rotation"];
+/// Settings that are an error without `--db dynamodb` (`db_settings`:
+/// without a Bigtable `--db`), so a row setting only them cannot stand
+/// alone; the settings module's own tests read them.
+const NEEDS_DYNAMODB: &[&str] = &[
+    "router_table",
+    "message_table",
+    "message_table_rotation",
+    "db_settings",
+];
 
 fn declared() -> Vec<(String, String, String)> {
     SettingsLayer::augment_args(Command::new("autopush"))

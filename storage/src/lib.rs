@@ -3,7 +3,8 @@
 //! [`Storage`] is what the routers and the connection node need; each backend
 //! implements it. The embedded backend ([`embedded::EmbeddedStore`], redb) is
 //! the zero-configuration default for a single process; the DynamoDB backend
-//! ([`dynamodb::DynamoStore`]) is shared by any number of nodes.
+//! ([`dynamodb::DynamoStore`]) is shared by any number of nodes, and so is
+//! the Bigtable backend ([`bigtable::BigtableStore`], autopush-rs's schema).
 
 use std::collections::HashSet;
 
@@ -11,6 +12,7 @@ use async_trait::async_trait;
 use autopush_common::{ApiError, Notification, User};
 use uuid::Uuid;
 
+pub mod bigtable;
 pub mod dynamodb;
 pub mod embedded;
 pub mod metered;

@@ -8,7 +8,8 @@
 //! Interop with software nobody on the team wrote: a real Firefox ([`firefox`])
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
-//! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]).
+//! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]); Bigtable tests
+//! on Google's emulator ([`bigtable`]).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
@@ -22,6 +23,7 @@
 //! Firefox.
 
 pub mod apns;
+pub mod bigtable;
 pub mod bridge;
 pub mod dynamo;
 pub mod firefox;
@@ -30,6 +32,7 @@ pub mod http;
 pub mod node;
 pub mod prometheus;
 pub mod py;
+pub mod scenarios;
 pub mod server;
 pub mod subscription;
 pub mod ws;

@@ -8,6 +8,7 @@ use autopush_common::{User, time::now_millis};
 use autopush_storage::Storage;
 use autopush_storage::dynamodb::Tables;
 use autopush_tests::dynamo::ThrottlingProxy;
+use autopush_tests::scenarios::{self, receive_and_ack};
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, dynamo};
 
@@ -246,20 +247,12 @@ impl Cluster {
 /// What every node of one cluster must agree on: the tables and fresh keys
 /// (and any other cluster-wide secret, added here).
 async fn shared_args(tables: &Tables) -> Vec<String> {
-    let keygen = async || {
-        text(&run_autopush(&["keygen"]).await.stdout)
-            .trim()
-            .to_owned()
-    };
-    let (crypto_key, auth_key) = (keygen().await, keygen().await);
-    vec![
+    let mut args = vec![
         format!("--router-table={}", tables.router),
         format!("--message-table={}", tables.message),
-        format!("--crypto-key={crypto_key}"),
-        format!("--auth-key={auth_key}"),
-        // Node-to-node calls are signed; any shared secret will do here.
-        format!("--router-key={auth_key}"),
-    ]
+    ];
+    args.extend(scenarios::cluster_keys().await);
+    args
 }
 
 /// Nodes of a role on the DynamoDB-compatible server at `endpoint`, with
@@ -300,83 +293,10 @@ async fn an_endpoint_node_logs_no_router_url() {
     );
 }
 
-/// Receive everything up to `expected` notifications on `ws`, ack each, and
-/// count what arrived by plaintext.
-async fn receive_and_ack(
-    ws: &mut WsClient,
-    sub: &Subscription,
-    expected: usize,
-    seen: &mut BTreeMap<String, usize>,
-) {
-    for _ in 0..expected {
-        let (n, d) = sub.receive(ws).await;
-        ws.ack_notification(&n).await;
-        *seen.entry(d.text).or_default() += 1;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
     let cluster = Cluster::start().await;
-    let mut seen = BTreeMap::new();
-
-    // Subscribed on node A, a push through the endpoint node arrives on A.
-    let mut on_a = WsClient::connect_hello(&cluster.a.ws_url(), None).await;
-    let uaid = on_a.uaid().to_owned();
-    let sub = Subscription::new(&mut on_a).await;
-    assert!(sub.endpoint.starts_with(&cluster.endpoint.endpoint_base()));
-    sub.push_text("one").await;
-    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
-
-    // The client shows up on node B: A drops its stale connection, and the
-    // endpoint finds the client on B.
-    let mut on_b = cluster.b.reconnect(&uaid).await;
-    let closed = on_a.expect_closed().await;
-    assert!(
-        closed
-            .messages
-            .iter()
-            .all(|m| m["messageType"] != "notification"),
-        "{:?}",
-        closed.messages
-    );
-    sub.push_text("two").await;
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-
-    // Offline: the endpoint finds B without the client, stores the message;
-    // the client gets it on A.
-    on_b.close().await;
-    sub.push_text("three").await;
-    let mut on_a = cluster.a.reconnect(&uaid).await;
-    receive_and_ack(&mut on_a, &sub, 1, &mut seen).await;
-
-    // Pushes racing the client's moves between nodes.
-    let mut ws = on_a;
-    let nodes = [&cluster.b, &cluster.a];
-    let rounds = 6;
-    for round in 0..rounds {
-        let pusher = {
-            let sub = sub.clone();
-            tokio::spawn(async move {
-                sub.push_text(&format!("race {round}")).await;
-            })
-        };
-        ws.close().await;
-        ws = nodes[round % 2].reconnect(&uaid).await;
-        pusher.await.unwrap();
-        // Direct or from storage, on whichever connection it reached.
-        receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    }
-    ws.close().await;
-    let mut last = cluster.b.reconnect(&uaid).await;
-    last.assert_nothing_arrives().await;
-
-    let mut want: BTreeMap<String, usize> = ["one", "two", "three"]
-        .iter()
-        .map(|s| (s.to_string(), 1))
-        .collect();
-    want.extend((0..rounds).map(|r| (format!("race {r}"), 1)));
-    assert_eq!(seen, want);
+    scenarios::clients_move_between_nodes(&cluster.endpoint, &cluster.a, &cluster.b).await;
 }
 
 /// Connection nodes whose clocks disagree: node A's runs ahead, so a

@@ -1,6 +1,7 @@
 //! One behavioural suite for the `Storage` trait, run against every
-//! backend: the embedded store (redb in a temp dir) and DynamoDB (a local
-//! moto server, see `autopush_tests::dynamo`), so the two cannot drift.
+//! backend: the embedded store (redb in a temp dir), DynamoDB (a local
+//! moto server, see `autopush_tests::dynamo`) and Bigtable (Google's
+//! emulator, see `autopush_tests::bigtable`), so they cannot drift.
 //! Each test is written once in `suite` and instantiated per backend by
 //! `for_backend!`.
 
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use autopush_common::{Notification, RouterType, User, time::now_secs};
 use autopush_storage::{Storage, StorageError, embedded::EmbeddedStore};
-use autopush_tests::dynamo;
+use autopush_tests::{bigtable as emulator, dynamo};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -30,6 +31,13 @@ async fn embedded() -> Backend {
 async fn dynamodb() -> Backend {
     Backend {
         store: Arc::new(dynamo::fresh_store().await),
+        _dir: None,
+    }
+}
+
+async fn bigtable() -> Backend {
+    Backend {
+        store: Arc::new(emulator::fresh_store().await),
         _dir: None,
     }
 }
@@ -530,4 +538,4 @@ macro_rules! suite_for {
     };
 }
 
-suite_for!(embedded, dynamodb);
+suite_for!(embedded, dynamodb, bigtable);

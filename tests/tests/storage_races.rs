@@ -14,7 +14,7 @@
 //! * the record names the last connection that took it over, and holds the
 //!   router data of a token update that succeeded.
 //!
-//! It runs on both backends for a few seconds in `cargo test`;
+//! It runs on every backend for a few seconds in `cargo test`;
 //! `RACE_SECONDS=60 cargo test -p autopush-tests --test storage_races` hunts
 //! longer, and `RACE_SEED` replays a seed a failure printed.
 
@@ -29,7 +29,7 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiResult, Notification, RouterType, User};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::{Storage, StorageError, embedded::EmbeddedStore};
-use autopush_tests::dynamo;
+use autopush_tests::{bigtable, dynamo};
 use http::{HeaderMap, HeaderValue, Method};
 use uuid::Uuid;
 
@@ -431,4 +431,9 @@ async fn embedded_store_under_random_concurrent_operations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_under_random_concurrent_operations() {
     hunt(Arc::new(dynamo::fresh_store().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bigtable_under_random_concurrent_operations() {
+    hunt(Arc::new(bigtable::fresh_store().await)).await;
 }

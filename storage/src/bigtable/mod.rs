@@ -1,0 +1,468 @@
+//! The Bigtable backend, on autopush-rs's schema (see [`row`]), so an
+//! operator of autopush-rs switches in place: same table, same rows, and a
+//! way back.
+//!
+//! Every change to a user record is one `CheckAndMutateRow` on the row
+//! `{uaid}`, its predicate the condition the other backends check (the
+//! `connected_at`, `node_id` or `router_data` that was read); a message is
+//! deleted by `CheckAndMutateRow` on its version. Reads skip expired cells
+//! (the families' GC is asynchronous) and, like autopush-rs, the timestamp
+//! messages up to the user's `current_timestamp`, which autopush-rs uses
+//! instead of deleting what a client acknowledged.
+//!
+//! Not touched: the `reliability` family autopush-rs writes for Mozilla's
+//! own delivery tracking.
+
+pub mod admin;
+pub mod client;
+pub mod row;
+pub mod settings;
+
+use std::collections::HashSet;
+
+use async_trait::async_trait;
+use autopush_common::{Notification, User, time::now_secs};
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
+    self as pb, RowFilter, RowRange, RowSet, mutate_rows_request, row_range,
+};
+use uuid::Uuid;
+
+use crate::{Result, Storage, StorageError};
+use client::Connection;
+pub use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as proto;
+use row::Families;
+pub use settings::BigtableSettings;
+
+#[derive(Clone)]
+pub struct BigtableStore {
+    conn: Connection,
+}
+
+/// Rows `start` (exclusive when `open`) to `end` (exclusive).
+fn range(start: Vec<u8>, open: bool, end: Vec<u8>) -> RowSet {
+    let start = match open {
+        true => row_range::StartKey::StartKeyOpen(start),
+        false => row_range::StartKey::StartKeyClosed(start),
+    };
+    RowSet {
+        row_keys: Vec::new(),
+        row_ranges: vec![RowRange {
+            start_key: Some(start),
+            end_key: Some(row_range::EndKey::EndKeyOpen(end)),
+        }],
+    }
+}
+
+/// Bigtable's `rows_limit`, where 0 means no limit.
+fn rows_limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl BigtableStore {
+    pub async fn connect(settings: BigtableSettings) -> Result<Self> {
+        Ok(BigtableStore {
+            conn: Connection::open(settings).await?,
+        })
+    }
+
+    pub fn settings(&self) -> &BigtableSettings {
+        &self.conn.settings
+    }
+
+    /// The gRPC connection, for tests and tools that write rows as
+    /// autopush-rs lays them out.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn families(&self) -> &Families {
+        &self.conn.settings.families
+    }
+
+    fn read_request(&self, rows: RowSet, filter: RowFilter, limit: usize) -> pb::ReadRowsRequest {
+        pb::ReadRowsRequest {
+            table_name: self.conn.settings.table_name.clone(),
+            app_profile_id: self.conn.settings.app_profile_id.clone(),
+            rows: Some(rows),
+            filter: Some(filter),
+            rows_limit: rows_limit(limit),
+            ..Default::default()
+        }
+    }
+
+    /// One row, the cells `filter` keeps.
+    async fn read_row(&self, key: Vec<u8>, filter: RowFilter) -> Result<Option<row::Row>> {
+        let rows = RowSet {
+            row_keys: vec![key],
+            row_ranges: Vec::new(),
+        };
+        let mut rows = self
+            .conn
+            .read_rows(self.read_request(rows, filter, 1))
+            .await?;
+        Ok(rows.pop())
+    }
+
+    async fn write(&self, key: Vec<u8>, mutations: Vec<pb::Mutation>) -> Result<()> {
+        self.conn
+            .mutate_row(pb::MutateRowRequest {
+                table_name: self.conn.settings.table_name.clone(),
+                app_profile_id: self.conn.settings.app_profile_id.clone(),
+                row_key: key,
+                mutations,
+                ..Default::default()
+            })
+            .await
+    }
+
+    /// Apply `when_true` if `predicate` yields a cell of row `key`, else
+    /// `when_false`, in one `CheckAndMutateRow`; returns whether it
+    /// matched.
+    async fn check_and_mutate(
+        &self,
+        key: Vec<u8>,
+        predicate: RowFilter,
+        when_true: Vec<pb::Mutation>,
+        when_false: Vec<pb::Mutation>,
+    ) -> Result<bool> {
+        self.conn
+            .check_and_mutate(pb::CheckAndMutateRowRequest {
+                table_name: self.conn.settings.table_name.clone(),
+                app_profile_id: self.conn.settings.app_profile_id.clone(),
+                row_key: key,
+                predicate_filter: Some(predicate),
+                true_mutations: when_true,
+                false_mutations: when_false,
+                ..Default::default()
+            })
+            .await
+    }
+
+    /// The user's `connected_at` is `seen`.
+    fn connected_at_is(&self, seen: u64) -> RowFilter {
+        row::column_is(&self.families().router, "connected_at", &seen.to_be_bytes())
+    }
+
+    /// The user's `router_data` is `seen` (or it has none, for `None`).
+    fn router_data_is(&self, seen: Option<&serde_json::Value>) -> RowFilter {
+        let router = &self.families().router;
+        match seen {
+            Some(data) => row::column_is(router, "router_data", &row::json_bytes(data)),
+            None => row::absent(row::column(router, b"router_data")),
+        }
+    }
+
+    /// Delete every message row of `uaid`, expired or not.
+    async fn remove_message_rows(&self, uaid: &Uuid) -> Result<()> {
+        let (start, end) = row::message_rows(uaid);
+        let filter = row::chain(vec![row::first_cell(), row::strip_values()]);
+        let rows = self
+            .conn
+            .read_rows(self.read_request(range(start, false, end), filter, 0))
+            .await?;
+        let entries = rows
+            .into_iter()
+            .map(|r| mutate_rows_request::Entry {
+                row_key: r.key,
+                mutations: vec![row::delete_row()],
+                ..Default::default()
+            })
+            .collect::<Vec<_>>();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.conn.mutate_rows(entries).await
+    }
+
+    /// The topic messages and the user's `current_timestamp` in one read,
+    /// then the timestamp messages after it: up to `limit` rows, the cells
+    /// `cells` keeps of each.
+    async fn message_rows(
+        &self,
+        uaid: &Uuid,
+        limit: usize,
+        cells: RowFilter,
+    ) -> Result<Vec<row::Row>> {
+        let families = self.families();
+        let (topic_start, topic_end) = row::topic_messages(uaid);
+        let rows = RowSet {
+            row_keys: vec![row::user_key(uaid)],
+            row_ranges: range(topic_start, false, topic_end).row_ranges,
+        };
+        let filter = row::interleave(vec![
+            row::column(&families.router, b"current_timestamp"),
+            row::chain(vec![
+                row::family(&families.message_topic),
+                row::latest(),
+                row::unexpired(),
+                cells.clone(),
+            ]),
+        ]);
+        let user_key = row::user_key(uaid);
+        let mut current_timestamp = None;
+        let mut found = Vec::new();
+        for r in self
+            .conn
+            .read_rows(self.read_request(rows, filter, limit.saturating_add(1)))
+            .await?
+        {
+            match r.key == user_key {
+                true => current_timestamp = row::current_timestamp(families, &r)?,
+                false => found.push(r),
+            }
+        }
+        found.truncate(limit);
+        if found.len() < limit {
+            let start = row::timestamp_messages_start(uaid, current_timestamp);
+            let rows = range(start, true, row::timestamp_messages_end(uaid));
+            let filter = row::chain(vec![
+                row::family(&families.message),
+                row::latest(),
+                row::unexpired(),
+                cells,
+            ]);
+            found.extend(
+                self.conn
+                    .read_rows(self.read_request(rows, filter, limit - found.len()))
+                    .await?,
+            );
+        }
+        Ok(found)
+    }
+
+    /// Delete message `key` if it is still `version`.
+    async fn delete_version(&self, key: Vec<u8>, family: &str, version: &str) -> Result<bool> {
+        let predicate = row::column_is(family, "version", version.as_bytes());
+        self.check_and_mutate(key, predicate, vec![row::delete_row()], Vec::new())
+            .await
+    }
+
+    /// Store one message on its condition; returns whether it was written
+    /// (or was already there).
+    async fn save_message(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
+        let families = self.families();
+        let key = row::message_key(uaid, &message.sort_key());
+        let mutations = row::message_mutations(families, message);
+        // Matches when what is stored must stay.
+        let keep = match message.topic {
+            // A newer message under this topic.
+            Some(_) => {
+                let ts = message.sortkey_timestamp.unwrap_or(0).to_be_bytes();
+                row::chain(vec![
+                    row::column(&families.message_topic, b"sortkey_timestamp"),
+                    row::unexpired(),
+                    row::value_above(&ts),
+                ])
+            }
+            // A different, unexpired message under this key.
+            None => {
+                let version = || {
+                    row::chain(vec![
+                        row::column(&families.message, b"version"),
+                        row::unexpired(),
+                    ])
+                };
+                let same = row::chain(vec![version(), row::value_is(message.version.as_bytes())]);
+                row::condition(same, row::block_all(), version())
+            }
+        };
+        let kept = self
+            .check_and_mutate(key, keep, Vec::new(), mutations)
+            .await?;
+        Ok(!kept)
+    }
+}
+
+#[async_trait]
+impl Storage for BigtableStore {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        let mutations = row::user_mutations(self.families(), user);
+        self.write(row::user_key(&user.uaid), mutations).await
+    }
+
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
+        let mut mutations = row::connection_mutations(self.families(), user);
+        mutations.extend(row::new_version(self.families()));
+        self.check_and_mutate(
+            row::user_key(&user.uaid),
+            self.connected_at_is(seen_connected_at),
+            mutations,
+            Vec::new(),
+        )
+        .await
+    }
+
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
+        let exists = row::column(&self.families().router, b"connected_at");
+        let mutations = row::last_connect_mutations(self.families(), last_connect);
+        self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
+            .await
+    }
+
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool> {
+        let exists = row::column(&self.families().router, b"connected_at");
+        let predicate = row::and(exists, self.router_data_is(seen));
+        let mutations = row::router_data_mutations(self.families(), router_data);
+        self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
+            .await
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let filter = row::user_columns(self.families());
+        match self.read_row(row::user_key(uaid), filter).await? {
+            Some(r) => row::user_from_row(self.families(), uaid, &r),
+            None => Ok(None),
+        }
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        self.write(row::user_key(uaid), vec![row::delete_row()])
+            .await?;
+        self.remove_message_rows(uaid).await
+    }
+
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let predicate = row::and(
+            self.connected_at_is(seen.connected_at),
+            self.router_data_is(seen.router_data.as_ref()),
+        );
+        let removed = self
+            .check_and_mutate(
+                row::user_key(&seen.uaid),
+                predicate,
+                vec![row::delete_row()],
+                Vec::new(),
+            )
+            .await?;
+        if removed {
+            self.remove_message_rows(&seen.uaid).await?;
+        }
+        Ok(removed)
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let router = &self.families().router;
+        let predicate = row::and(
+            row::column_is(router, "node_id", node_id.as_bytes()),
+            self.connected_at_is(connected_at),
+        );
+        let mut mutations = vec![row::delete_column(router, b"node_id")];
+        mutations.extend(row::new_version(self.families()));
+        self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
+            .await
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
+        if limit == 0 {
+            return self.has_channel(uaid, channel_id).await;
+        }
+        let families = self.families();
+        let this = row::column(&families.router, &row::chid_qualifier(channel_id));
+        // Matches when the channel is new and `limit` others are there.
+        let full = row::condition(
+            this,
+            row::block_all(),
+            row::chain(vec![row::channels(families), row::skip_cells(limit - 1)]),
+        );
+        let refused = self
+            .check_and_mutate(
+                row::user_key(uaid),
+                full,
+                Vec::new(),
+                vec![row::add_channel_mutation(families, channel_id)],
+            )
+            .await?;
+        Ok(!refused)
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        let filter = row::chain(vec![row::channels(self.families()), row::strip_values()]);
+        Ok(self
+            .read_row(row::user_key(uaid), filter)
+            .await?
+            .map(|r| row::channels_from_row(&r))
+            .unwrap_or_default())
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let column = row::column(&self.families().router, &row::chid_qualifier(channel_id));
+        let filter = row::chain(vec![column, row::strip_values()]);
+        Ok(self.read_row(row::user_key(uaid), filter).await?.is_some())
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let router = &self.families().router;
+        let qualifier = row::chid_qualifier(channel_id);
+        let mut mutations = vec![row::delete_column(router, &qualifier)];
+        mutations.extend(row::new_version(self.families()));
+        self.check_and_mutate(
+            row::user_key(uaid),
+            row::column(router, &qualifier),
+            mutations,
+            Vec::new(),
+        )
+        .await
+    }
+
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        let mut taken = None;
+        for message in &messages {
+            if !self.save_message(uaid, message).await? && message.topic.is_none() {
+                taken.get_or_insert_with(|| message.sort_key());
+            }
+        }
+        match taken {
+            Some(key) => Err(StorageError::KeyTaken(key)),
+            None => Ok(()),
+        }
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = now_secs();
+        let mut messages = Vec::new();
+        for r in self.message_rows(uaid, limit, row::pass_all()).await? {
+            let message = row::message_from_row(&r)?;
+            if !message.is_expired(now) {
+                messages.push(message);
+            }
+        }
+        Ok(messages)
+    }
+
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+        if up_to == 0 {
+            return Ok(0);
+        }
+        let cells = row::chain(vec![row::first_cell(), row::strip_values()]);
+        Ok(self.message_rows(uaid, up_to, cells).await?.len())
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let family = row::message_family(self.families(), sort_key);
+        if self
+            .delete_version(row::message_key(uaid, sort_key), family, version)
+            .await?
+        {
+            return Ok(true);
+        }
+        match row::unpadded_message_key(uaid, sort_key) {
+            Some(key) => self.delete_version(key, family, version).await,
+            None => Ok(false),
+        }
+    }
+
+    async fn health_check(&self) -> Result<()> {
+        // A random row, so health checks never make a hot tablet.
+        self.read_row(row::user_key(&Uuid::new_v4()), row::block_all())
+            .await
+            .map(|_| ())
+    }
+}

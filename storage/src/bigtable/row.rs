@@ -1,0 +1,675 @@
+//! autopush-rs's Bigtable layout, to and from our types, and the filters
+//! that read and condition on it.
+//!
+//! One table. Row `{uaid}` (UAID as 32 hex digits) holds the user in the
+//! router family: `connected_at`, `router_type`, `record_version` (1),
+//! `version` (16 random bytes, renewed on every change so an autopush-rs
+//! node holding the old one loses its conditional write), `router_data`
+//! (JSON), `node_id`, `current_timestamp` (how far autopush-rs has read the
+//! timestamp messages), and one empty cell `chid:{channel id, hyphenated}`
+//! per subscribed channel. Integers are 8 bytes big-endian, text UTF-8.
+//! Router cells carry the time now + 60 days as their timestamp.
+//!
+//! Row `{uaid}#{sort key}` is one stored message (`01:{chid}:{topic}` in the
+//! message_topic family, `02:{sortkey_timestamp}:{chid}` in the message
+//! family) with `ttl`, `timestamp`, `version`, `data` and `headers` (JSON);
+//! every cell's timestamp is the message's expiry, which the families' GC
+//! (`maxage=1s`) eventually deletes, so reads skip expired cells.
+//!
+//! Cells autopush-rs does not know and ignores: `last_connect` and
+//! `over_msg_limit` in the router row, `sortkey_timestamp` (topic messages:
+//! which of two is newer), `urgency` and `durable` in messages.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use autopush_common::{Notification, RouterType, User, notification::Urgency, time::now_secs};
+use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
+    self as pb, RowFilter, column_range, mutation, row_filter, value_range,
+};
+use uuid::Uuid;
+
+use crate::{Result, StorageError};
+
+/// How far ahead router cells are stamped, as autopush-rs does
+/// (`MAX_ROUTER_TTL_SECS`).
+pub const ROUTER_TTL: Duration = Duration::from_secs(60 * 86_400);
+/// autopush-rs's `USER_RECORD_VERSION`.
+const RECORD_VERSION: u64 = 1;
+/// Digits of the sort-key timestamp in a row key: microseconds have 16
+/// until the year 2286, so real keys read as autopush-rs writes them
+/// (unpadded) and small test values still sort by number.
+const SORTKEY_DIGITS: usize = 16;
+/// The channel-set cells' qualifier prefix, and the first qualifier after
+/// them (`:` + 1).
+const CHID_PREFIX: &str = "chid:";
+const AFTER_CHIDS: &[u8] = b"chid;";
+
+/// The family names (autopush-rs's defaults: router, message, message_topic).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Families {
+    pub router: String,
+    pub message: String,
+    pub message_topic: String,
+}
+
+impl Default for Families {
+    fn default() -> Self {
+        Families {
+            router: "router".into(),
+            message: "message".into(),
+            message_topic: "message_topic".into(),
+        }
+    }
+}
+
+fn corrupt(what: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(what.to_string())
+}
+
+pub fn user_key(uaid: &Uuid) -> Vec<u8> {
+    uaid.simple().to_string().into_bytes()
+}
+
+/// Where `uaid`'s message rows start (`{uaid}#`) and end (`{uaid}$`).
+pub fn message_rows(uaid: &Uuid) -> (Vec<u8>, Vec<u8>) {
+    let uaid = uaid.simple();
+    (
+        format!("{uaid}#").into_bytes(),
+        format!("{uaid}$").into_bytes(),
+    )
+}
+
+/// The row key of the message our sort key `sort_key` names.
+pub fn message_key(uaid: &Uuid, sort_key: &str) -> Vec<u8> {
+    let key = match split_timestamp_key(sort_key) {
+        Some((ts, chid)) => format!("02:{ts:0SORTKEY_DIGITS$}:{chid}"),
+        None => sort_key.to_owned(),
+    };
+    format!("{}#{key}", uaid.simple()).into_bytes()
+}
+
+/// The row key autopush-rs gives the same message when it differs from
+/// [`message_key`]: its millisecond timestamps are not padded.
+pub fn unpadded_message_key(uaid: &Uuid, sort_key: &str) -> Option<Vec<u8>> {
+    let (ts, chid) = split_timestamp_key(sort_key)?;
+    let unpadded = format!("{}#02:{ts}:{chid}", uaid.simple()).into_bytes();
+    (unpadded != message_key(uaid, sort_key)).then_some(unpadded)
+}
+
+fn split_timestamp_key(sort_key: &str) -> Option<(u64, &str)> {
+    let (ts, chid) = sort_key.strip_prefix("02:")?.split_once(':')?;
+    Some((ts.parse().ok()?, chid))
+}
+
+/// Where the timestamp messages start: after those autopush-rs has already
+/// delivered (`current_timestamp`, as its own reads start), else at `02:`.
+pub fn timestamp_messages_start(uaid: &Uuid, current_timestamp: Option<u64>) -> Vec<u8> {
+    match current_timestamp {
+        Some(ts) => format!("{}#02:{ts}z", uaid.simple()).into_bytes(),
+        None => format!("{}#02:", uaid.simple()).into_bytes(),
+    }
+}
+
+pub fn topic_messages(uaid: &Uuid) -> (Vec<u8>, Vec<u8>) {
+    let uaid = uaid.simple();
+    (
+        format!("{uaid}#01:").into_bytes(),
+        format!("{uaid}#02:").into_bytes(),
+    )
+}
+
+pub fn timestamp_messages_end(uaid: &Uuid) -> Vec<u8> {
+    format!("{}#03:", uaid.simple()).into_bytes()
+}
+
+/// A Bigtable timestamp: microseconds, at the millisecond granularity
+/// tables are created with.
+fn micros(secs: u64) -> i64 {
+    i64::try_from(secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX)
+}
+
+fn router_stamp() -> i64 {
+    micros(now_secs().saturating_add(ROUTER_TTL.as_secs()))
+}
+
+// ---- mutations ------------------------------------------------------------
+
+fn set(family: &str, qualifier: &[u8], value: Vec<u8>, timestamp_micros: i64) -> pb::Mutation {
+    pb::Mutation {
+        mutation: Some(mutation::Mutation::SetCell(mutation::SetCell {
+            family_name: family.to_owned(),
+            column_qualifier: qualifier.to_vec(),
+            timestamp_micros,
+            value,
+        })),
+    }
+}
+
+pub fn delete_column(family: &str, qualifier: &[u8]) -> pb::Mutation {
+    pb::Mutation {
+        mutation: Some(mutation::Mutation::DeleteFromColumn(
+            mutation::DeleteFromColumn {
+                family_name: family.to_owned(),
+                column_qualifier: qualifier.to_vec(),
+                time_range: None,
+            },
+        )),
+    }
+}
+
+pub fn delete_row() -> pb::Mutation {
+    pb::Mutation {
+        mutation: Some(mutation::Mutation::DeleteFromRow(
+            mutation::DeleteFromRow {},
+        )),
+    }
+}
+
+/// Replace a router column with `value`, or remove it when `None`: the old
+/// cells go first, so the new value is the one read whatever timestamp a
+/// node with a skewed clock gave them.
+fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>) -> Vec<pb::Mutation> {
+    let mut mutations = vec![delete_column(family, qualifier.as_bytes())];
+    if let Some(value) = value {
+        mutations.push(set(family, qualifier.as_bytes(), value, router_stamp()));
+    }
+    mutations
+}
+
+/// A fresh `version`, so autopush-rs's own conditional writes on the
+/// version it read fail after our change.
+pub fn new_version(families: &Families) -> Vec<pb::Mutation> {
+    replace(
+        &families.router,
+        "version",
+        Some(Uuid::new_v4().as_bytes().to_vec()),
+    )
+}
+
+fn router_type_name(router_type: RouterType) -> &'static str {
+    router_type.as_str()
+}
+
+/// Every router column of `user` (channels and `current_timestamp` are
+/// left as they are).
+pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+    let f = &families.router;
+    let mut m = Vec::new();
+    m.extend(replace(
+        f,
+        "connected_at",
+        Some(user.connected_at.to_be_bytes().to_vec()),
+    ));
+    m.extend(replace(
+        f,
+        "router_type",
+        Some(router_type_name(user.router_type).as_bytes().to_vec()),
+    ));
+    m.extend(replace(
+        f,
+        "record_version",
+        Some(RECORD_VERSION.to_be_bytes().to_vec()),
+    ));
+    m.extend(replace(
+        f,
+        "router_data",
+        user.router_data.as_ref().map(json_bytes),
+    ));
+    m.extend(connection_mutations(families, user));
+    m.extend(new_version(families));
+    m
+}
+
+/// What a connection changes: `node_id`, `connected_at`, `last_connect`,
+/// `over_msg_limit`.
+pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+    let f = &families.router;
+    let mut m = Vec::new();
+    m.extend(replace(
+        f,
+        "node_id",
+        user.node_id.as_ref().map(|n| n.as_bytes().to_vec()),
+    ));
+    m.extend(replace(
+        f,
+        "connected_at",
+        Some(user.connected_at.to_be_bytes().to_vec()),
+    ));
+    m.extend(last_connect_mutations(families, user.last_connect));
+    m.extend(replace(
+        f,
+        "over_msg_limit",
+        user.over_msg_limit.then(|| vec![1]),
+    ));
+    m
+}
+
+pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb::Mutation> {
+    replace(
+        &families.router,
+        "last_connect",
+        Some(last_connect.to_be_bytes().to_vec()),
+    )
+}
+
+pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
+    let mut m = replace(&families.router, "router_data", Some(json_bytes(data)));
+    m.extend(new_version(families));
+    m
+}
+
+/// `router_data` as stored (and compared): compact JSON with its keys
+/// sorted, as autopush-rs's serde_json writes it.
+pub fn json_bytes(value: &serde_json::Value) -> Vec<u8> {
+    value.to_string().into_bytes()
+}
+
+pub fn chid_qualifier(channel_id: &Uuid) -> Vec<u8> {
+    format!("{CHID_PREFIX}{}", channel_id.as_hyphenated()).into_bytes()
+}
+
+pub fn add_channel_mutation(families: &Families, channel_id: &Uuid) -> pb::Mutation {
+    set(
+        &families.router,
+        &chid_qualifier(channel_id),
+        Vec::new(),
+        router_stamp(),
+    )
+}
+
+pub fn message_family<'a>(families: &'a Families, sort_key: &str) -> &'a str {
+    match sort_key.starts_with("01:") {
+        true => &families.message_topic,
+        false => &families.message,
+    }
+}
+
+/// The cells of `message`, replacing whatever its row held.
+pub fn message_mutations(families: &Families, message: &Notification) -> Vec<pb::Mutation> {
+    let family = match message.topic {
+        Some(_) => &families.message_topic,
+        None => &families.message,
+    };
+    let expiry = micros(message.expiry());
+    let cell = |name: &str, value: Vec<u8>| set(family, name.as_bytes(), value, expiry);
+    let mut m = vec![
+        delete_row(),
+        cell("ttl", message.ttl.to_be_bytes().to_vec()),
+        cell("timestamp", message.timestamp.to_be_bytes().to_vec()),
+        cell("version", message.version.as_bytes().to_vec()),
+    ];
+    if let Some(data) = &message.data {
+        m.push(cell("data", data.as_bytes().to_vec()));
+    }
+    if let Some(headers) = message.headers.as_ref().filter(|h| !h.is_empty()) {
+        let json = serde_json::to_vec(headers).unwrap_or_default();
+        m.push(cell("headers", json));
+    }
+    if let (Some(_), Some(ts)) = (&message.topic, message.sortkey_timestamp) {
+        m.push(cell("sortkey_timestamp", ts.to_be_bytes().to_vec()));
+    }
+    if let Some(urgency) = message.urgency {
+        let name = serde_json::to_value(urgency)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        m.push(cell("urgency", name.into_bytes()));
+    }
+    if message.durable {
+        m.push(cell("durable", vec![1]));
+    }
+    m
+}
+
+// ---- filters --------------------------------------------------------------
+
+fn filter(f: row_filter::Filter) -> RowFilter {
+    RowFilter { filter: Some(f) }
+}
+
+pub fn chain(filters: Vec<RowFilter>) -> RowFilter {
+    filter(row_filter::Filter::Chain(row_filter::Chain { filters }))
+}
+
+pub fn interleave(filters: Vec<RowFilter>) -> RowFilter {
+    filter(row_filter::Filter::Interleave(row_filter::Interleave {
+        filters,
+    }))
+}
+
+/// Cells of `when_true` if `predicate` yields any cell, else of `otherwise`.
+pub fn condition(predicate: RowFilter, when_true: RowFilter, otherwise: RowFilter) -> RowFilter {
+    filter(row_filter::Filter::Condition(Box::new(
+        row_filter::Condition {
+            predicate_filter: Some(Box::new(predicate)),
+            true_filter: Some(Box::new(when_true)),
+            false_filter: Some(Box::new(otherwise)),
+        },
+    )))
+}
+
+/// Yields cells only if both `a` and `b` do (the cells of `b`).
+pub fn and(a: RowFilter, b: RowFilter) -> RowFilter {
+    condition(a, b, block_all())
+}
+
+/// Yields cells only if `a` yields none and the row is not empty.
+pub fn absent(a: RowFilter) -> RowFilter {
+    condition(a, block_all(), pass_all())
+}
+
+pub fn block_all() -> RowFilter {
+    filter(row_filter::Filter::BlockAllFilter(true))
+}
+
+pub fn pass_all() -> RowFilter {
+    filter(row_filter::Filter::PassAllFilter(true))
+}
+
+pub fn strip_values() -> RowFilter {
+    filter(row_filter::Filter::StripValueTransformer(true))
+}
+
+/// The newest cell of each column (router family GC: `maxversions=1`).
+pub fn latest() -> RowFilter {
+    filter(row_filter::Filter::CellsPerColumnLimitFilter(1))
+}
+
+pub fn first_cell() -> RowFilter {
+    filter(row_filter::Filter::CellsPerRowLimitFilter(1))
+}
+
+/// Cells after the first `n` of the row.
+pub fn skip_cells(n: usize) -> RowFilter {
+    filter(row_filter::Filter::CellsPerRowOffsetFilter(
+        i32::try_from(n).unwrap_or(i32::MAX),
+    ))
+}
+
+pub fn family(name: &str) -> RowFilter {
+    filter(row_filter::Filter::FamilyNameRegexFilter(format!(
+        "^{}$",
+        regex_escape(name)
+    )))
+}
+
+/// The newest cell of one column.
+pub fn column(family: &str, qualifier: &[u8]) -> RowFilter {
+    chain(vec![
+        filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
+            family_name: family.to_owned(),
+            start_qualifier: Some(column_range::StartQualifier::StartQualifierClosed(
+                qualifier.to_vec(),
+            )),
+            end_qualifier: Some(column_range::EndQualifier::EndQualifierClosed(
+                qualifier.to_vec(),
+            )),
+        })),
+        latest(),
+    ])
+}
+
+/// The newest cell of every `chid:` column.
+pub fn channels(families: &Families) -> RowFilter {
+    chain(vec![
+        filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
+            family_name: families.router.clone(),
+            start_qualifier: Some(column_range::StartQualifier::StartQualifierClosed(
+                CHID_PREFIX.as_bytes().to_vec(),
+            )),
+            end_qualifier: Some(column_range::EndQualifier::EndQualifierOpen(
+                AFTER_CHIDS.to_vec(),
+            )),
+        })),
+        latest(),
+    ])
+}
+
+/// The newest cell of every router column but the channel set (a user
+/// may have thousands of channels: reading it has no use).
+pub fn user_columns(families: &Families) -> RowFilter {
+    let range = |start, end| {
+        filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
+            family_name: families.router.clone(),
+            start_qualifier: start,
+            end_qualifier: end,
+        }))
+    };
+    chain(vec![
+        interleave(vec![
+            range(
+                None,
+                Some(column_range::EndQualifier::EndQualifierOpen(
+                    CHID_PREFIX.as_bytes().to_vec(),
+                )),
+            ),
+            range(
+                Some(column_range::StartQualifier::StartQualifierClosed(
+                    AFTER_CHIDS.to_vec(),
+                )),
+                None,
+            ),
+        ]),
+        latest(),
+    ])
+}
+
+/// Cells whose value is exactly `value`.
+pub fn value_is(value: &[u8]) -> RowFilter {
+    filter(row_filter::Filter::ValueRangeFilter(pb::ValueRange {
+        start_value: Some(value_range::StartValue::StartValueClosed(value.to_vec())),
+        end_value: Some(value_range::EndValue::EndValueClosed(value.to_vec())),
+    }))
+}
+
+/// Cells whose value sorts after `value` (for big-endian integers: larger).
+pub fn value_above(value: &[u8]) -> RowFilter {
+    filter(row_filter::Filter::ValueRangeFilter(pb::ValueRange {
+        start_value: Some(value_range::StartValue::StartValueOpen(value.to_vec())),
+        end_value: None,
+    }))
+}
+
+/// The column `qualifier` holds exactly `value`.
+pub fn column_is(family: &str, qualifier: &str, value: &[u8]) -> RowFilter {
+    chain(vec![column(family, qualifier.as_bytes()), value_is(value)])
+}
+
+/// Message cells not yet expired: a cell's timestamp is its expiry.
+pub fn unexpired() -> RowFilter {
+    filter(row_filter::Filter::TimestampRangeFilter(
+        pb::TimestampRange {
+            start_timestamp_micros: micros(now_secs() + 1),
+            end_timestamp_micros: 0,
+        },
+    ))
+}
+
+/// A family name or literal for RE2: everything but letters, digits and
+/// `_` escaped.
+fn regex_escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() * 2);
+    for c in name.chars() {
+        if !(c.is_ascii_alphanumeric() || c == '_') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+// ---- rows read back -------------------------------------------------------
+
+/// One row as read: the newest cell of each column.
+#[derive(Debug, Default)]
+pub struct Row {
+    pub key: Vec<u8>,
+    pub cells: HashMap<(String, Vec<u8>), Vec<u8>>,
+}
+
+impl Row {
+    pub fn get(&self, family: &str, qualifier: &str) -> Option<&[u8]> {
+        self.cells
+            .get(&(family.to_owned(), qualifier.as_bytes().to_vec()))
+            .map(Vec::as_slice)
+    }
+
+    /// The cell `qualifier` in whichever family holds it.
+    fn any(&self, qualifier: &str) -> Option<&[u8]> {
+        self.cells
+            .iter()
+            .find(|((_, q), _)| q == qualifier.as_bytes())
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+fn u64_of(value: &[u8], name: &str) -> Result<u64> {
+    let bytes: [u8; 8] = value
+        .try_into()
+        .map_err(|_| corrupt(format!("{name} is not 8 bytes")))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn text_of(value: &[u8], name: &str) -> Result<String> {
+    String::from_utf8(value.to_vec()).map_err(|_| corrupt(format!("{name} is not UTF-8")))
+}
+
+/// The user in router row `row`; `None` for a row without `connected_at`
+/// (only channel cells: autopush-rs counts it as no user, too).
+pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Option<User>> {
+    let f = &families.router;
+    let Some(connected_at) = row.get(f, "connected_at") else {
+        return Ok(None);
+    };
+    let connected_at = u64_of(connected_at, "connected_at")?;
+    let router_type = match row.get(f, "router_type") {
+        Some(v) => text_of(v, "router_type")?,
+        None => "webpush".into(),
+    };
+    let router_type: RouterType = serde_json::from_value(router_type.clone().into())
+        .map_err(|_| corrupt(format!("unknown router_type {router_type:?}")))?;
+    let router_data = row
+        .get(f, "router_data")
+        .map(|v| {
+            serde_json::from_slice(v).map_err(|_| corrupt("router_data is not JSON".to_string()))
+        })
+        .transpose()?;
+    let node_id = row
+        .get(f, "node_id")
+        .map(|v| text_of(v, "node_id"))
+        .transpose()?;
+    let last_connect = match row.get(f, "last_connect") {
+        Some(v) => u64_of(v, "last_connect")?,
+        None => connected_at,
+    };
+    Ok(Some(User {
+        uaid: *uaid,
+        router_type,
+        router_data,
+        node_id,
+        connected_at,
+        last_connect,
+        over_msg_limit: row.get(f, "over_msg_limit").is_some(),
+        current_month: None,
+    }))
+}
+
+pub fn current_timestamp(families: &Families, row: &Row) -> Result<Option<u64>> {
+    row.get(&families.router, "current_timestamp")
+        .map(|v| u64_of(v, "current_timestamp"))
+        .transpose()
+}
+
+pub fn channels_from_row(row: &Row) -> HashSet<Uuid> {
+    row.cells
+        .keys()
+        .filter_map(|(_, q)| std::str::from_utf8(q).ok()?.strip_prefix(CHID_PREFIX))
+        .filter_map(|chid| Uuid::parse_str(chid).ok())
+        .collect()
+}
+
+/// The message in row `row` (its key `{uaid}#{sort key}`).
+pub fn message_from_row(row: &Row) -> Result<Notification> {
+    let key = std::str::from_utf8(&row.key).map_err(|_| corrupt("message key is not UTF-8"))?;
+    let sort_key = key
+        .split_once('#')
+        .map(|(_, k)| k)
+        .ok_or_else(|| corrupt(format!("message key {key:?} without '#'")))?;
+    let (channel_id, topic, key_ts) = if let Some(rest) = sort_key.strip_prefix("01:") {
+        let (chid, topic) = rest
+            .split_once(':')
+            .ok_or_else(|| corrupt(format!("topic key {sort_key:?}")))?;
+        (chid, Some(topic.to_owned()), None)
+    } else {
+        let (ts, chid) = split_timestamp_key(sort_key)
+            .ok_or_else(|| corrupt(format!("unknown sort key {sort_key:?}")))?;
+        (chid, None, Some(ts))
+    };
+    let channel_id =
+        Uuid::parse_str(channel_id).map_err(|_| corrupt(format!("channel in {sort_key:?}")))?;
+    let required = |name: &str| {
+        row.any(name)
+            .ok_or_else(|| corrupt(format!("message {sort_key:?} without {name}")))
+    };
+    let headers = row
+        .any("headers")
+        .map(|v| {
+            serde_json::from_slice::<BTreeMap<String, String>>(v)
+                .map_err(|_| corrupt(format!("message {sort_key:?}: headers are not JSON")))
+        })
+        .transpose()?;
+    Ok(Notification {
+        channel_id,
+        version: text_of(required("version")?, "version")?,
+        ttl: u64_of(required("ttl")?, "ttl")?,
+        timestamp: u64_of(required("timestamp")?, "timestamp")?,
+        topic,
+        sortkey_timestamp: match row.any("sortkey_timestamp") {
+            Some(v) => Some(u64_of(v, "sortkey_timestamp")?),
+            None => key_ts,
+        },
+        data: row.any("data").map(|v| text_of(v, "data")).transpose()?,
+        headers,
+        urgency: row
+            .any("urgency")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(Urgency::parse),
+        durable: row.any("durable").is_some(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_keys_are_autopush_rs_keys() {
+        let uaid = Uuid::parse_str("c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d").unwrap();
+        let chid = Uuid::parse_str("0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d").unwrap();
+        let ours =
+            autopush_common::notification::sort_key(&chid, None, Some(1_764_000_000_000_123));
+        assert_eq!(
+            message_key(&uaid, &ours),
+            b"c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d#02:1764000000000123:0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+        );
+        assert_eq!(unpadded_message_key(&uaid, &ours), None);
+        // autopush-rs's millisecond keys are found under their own spelling.
+        let theirs = autopush_common::notification::sort_key(&chid, None, Some(1_764_000_000_000));
+        assert_eq!(
+            unpadded_message_key(&uaid, &theirs).unwrap(),
+            b"c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d#02:1764000000000:0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+        );
+        let topic = autopush_common::notification::sort_key(&chid, Some("news"), None);
+        assert_eq!(
+            message_key(&uaid, &topic),
+            b"c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d#01:0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:news"
+        );
+    }
+
+    #[test]
+    fn family_names_are_escaped_for_re2() {
+        assert_eq!(regex_escape("message_topic"), "message_topic");
+        assert_eq!(regex_escape("a-b.c"), "a\\-b\\.c");
+    }
+}
