@@ -55,9 +55,14 @@ impl Mode {
 /// recorded (`storage.time`, `storage.error`).
 pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
     let (backend, name): (Arc<dyn Storage>, _) = match &settings.db {
-        Db::Embedded(dir) => (Arc::new(open_embedded(dir)?), "embedded"),
+        Db::Embedded(dir) => (
+            Arc::new(open_embedded(dir)?.with_receipt_retention(settings.receipt_retention)),
+            "embedded",
+        ),
         Db::DynamoDb => {
-            let store = open_dynamodb(settings).await?;
+            let store = open_dynamodb(settings)
+                .await?
+                .with_receipt_retention(settings.receipt_retention);
             // Missing tables or refused credentials stop start-up here
             // rather than as 503s on the first pushes.
             store.health_check().await.map_err(|e| {
@@ -339,6 +344,8 @@ pub async fn start(
             registration,
             vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
             max_data_bytes: settings.max_data_bytes,
+            durable_direct: settings.durable_direct,
+            receipt_retention: settings.receipt_retention,
             health,
             fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
         });

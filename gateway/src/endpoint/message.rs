@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use autopush_common::ApiResult;
 use autopush_common::ids::uaid_tag;
+use autopush_common::receipt::MessageState;
+use autopush_common::{ApiResult, RouterType, metrics};
 use tracing::debug;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
@@ -18,8 +19,16 @@ pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<
     let message = state.crypto.parse_message_id(&message_id)?;
     let existed = state
         .storage
-        .remove_message(&message.uaid, &message.sort_key(), &message_id)
+        .settle_message(
+            &message.uaid,
+            &message.sort_key(),
+            &message_id,
+            MessageState::Deleted,
+        )
         .await?;
+    if existed {
+        metrics::final_state(RouterType::WebPush, MessageState::Deleted);
+    }
     debug!(uaid = %uaid_tag(&message.uaid), existed, "message cancelled");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

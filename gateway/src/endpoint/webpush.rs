@@ -3,8 +3,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
+use autopush_common::endpoint::{MessageIdInfo, TokenInfo, key_hash_in_id};
 use autopush_common::ids::uaid_tag;
+use autopush_common::receipt::MessageState;
+use autopush_webpush::stores_direct;
 use std::time::Instant;
 
 use autopush_common::metrics;
@@ -77,8 +79,8 @@ pub async fn send(
         return Err(ApiError::NoSubscription);
     }
 
-    let notification = build_notification(&state, &subscription, push, &body);
-    let (message_id, ttl) = (notification.version.clone(), notification.ttl);
+    let (notification, mut message) = build_notification(&state, &subscription, push, &body);
+    let (mut message_id, ttl) = (notification.version.clone(), notification.ttl);
     let delivery = match route(router.as_ref(), notification, &user).await {
         Err(ApiError::DeviceGone) => {
             forget_gone_device(&state, &user).await?;
@@ -94,6 +96,17 @@ pub async fn send(
             Delivery::Dropped => "dropped",
         },
     );
+    if let Some(settled) = settled_at_once(&state, user.router_type, delivery, ttl) {
+        if settled.is_final() {
+            metrics::final_state(user.router_type, settled);
+        }
+        if state.receipt_retention > 0 {
+            // Nothing stored follows this message: its receipt is sealed
+            // into the id the sender gets.
+            message.settled = Some((settled, now_secs()));
+            message_id = state.crypto.make_message_id(&message);
+        }
+    }
     debug!(
         uaid = %uaid_tag(&subscription.uaid),
         ?delivery,
@@ -112,6 +125,26 @@ pub async fn send(
         debug!(uaid = %uaid_tag(&subscription.uaid), "TTL 0 and client not connected: dropped");
     }
     Ok(response)
+}
+
+/// The state a message is in for good once routed, when no stored copy
+/// will follow it: accepted by a bridge, dropped (TTL 0, no client), or
+/// handed to a client without a copy in storage (its ack is not recorded,
+/// so its receipt stays `sent`).
+fn settled_at_once(
+    state: &EndpointState,
+    router_type: RouterType,
+    delivery: Delivery,
+    ttl: u64,
+) -> Option<MessageState> {
+    match (router_type, delivery) {
+        (_, Delivery::Dropped) => Some(MessageState::Dropped),
+        (RouterType::WebPush, Delivery::Direct) => {
+            (!stores_direct(state.durable_direct, ttl)).then_some(MessageState::Sent)
+        }
+        (RouterType::WebPush, Delivery::Stored) => None,
+        (_, _) => Some(MessageState::Bridged),
+    }
 }
 
 /// Hand the notification to its router; calls to a bridge are counted and
@@ -182,22 +215,26 @@ fn authenticate(
     }
 }
 
+/// The notification to route, and what its id says.
 fn build_notification(
     state: &EndpointState,
     subscription: &TokenInfo,
     push: PushHeaders,
     body: &[u8],
-) -> Notification {
+) -> (Notification, MessageIdInfo) {
     // Orders every message, Topic ones included: a Topic message never
     // replaces a newer one with the same Topic.
     let sortkey_timestamp = unique_micros();
-    let message_id = state.crypto.make_message_id(&MessageIdInfo {
+    let info = MessageIdInfo {
         uaid: subscription.uaid,
         channel_id: subscription.channel_id,
         topic: push.topic.clone(),
         sortkey_timestamp: push.topic.is_none().then_some(sortkey_timestamp),
-    });
-    Notification {
+        key_hash: subscription.key_hash.as_ref().map(key_hash_in_id),
+        settled: None,
+    };
+    let message_id = state.crypto.make_message_id(&info);
+    let notification = Notification {
         channel_id: subscription.channel_id,
         version: message_id,
         ttl: push.ttl,
@@ -208,5 +245,6 @@ fn build_notification(
         headers: push.forward,
         urgency: push.urgency,
         durable: false,
-    }
+    };
+    (notification, info)
 }

@@ -28,9 +28,15 @@ use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkErro
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError};
+use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 use item::{CHANNELS_ROW, Item, n, s};
 use months::{Home, MonthTables};
+
+/// The filter of message queries: rows that are messages (not receipts)
+/// whose `expiry` is after `:now`.
+const UNSETTLED_AND_UNEXPIRED: &str =
+    "(attribute_not_exists(expiry) OR expiry > :now) AND attribute_not_exists(settled)";
 
 /// How long one storage call may take, retries included.
 pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -65,6 +71,8 @@ pub struct DynamoStore {
     months: Option<MonthTables>,
     /// Most items one Query page asks for (DynamoDB also stops at 1 MB).
     page_size: usize,
+    /// Seconds a receipt is kept after its message's final state; 0: off.
+    retention: u64,
 }
 
 /// A failed call: the service's error code and message when it answered,
@@ -152,7 +160,15 @@ impl DynamoStore {
                 .then(|| MonthTables::new(&tables.message)),
             tables,
             page_size: 1000,
+            retention: 0,
         })
+    }
+
+    /// Keep receipts `seconds` after a message's final state (0: off, the
+    /// default): see [`crate::receipt`].
+    pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
+        self.retention = seconds;
+        self
     }
 
     /// Ask for at most `items` per Query page (tests use small pages to
@@ -336,7 +352,7 @@ impl DynamoStore {
             .query()
             .table_name(table)
             .key_condition_expression("uaid = :u AND chidmessageid > :channels")
-            .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
+            .filter_expression(UNSETTLED_AND_UNEXPIRED)
             .expression_attribute_values(":u", uaid_attr(uaid))
             .expression_attribute_values(":channels", s(CHANNELS_ROW))
             .expression_attribute_values(":now", n(now_secs()))
@@ -425,10 +441,12 @@ impl DynamoStore {
                 .query()
                 .table_name(table)
                 .key_condition_expression("uaid = :u AND chidmessageid > :channels")
-                .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
+                .filter_expression(UNSETTLED_AND_UNEXPIRED)
                 .expression_attribute_values(":u", uaid_attr(uaid))
                 .expression_attribute_values(":channels", s(CHANNELS_ROW))
-                .expression_attribute_values(":now", n(now_secs()))
+                // A message is kept `retention` past its deadline (for its
+                // receipt): its `expiry` is that much later.
+                .expression_attribute_values(":now", n(now_secs() + self.retention))
                 .select(Select::Count)
                 .consistent_read(true)
                 .limit((up_to - count).clamp(1, self.page_size) as i32)
@@ -461,6 +479,58 @@ impl DynamoStore {
             Some(legacy) => self.delete_version(table, uaid, &legacy, version).await,
             None => Ok(false),
         }
+    }
+
+    /// Turn the pending message `version` under `sort_key` (or the key
+    /// Python autopush gave it) in `table` into a receipt of `state`.
+    async fn settle_in(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        if self.retention == 0 {
+            return self.delete_message_in(table, uaid, sort_key, version).await;
+        }
+        let receipt = Receipt::new(version, state, now_secs(), self.retention);
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            let put = self
+                .client
+                .put_item()
+                .table_name(table)
+                .set_item(Some(item::receipt_to_item(uaid, key, &receipt)))
+                .condition_expression("updateid = :v AND attribute_not_exists(settled)")
+                .expression_attribute_values(":v", s(version))
+                .send()
+                .await;
+            if condition_held(put, "PutItem")? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The row under `sort_key` (or the key Python autopush gave it) in `table`.
+    async fn read_in(&self, table: &str, uaid: &Uuid, sort_key: &str) -> Result<Option<Item>> {
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            let out = self
+                .client
+                .get_item()
+                .table_name(table)
+                .set_key(Some(item::message_key(uaid, key)))
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(|e| backend("GetItem", e))?;
+            if out.item.is_some() {
+                return Ok(out.item);
+            }
+        }
+        Ok(None)
     }
 
     /// The seeds' `update_message_month`: move a user whose table `from`
@@ -713,7 +783,7 @@ impl Storage for DynamoStore {
                 .client
                 .put_item()
                 .table_name(&table)
-                .set_item(Some(item::message_to_item(uaid, message)));
+                .set_item(Some(item::message_to_item(uaid, message, self.retention)));
             let put = match message.topic {
                 Some(_) => put
                     .condition_expression(
@@ -784,6 +854,36 @@ impl Storage for DynamoStore {
             }
         }
         Ok(false)
+    }
+
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            let settle = self.settle_in(table, uaid, sort_key, version, state);
+            if home.unless_absent(table, settle).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            if let Some(row) = home
+                .unless_absent(table, self.read_in(table, uaid, sort_key))
+                .await?
+            {
+                return item::stored_from_item(&row).map(Some);
+            }
+        }
+        Ok(None)
     }
 
     async fn health_check(&self) -> Result<()> {

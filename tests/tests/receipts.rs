@@ -1,0 +1,312 @@
+//! Receipts: `GET` on the `Location` URL of a push says what became of it,
+//! through the real binary, on the embedded store and on DynamoDB.
+
+use std::time::Duration;
+
+use autopush_crypto::vapid::VapidKey as SigningKey;
+use autopush_tests::http::{self, HttpReply};
+use autopush_tests::prometheus::Scrape;
+use autopush_tests::server::{Node, free_ports};
+use autopush_tests::*;
+
+#[derive(Clone, Copy, Debug)]
+enum Db {
+    Embedded,
+    DynamoDb,
+}
+
+/// A server on `db` (fresh tables for DynamoDB) with extra `args`.
+async fn start(db: Db, args: &[&str]) -> Server {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    match db {
+        Db::Embedded => {
+            Server::start_node(Node {
+                args,
+                ..Node::default()
+            })
+            .await
+        }
+        Db::DynamoDb => {
+            let tables = dynamo::tables();
+            let endpoint = &dynamo::local().await.endpoint;
+            dynamo::connect(endpoint, tables.clone())
+                .await
+                .create_tables()
+                .await
+                .expect("create tables");
+            let key = autopush_common::endpoint::generate_key;
+            let mut shared = vec![
+                format!("--router-table={}", tables.router),
+                format!("--message-table={}", tables.message),
+                format!("--crypto-key={}", key()),
+                format!("--auth-key={}", key()),
+                format!("--router-key={}", key()),
+            ];
+            shared.extend(args);
+            Server::start_node(Node {
+                db: Some("dynamodb".into()),
+                env: dynamo::aws_env(endpoint)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                args: shared,
+                ..Node::default()
+            })
+            .await
+        }
+    }
+}
+
+/// The receipt of the push answered by `sent`: its state, after checking
+/// the answer is a 200 whose `updated` is a plausible unix time.
+async fn state_of(location: &str) -> String {
+    let reply = http::get(location).await;
+    receipt_state(&reply)
+}
+
+fn receipt_state(reply: &HttpReply) -> String {
+    assert_eq!(reply.status, 200, "receipt: {reply:?}");
+    let updated = reply.json["updated"].as_u64();
+    let now = http::unix_now();
+    assert!(
+        updated.is_some_and(|t| t + 120 > now && t <= now + 1),
+        "updated: {}",
+        reply.text
+    );
+    reply.json["state"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no state: {}", reply.text))
+        .to_owned()
+}
+
+/// Wait (hang guard) until the receipt says `want`.
+async fn wait_for_state(location: &str, want: &str) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let state = state_of(location).await;
+        if state == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "receipt stayed {state}, never {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn location(sent: &py::SendResult) -> String {
+    sent.header("location").expect("Location").to_owned()
+}
+
+/// Wait until `location`'s receipt is gone (hang guard): 404/102.
+async fn wait_for_404(location: &str) {
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let reply = http::get(location).await;
+        if reply.status == 404 {
+            reply.assert_error(404, 102);
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "receipt still answers: {}",
+            reply.text
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every webpush state: stored, sent, delivered, deleted, dropped,
+/// replaced, expired, and an unknown id.
+async fn each_webpush_state(db: Db) {
+    let server = start(db, &[]).await;
+
+    // Stored while the client is away; sent once it is back; delivered on ack.
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let stored = location(&sub.push_text("stored").await);
+    assert_eq!(state_of(&stored).await, "stored");
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "stored");
+    assert_eq!(state_of(&stored).await, "sent");
+    ws.ack_notification(&n).await;
+    wait_for_state(&stored, "delivered").await;
+
+    // Direct to the connected client: sent, then delivered on ack.
+    let direct = location(&sub.push_text("direct").await);
+    let (n, _) = sub.receive(&mut ws).await;
+    assert_eq!(state_of(&direct).await, "sent");
+    ws.ack_notification(&n).await;
+    wait_for_state(&direct, "delivered").await;
+    // TTL 0 to a connected client is never stored: its receipt stays sent.
+    let now_or_never = location(&sub.send(&SendOptions::text("ttl 0").ttl(0)).await);
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    assert_eq!(state_of(&now_or_never).await, "sent");
+    ws.close().await;
+
+    // Deleted by the sender before delivery; a second DELETE changes nothing.
+    let deleted = location(&sub.push_text("deleted").await);
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    assert_eq!(state_of(&deleted).await, "deleted");
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    assert_eq!(state_of(&deleted).await, "deleted");
+
+    // TTL 0 and nobody connected.
+    let dropped = sub.send(&SendOptions::text("dropped").ttl(0)).await;
+    dropped.assert_created();
+    assert_eq!(state_of(&location(&dropped)).await, "dropped");
+
+    // A newer message with the same Topic replaces the stored one.
+    let first = sub.send(&SendOptions::text("first").topic("score")).await;
+    let second = sub.send(&SendOptions::text("second").topic("score")).await;
+    assert_eq!(state_of(&location(&first)).await, "replaced");
+    assert_eq!(state_of(&location(&second)).await, "stored");
+
+    // TTL runs out before the client comes back.
+    let expiring = location(&sub.send(&SendOptions::text("expiring").ttl(1)).await);
+    assert_eq!(state_of(&expiring).await, "stored");
+    wait_for_state(&expiring, "expired").await;
+    // The client comes back: it gets the Topic message only.
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "second");
+    ws.ack_notification(&n).await;
+    wait_for_state(&location(&second), "delivered").await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(state_of(&expiring).await, "expired");
+
+    // An id this service never gave.
+    let unknown = format!("{}/m/not-an-id", server.endpoint_base());
+    http::get(&unknown).await.assert_error(404, 102);
+}
+
+/// A VAPID-restricted subscription's receipts need the push's VAPID key.
+async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
+    let server = start(db, &[]).await;
+    let (_, sub) = server.offline_subscription(true).await;
+    let receipt = location(&sub.push_text("restricted").await);
+    let audience = server.endpoint_base();
+    let signed_by = |key: &SigningKey| {
+        let authorization = key.authorization(&audience, "mailto:ops@example.com");
+        let receipt = receipt.clone();
+        async move {
+            let headers = [("authorization", authorization.as_str())];
+            http::request(reqwest::Method::GET, &receipt, &headers, None).await
+        }
+    };
+    http::get(&receipt).await.assert_error(401, 109);
+    signed_by(&SigningKey::generate())
+        .await
+        .assert_error(401, 109);
+    let private = unb64(&sub.vapid_key().private_key);
+    let key = SigningKey::from_bytes(&private).expect("the subscription's VAPID key");
+    assert_eq!(receipt_state(&signed_by(&key).await), "stored");
+}
+
+fn unb64(text: &str) -> Vec<u8> {
+    autopush_crypto::unb64(text).expect("base64url")
+}
+
+/// Past its retention window a receipt is 404/102, whether it was kept in
+/// storage (delivered) or sealed into the id (dropped).
+async fn a_receipt_is_gone_after_its_retention(db: Db) {
+    let server = start(db, &["--receipt-retention", "1"]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let delivered = location(&sub.push_text("delivered").await);
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    wait_for_state(&delivered, "delivered").await;
+    ws.close().await;
+    let dropped = location(&sub.send(&SendOptions::text("dropped").ttl(0)).await);
+    wait_for_404(&delivered).await;
+    wait_for_404(&dropped).await;
+}
+
+macro_rules! on_both_backends {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Db::Embedded).await;
+                }
+            )*
+        }
+        mod dynamodb {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Db::DynamoDb).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    each_webpush_state,
+    a_v2_receipt_needs_the_push_vapid_key,
+    a_receipt_is_gone_after_its_retention,
+);
+
+/// With `--receipt-retention 0` there are no receipts, and pushes, acks
+/// and DELETE work as before.
+#[tokio::test]
+async fn receipts_can_be_turned_off() {
+    let server = start(Db::Embedded, &["--receipt-retention", "0"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let kept = location(&sub.push_text("kept").await);
+    let cancelled = location(&sub.push_text("cancelled").await);
+    http::get(&kept).await.assert_error(404, 102);
+    assert_eq!(http::delete(&cancelled).await.status, 204);
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "kept");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// Operators see what the 201s became: `notification.final` by state and
+/// router type.
+#[tokio::test]
+async fn final_states_are_counted() {
+    let [metrics_port] = free_ports::<1>();
+    let server = start(Db::Embedded, &["--metrics-port", &metrics_port.to_string()]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("delivered").await;
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    ws.close().await;
+    let deleted = location(&sub.push_text("deleted").await);
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    sub.send(&SendOptions::text("dropped").ttl(0))
+        .await
+        .assert_created();
+    let want = [("delivered", 1.0), ("deleted", 1.0), ("dropped", 1.0)];
+    let deadline = tokio::time::Instant::now() + HANG_GUARD;
+    loop {
+        let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+        let scrape = Scrape::parse(&reply.text);
+        let counted = |state| {
+            scrape
+                .get(
+                    "notification_final",
+                    &[("router_type", "webpush"), ("state", state)],
+                )
+                .unwrap_or(0.0)
+        };
+        if want.iter().all(|(state, n)| counted(*state) == *n) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "notification_final never counted {want:?}: {}",
+            reply.text
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
