@@ -166,7 +166,6 @@ async fn each_webpush_state(db: Db) {
 
     // TTL runs out before the client comes back.
     let expiring = location(&sub.send(&SendOptions::text("expiring").ttl(1)).await);
-    assert_eq!(state_of(&expiring).await, "stored");
     wait_for_state(&expiring, "expired").await;
     // The client comes back: it gets the Topic message only.
     let mut ws = server.reconnect(&uaid).await;
@@ -180,6 +179,60 @@ async fn each_webpush_state(db: Db) {
     // An id this service never gave.
     let unknown = format!("{}/m/not-an-id", server.endpoint_base());
     http::get(&unknown).await.assert_error(404, 102);
+}
+
+/// A message still pending when its subscription ends is `gone`; one
+/// delivered before stays `delivered`.
+async fn a_pending_message_of_a_removed_registration_is_gone(db: Db) {
+    let server = start(db, &[]).await;
+    let base = server.endpoint_base();
+    let registration = format!("{base}/v1/webpush/any/registration");
+    let reply = http::request(
+        reqwest::Method::POST,
+        &registration,
+        &[("content-type", "application/json")],
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let field = |name: &str| reply.json[name].as_str().expect(name).to_owned();
+    let (uaid, secret, endpoint) = (field("uaid"), field("secret"), field("endpoint"));
+    let push = async || {
+        let sent = http::post_push(&endpoint, &[("ttl", "60")], None).await;
+        sent.assert_created();
+        sent.header("location").expect("Location").to_owned()
+    };
+    let (delivered, pending) = (push().await, push().await);
+    let mut ws = server.reconnect(&uaid).await;
+    let first = ws.recv_notification().await;
+    ws.ack_notification(&first).await;
+    let second = ws.recv_notification().await;
+    ws.close().await;
+    // The service learns the client left when a push finds it gone: until
+    // then its pending messages read `sent`.
+    push().await;
+    // Whichever came first was acked.
+    let (delivered, pending) = match first["version"] == second["version"] {
+        true => panic!("the same message twice: {first}"),
+        false if delivered.ends_with(first["version"].as_str().unwrap()) => (delivered, pending),
+        false => (pending, delivered),
+    };
+    wait_for_state(&delivered, "delivered").await;
+    wait_for_state(&pending, "stored").await;
+    let bearer = format!("Bearer {secret}");
+    let removed = http::request(
+        reqwest::Method::DELETE,
+        &format!("{registration}/{uaid}"),
+        &[("authorization", bearer.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(removed.status, 200, "{}", removed.text);
+    assert_eq!(state_of(&pending).await, "gone");
+    assert_eq!(state_of(&delivered).await, "delivered");
+    http::post_push(&endpoint, &[("ttl", "60")], None)
+        .await
+        .assert_error(410, 103);
 }
 
 /// A VAPID-restricted subscription's receipts need the push's VAPID key.
@@ -248,6 +301,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     each_webpush_state,
+    a_pending_message_of_a_removed_registration_is_gone,
     a_v2_receipt_needs_the_push_vapid_key,
     a_receipt_is_gone_after_its_retention,
 );

@@ -170,6 +170,41 @@ mod suite {
         );
     }
 
+    /// A removed user's pending messages leave `gone` receipts; its
+    /// receipts and expired messages stay until their own expiry; nothing
+    /// is fetched or counted for it.
+    pub async fn a_removed_users_messages_are_gone(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let user = User::new_webpush(uaid, "http://a", now_secs() * 1000);
+        store.add_user(&user).await.unwrap();
+        assert!(store.add_channel(&uaid, &chid, 10).await.unwrap());
+        let pending = message(chid, None, 1, 60, "pending");
+        let acked = message(chid, None, 2, 60, "acked");
+        let expired = message(chid, None, 3, 0, "expired");
+        store
+            .save_messages(&uaid, vec![pending.clone(), acked.clone(), expired.clone()])
+            .await
+            .unwrap();
+        let delivered = MessageState::Delivered;
+        assert!(settle(&*store, &uaid, &acked.sort_key(), &acked.version, delivered).await);
+        store.remove_user(&uaid).await.unwrap();
+        let state = async |m: &Notification| match store
+            .read_message(&uaid, &m.sort_key())
+            .await
+            .unwrap()
+        {
+            Some(StoredMessage::Settled(r)) => Some(r.state),
+            Some(StoredMessage::Pending(_)) => None,
+            None => panic!("{:?} left nothing", m.data),
+        };
+        assert_eq!(state(&pending).await, Some(MessageState::Gone));
+        assert_eq!(state(&acked).await, Some(MessageState::Delivered));
+        assert_eq!(state(&expired).await, None);
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    }
+
     /// A newer message with the same Topic takes the place of an older
     /// one's receipt, and is delivered.
     pub async fn a_topic_message_replaces_a_receipt(store: Arc<dyn Storage>) {
@@ -671,6 +706,7 @@ macro_rules! receipts_for {
                 settling_leaves_a_receipt_in_the_row,
                 an_expired_message_stays_for_its_receipt,
                 a_topic_message_replaces_a_receipt,
+                a_removed_users_messages_are_gone,
                 topics_first_then_arrival_order_and_topics_replace,
                 counting_is_bounded_and_skips_expired_messages,
                 acking_a_replaced_topic_message_keeps_the_newer_one,

@@ -25,7 +25,7 @@ use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, Select, WriteRequest};
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
@@ -109,6 +109,20 @@ where
         Err(e) if is_condition_failed(&e) => Ok(false),
         Err(e) => Err(backend(op, e)),
     }
+}
+
+/// A BatchWriteItem delete of the row `row` (its key attributes).
+fn delete_request(
+    row: &Item,
+) -> std::result::Result<WriteRequest, aws_sdk_dynamodb::error::BuildError> {
+    let key = ["uaid", "chidmessageid"]
+        .into_iter()
+        .filter_map(|name| Some((name.to_owned(), row.get(name)?.clone())))
+        .collect();
+    DeleteRequest::builder()
+        .set_key(Some(key))
+        .build()
+        .map(|d| WriteRequest::builder().delete_request(d).build())
 }
 
 /// `uaid` as a key value: hex without dashes, as the seeds store it.
@@ -235,8 +249,9 @@ impl DynamoStore {
         }
     }
 
-    /// Every row key of `uaid` in message table `table`, page by page.
-    async fn message_keys(&self, table: &str, uaid: &Uuid) -> Result<Vec<Item>> {
+    /// Every row of `uaid` in message table `table` (keys, and what tells a
+    /// pending message from the rest), page by page.
+    async fn message_rows(&self, table: &str, uaid: &Uuid) -> Result<Vec<Item>> {
         let mut keys = Vec::new();
         let mut start = None;
         loop {
@@ -246,7 +261,11 @@ impl DynamoStore {
                 .table_name(table)
                 .key_condition_expression("uaid = :u")
                 .expression_attribute_values(":u", uaid_attr(uaid))
-                .projection_expression("uaid, chidmessageid")
+                // What tells a pending message from a receipt or an
+                // expired one (see `remove_message_rows`).
+                .projection_expression("uaid, chidmessageid, updateid, settled, #ts, #ttl")
+                .expression_attribute_names("#ts", "timestamp")
+                .expression_attribute_names("#ttl", "ttl")
                 .consistent_read(true)
                 .limit(self.page_size as i32)
                 .set_exclusive_start_key(start)
@@ -299,20 +318,41 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Delete every row of `uaid` (channels and messages) in `tables`.
+    /// Delete every row of `uaid` (channels and messages) in `tables`. With
+    /// receipts on, its pending messages leave `gone` receipts instead (a
+    /// put where there was a delete: the same requests), and its receipts
+    /// and expired messages stay until their own expiry.
     async fn remove_message_rows(&self, uaid: &Uuid, tables: &[String]) -> Result<()> {
+        let now = now_secs();
         for table in tables {
-            let deletes = self
-                .message_keys(table, uaid)
-                .await?
-                .into_iter()
-                .map(|key| {
-                    let delete = DeleteRequest::builder().set_key(Some(key)).build();
-                    delete.map(|d| WriteRequest::builder().delete_request(d).build())
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| StorageError::Backend(e.to_string()))?;
-            self.batch_write(table, deletes).await?;
+            let mut writes = Vec::new();
+            for row in self.message_rows(table, uaid).await? {
+                let sort_key = match row.get("chidmessageid") {
+                    Some(AttributeValue::S(key)) => key.clone(),
+                    _ => String::new(),
+                };
+                let write = if self.retention == 0 || sort_key == CHANNELS_ROW {
+                    Some(delete_request(&row))
+                } else {
+                    match item::stored_from_item(&row) {
+                        Ok(StoredMessage::Pending(m)) if !m.is_expired(now) => {
+                            let gone =
+                                Receipt::new(&m.version, MessageState::Gone, now, self.retention);
+                            let put = PutRequest::builder()
+                                .set_item(Some(item::receipt_to_item(uaid, &sort_key, &gone)))
+                                .build()
+                                .map(|p| WriteRequest::builder().put_request(p).build());
+                            Some(put)
+                        }
+                        Ok(_) => None,
+                        Err(_) => Some(delete_request(&row)),
+                    }
+                };
+                if let Some(write) = write {
+                    writes.push(write.map_err(|e| StorageError::Backend(e.to_string()))?);
+                }
+            }
+            self.batch_write(table, writes).await?;
         }
         Ok(())
     }

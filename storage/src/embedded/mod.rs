@@ -155,8 +155,10 @@ fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
         .transpose()
 }
 
-/// Remove a user's record, channels and messages.
-fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
+/// Remove a user's record, channels and messages. With receipts on
+/// (`retention` seconds), its pending messages leave `gone` receipts instead,
+/// and its receipts and expired messages stay until their own expiry.
+fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) -> Result<()> {
     txn.open_table(USERS)
         .map_err(backend)?
         .remove(uaid)
@@ -165,10 +167,29 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
         .map_err(backend)?
         .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
         .map_err(backend)?;
-    txn.open_table(MESSAGES)
-        .map_err(backend)?
-        .retain_in((uaid, "")..=(uaid, SORT_KEY_MAX), |_, _| false)
-        .map_err(backend)?;
+    let mut messages = txn.open_table(MESSAGES).map_err(backend)?;
+    let range = (uaid, "")..=(uaid, SORT_KEY_MAX);
+    if retention == 0 {
+        messages.retain_in(range, |_, _| false).map_err(backend)?;
+        return Ok(());
+    }
+    let now = now_secs();
+    let mut gone = Vec::new();
+    for entry in messages.range(range).map_err(backend)? {
+        let (key, value) = entry.map_err(backend)?;
+        if let StoredMessage::Pending(m) = decode(value.value())?
+            && !m.is_expired(now)
+        {
+            let receipt = Receipt::new(&m.version, MessageState::Gone, now, retention);
+            let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
+            gone.push((key.value().1.to_owned(), json));
+        }
+    }
+    for (key, json) in gone {
+        messages
+            .insert((uaid, key.as_str()), json.as_slice())
+            .map_err(backend)?;
+    }
     Ok(())
 }
 
@@ -269,10 +290,13 @@ impl Storage for EmbeddedStore {
 
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
         let uaid = uaid.as_u128();
-        self.write(move |txn| remove_user_rows(txn, uaid)).await
+        let retention = self.retention;
+        self.write(move |txn| remove_user_rows(txn, uaid, retention))
+            .await
     }
 
     async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let retention = self.retention;
         let (uaid, connected_at, router_data) = (
             seen.uaid.as_u128(),
             seen.connected_at,
@@ -280,7 +304,7 @@ impl Storage for EmbeddedStore {
         );
         self.write(move |txn| match read_user(txn, uaid)? {
             Some(user) if user.connected_at == connected_at && user.router_data == router_data => {
-                remove_user_rows(txn, uaid)?;
+                remove_user_rows(txn, uaid, retention)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -590,6 +614,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn drop_idle_users(&self, last_connect_before: u64, budget: usize) -> Result<SweepStep> {
+        let retention = self.retention;
         let start = *lock(&self.user_cursor);
         let (idle, next) = self
             .run(move |db| {
@@ -629,7 +654,7 @@ impl Storage for EmbeddedStore {
                 .write(move |txn| match read_user(txn, uaid)? {
                     // Looked again under the write lock: it may have said hello.
                     Some(user) if is_idle(&user, last_connect_before) => {
-                        remove_user_rows(txn, uaid)?;
+                        remove_user_rows(txn, uaid, retention)?;
                         Ok(true)
                     }
                     _ => Ok(false),
