@@ -336,6 +336,7 @@ pub async fn start(
             routers: routers.clone(),
             secrets: SecretKeys::new(&auth_keys)?,
             max_channels: settings.max_channels,
+            mailbox_limit: settings.msg_limit,
         });
         let state = Arc::new(EndpointState {
             crypto,

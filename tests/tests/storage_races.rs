@@ -129,6 +129,7 @@ impl World {
             "fcm",
             APP.into(),
             &[uaid.as_str()],
+            "",
             headers,
             body.as_bytes().to_vec(),
         )
@@ -373,6 +374,7 @@ async fn hunt(store: Arc<dyn Storage>) {
         routers,
         secrets: SecretKeys::new(&["races".into()]).unwrap(),
         max_channels: 100,
+        mailbox_limit: 100,
     };
     let world = Arc::new(World {
         store,

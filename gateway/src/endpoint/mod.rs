@@ -9,6 +9,7 @@
 
 pub mod fair_use;
 pub mod headers;
+pub mod mailbox;
 pub mod message;
 pub mod receipt;
 pub mod webpush;
@@ -148,6 +149,7 @@ pub fn routes(
         );
     let registration = warp::path!("v1" / String / String / "registration" / ..)
         .and(warp::path::tail())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::method())
         .and(warp::header::headers_cloned())
         .and(warp::ext::optional::<Peer>())
@@ -157,6 +159,7 @@ pub fn routes(
             |router_type: String,
              app_id: String,
              tail: warp::path::Tail,
+             query: String,
              method: warp::http::Method,
              headers: HeaderMap,
              peer,
@@ -180,6 +183,7 @@ pub fn routes(
                     &router_type,
                     app_id,
                     &path,
+                    &query,
                     headers,
                     body.to_vec(),
                 )

@@ -13,14 +13,15 @@
 //! for its `expired` answer). A message settled before the sender got its
 //! id (bridged, dropped) carries its receipt in the id and costs nothing; a
 //! pending one costs one more read, of its user, to tell `sent` (the client
-//! is connected) from `stored`.
+//! is connected) from `stored`, and a bridged app's mailbox (`bridged`
+//! until the app acks it: `fetched`).
 
 use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, key_hash_in_id};
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
-use autopush_common::{ApiError, ApiResult};
+use autopush_common::{ApiError, ApiResult, RouterType};
 use autopush_storage::StoredMessage;
 use serde_json::json;
 use warp::http::HeaderMap;
@@ -98,12 +99,17 @@ async fn look_up(
                 return Ok(Some((MessageState::Expired, pending.expiry())));
             }
             let user = state.storage.get_user(&message.uaid).await?;
-            Some(match user.filter(|u| u.node_id.is_some()) {
-                Some(user) => (
+            Some(match user {
+                // In a bridged app's mailbox: the upstream took it before
+                // the sender got its id; the app has not acked it yet.
+                Some(user) if user.router_type != RouterType::WebPush => {
+                    (MessageState::Bridged, pending.timestamp)
+                }
+                Some(user) if user.node_id.is_some() => (
                     MessageState::Sent,
                     pending.timestamp.max(user.connected_at / 1000),
                 ),
-                None => (MessageState::Stored, pending.timestamp),
+                _ => (MessageState::Stored, pending.timestamp),
             })
         }
         // Another message under a Topic's key: a newer one with the same

@@ -20,8 +20,8 @@ use tracing::{debug, info};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
-use super::EndpointState;
 use super::headers::{self, PushHeaders};
+use super::{EndpointState, mailbox};
 use crate::vapid::{VapidIdentity, key_hash_matches};
 
 /// One push request as it arrived.
@@ -79,14 +79,31 @@ pub async fn send(
         return Err(ApiError::NoSubscription);
     }
 
-    let (notification, mut message) = build_notification(&state, &subscription, push, &body);
+    let mailbox = user.has_mailbox();
+    // A bridge without a mailbox keeps nothing: once the upstream takes the
+    // message (the only way the sender gets its id) it is `bridged` for
+    // good, sealed into the id the app receives as `ver` too.
+    let bridged =
+        (state.receipt_retention > 0 && user.router_type != RouterType::WebPush && !mailbox)
+            .then(|| (MessageState::Bridged, now_secs()));
+    let (notification, mut message) =
+        build_notification(&state, &subscription, push, &body, bridged);
     let (mut message_id, ttl) = (notification.version.clone(), notification.ttl);
+    if mailbox {
+        mailbox::keep(&state, &user, &notification).await?;
+    }
+    let sort_key = notification.sort_key();
     let delivery = match route(router.as_ref(), notification, &user).await {
-        Err(ApiError::DeviceGone) => {
-            forget_gone_device(&state, &user).await?;
-            return Err(ApiError::DeviceGone);
+        Ok(delivery) => delivery,
+        Err(e) => {
+            if mailbox {
+                mailbox::forget(&state, &user, &sort_key, &message_id).await;
+            }
+            if e == ApiError::DeviceGone {
+                forget_gone_device(&state, &user).await?;
+            }
+            return Err(e);
         }
-        other => other?,
     };
     metrics::delivery(
         user.router_type,
@@ -96,11 +113,16 @@ pub async fn send(
             Delivery::Dropped => "dropped",
         },
     );
-    if let Some(settled) = settled_at_once(&state, user.router_type, delivery, ttl) {
+    let settled = match mailbox {
+        // Its row in the mailbox follows it.
+        true => None,
+        false => settled_at_once(&state, user.router_type, delivery, ttl),
+    };
+    if let Some(settled) = settled {
         if settled.is_final() {
             metrics::final_state(user.router_type, settled);
         }
-        if state.receipt_retention > 0 {
+        if state.receipt_retention > 0 && message.settled.is_none() {
             // Nothing stored follows this message: its receipt is sealed
             // into the id the sender gets.
             message.settled = Some((settled, now_secs()));
@@ -221,6 +243,7 @@ fn build_notification(
     subscription: &TokenInfo,
     push: PushHeaders,
     body: &[u8],
+    settled: Option<(MessageState, u64)>,
 ) -> (Notification, MessageIdInfo) {
     // Orders every message, Topic ones included: a Topic message never
     // replaces a newer one with the same Topic.
@@ -231,7 +254,7 @@ fn build_notification(
         topic: push.topic.clone(),
         sortkey_timestamp: push.topic.is_none().then_some(sortkey_timestamp),
         key_hash: subscription.key_hash.as_ref().map(key_hash_in_id),
-        settled: None,
+        settled,
     };
     let message_id = state.crypto.make_message_id(&info);
     let notification = Notification {
