@@ -364,3 +364,58 @@ async fn final_states_are_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Storage operations (as `storage.time` counts them) of 10 messages
+/// pushed to a connected client and acked, then 10 stored and drained.
+async fn storage_operations(args: &[&str]) -> (f64, f64) {
+    let [metrics_port] = free_ports::<1>();
+    let mut all = vec!["--metrics-port".to_owned(), metrics_port.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let server = start(Db::Embedded, &all).await;
+    // Every operation so far, once `acks` acks have been settled.
+    let scrape = async |acks: f64| {
+        let deadline = tokio::time::Instant::now() + HANG_GUARD;
+        loop {
+            let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+            let scrape = Scrape::parse(&reply.text);
+            let settle = [("backend", "embedded"), ("op", "settle_message")];
+            if scrape.value("storage_time_count", &settle) >= acks {
+                return scrape.sum("storage_time_count");
+            }
+            assert!(tokio::time::Instant::now() < deadline, "acks never settled");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let before = scrape(0.0).await;
+    for i in 0..10 {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let direct = scrape(10.0).await - before;
+    let before = scrape(10.0).await;
+    for i in 0..10 {
+        sub.push_text(&format!("stored {i}")).await;
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    for _ in 0..10 {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    (direct, scrape(20.0).await - before)
+}
+
+/// On the embedded store too, receipts cost no storage operation: the
+/// ack's delete becomes the write of the receipt.
+#[tokio::test]
+async fn receipts_cost_no_storage_operation() {
+    let off = storage_operations(&["--receipt-retention", "0"]).await;
+    let on = storage_operations(&[]).await;
+    eprintln!("embedded storage operations for 10 messages (direct, stored+drained): receipts off {off:?}, on {on:?}");
+    assert_eq!(off, on);
+}
