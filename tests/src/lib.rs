@@ -30,6 +30,7 @@ pub mod http;
 pub mod node;
 pub mod prometheus;
 pub mod py;
+pub mod receipt;
 pub mod server;
 pub mod subscription;
 pub mod ws;

@@ -10,7 +10,7 @@ use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
-use autopush_tests::{Server, new_channel_id, server};
+use autopush_tests::{Server, new_channel_id, receipt, server};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -804,11 +804,7 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
 #[tokio::test]
 async fn fcm_receipts_and_the_mailbox() {
     let bridge = Bridge::start().await;
-    let state_of = async |sent: &SendResult| {
-        let receipt = http::get(sent.header("location").expect("Location")).await;
-        assert_eq!(receipt.status, 200, "{}", receipt.text);
-        receipt.json["state"].as_str().expect("state").to_owned()
-    };
+    let state_of = async |sent: &SendResult| receipt::state_of(&receipt::location(sent)).await;
     let plain = bridge.register("fcm", "app1", "fcm-token-plain").await;
     let sent = bridge.push(&plain, &SendOptions::text("plain")).await;
     sent.assert_created();

@@ -5,25 +5,9 @@
 use autopush_apns::double::{ApnsDouble, Outcome};
 use autopush_tests::apns::{ApnsService, FIREFOX, IosApp, device_token};
 use autopush_tests::http::{self, HttpReply};
+use autopush_tests::receipt::{id_of, location, state_of, wait_for_state};
 use autopush_tests::*;
 use serde_json::{Value, json};
-
-fn location(sent: &SendResult) -> String {
-    sent.assert_created();
-    sent.header("location").expect("Location").to_owned()
-}
-
-/// The receipt's state (asserting a 200).
-async fn state_of(location: &str) -> String {
-    let reply = http::get(location).await;
-    assert_eq!(reply.status, 200, "receipt: {reply:?}");
-    reply.json["state"].as_str().expect("state").to_owned()
-}
-
-/// The message id a receipt URL ends with.
-fn id_of(location: &str) -> &str {
-    location.rsplit('/').next().unwrap_or_default()
-}
 
 /// Every message in `app`'s mailbox, page by page (`limit` a page).
 async fn fetch_all(service: &ApnsService, app: &IosApp, limit: usize) -> Vec<Value> {
@@ -133,11 +117,7 @@ async fn the_mailbox_keeps_topic_ttl_and_delete_rules() {
     assert_eq!(http::delete(&deleted).await.status, 204);
     assert_eq!(state_of(&first).await, "replaced");
     assert_eq!(state_of(&deleted).await, "deleted");
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    while state_of(&expiring).await != "expired" {
-        assert!(tokio::time::Instant::now() < deadline, "never expired");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    wait_for_state(&expiring, "expired").await;
     let listed = fetch_all(&service, &app, 10).await;
     let mut texts = Vec::new();
     for message in &listed {

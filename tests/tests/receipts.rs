@@ -1,11 +1,12 @@
 //! Receipts: `GET` on the `Location` URL of a push says what became of it,
 //! through the real binary, on the embedded store and on DynamoDB.
 
-use std::time::Duration;
-
 use autopush_crypto::vapid::VapidKey as SigningKey;
-use autopush_tests::http::{self, HttpReply};
+use autopush_tests::http;
 use autopush_tests::prometheus::Scrape;
+use autopush_tests::receipt::{
+    location, state, state_of, wait_for_404, wait_for_state, wait_until,
+};
 use autopush_tests::server::{Node, free_ports};
 use autopush_tests::*;
 
@@ -54,66 +55,6 @@ async fn start(db: Db, args: &[&str]) -> Server {
             })
             .await
         }
-    }
-}
-
-/// The receipt of the push answered by `sent`: its state, after checking
-/// the answer is a 200 whose `updated` is a plausible unix time.
-async fn state_of(location: &str) -> String {
-    let reply = http::get(location).await;
-    receipt_state(&reply)
-}
-
-fn receipt_state(reply: &HttpReply) -> String {
-    assert_eq!(reply.status, 200, "receipt: {reply:?}");
-    let updated = reply.json["updated"].as_u64();
-    let now = http::unix_now();
-    assert!(
-        updated.is_some_and(|t| t + 120 > now && t <= now + 1),
-        "updated: {}",
-        reply.text
-    );
-    reply.json["state"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no state: {}", reply.text))
-        .to_owned()
-}
-
-/// Wait (hang guard) until the receipt says `want`.
-async fn wait_for_state(location: &str, want: &str) {
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    loop {
-        let state = state_of(location).await;
-        if state == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "receipt stayed {state}, never {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn location(sent: &py::SendResult) -> String {
-    sent.header("location").expect("Location").to_owned()
-}
-
-/// Wait until `location`'s receipt is gone (hang guard): 404/102.
-async fn wait_for_404(location: &str) {
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    loop {
-        let reply = http::get(location).await;
-        if reply.status == 404 {
-            reply.assert_error(404, 102);
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "receipt still answers: {}",
-            reply.text
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -255,7 +196,7 @@ async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
         .assert_error(401, 109);
     let private = unb64(&sub.vapid_key().private_key);
     let key = SigningKey::from_bytes(&private).expect("the subscription's VAPID key");
-    assert_eq!(receipt_state(&signed_by(&key).await), "stored");
+    assert_eq!(state(&signed_by(&key).await), "stored");
 }
 
 fn unb64(text: &str) -> Vec<u8> {
@@ -341,28 +282,15 @@ async fn final_states_are_counted() {
         .await
         .assert_created();
     let want = [("delivered", 1.0), ("deleted", 1.0), ("dropped", 1.0)];
-    let deadline = tokio::time::Instant::now() + HANG_GUARD;
-    loop {
+    let counted = async || {
         let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
         let scrape = Scrape::parse(&reply.text);
-        let counted = |state| {
-            scrape
-                .get(
-                    "notification_final",
-                    &[("router_type", "webpush"), ("state", state)],
-                )
-                .unwrap_or(0.0)
-        };
-        if want.iter().all(|(state, n)| counted(*state) == *n) {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "notification_final never counted {want:?}: {}",
-            reply.text
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        want.iter().all(|(state, n)| {
+            let labels = [("router_type", "webpush"), ("state", *state)];
+            scrape.value("notification_final", &labels) == *n
+        })
+    };
+    wait_until(&format!("notification_final counting {want:?}"), counted).await;
 }
 
 /// Storage operations (as `storage.time` counts them) of 10 messages
@@ -375,17 +303,16 @@ async fn storage_operations(args: &[&str]) -> (f64, f64) {
     let server = start(Db::Embedded, &all).await;
     // Every operation so far, once `acks` acks have been settled.
     let scrape = async |acks: f64| {
-        let deadline = tokio::time::Instant::now() + HANG_GUARD;
-        loop {
+        let settle = [("backend", "embedded"), ("op", "settle_message")];
+        let mut total = 0.0;
+        wait_until("the acks settling", async || {
             let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
             let scrape = Scrape::parse(&reply.text);
-            let settle = [("backend", "embedded"), ("op", "settle_message")];
-            if scrape.value("storage_time_count", &settle) >= acks {
-                return scrape.sum("storage_time_count");
-            }
-            assert!(tokio::time::Instant::now() < deadline, "acks never settled");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            total = scrape.sum("storage_time_count");
+            scrape.value("storage_time_count", &settle) >= acks
+        })
+        .await;
+        total
     };
     let mut ws = server.client().await;
     let uaid = ws.uaid().to_owned();
@@ -416,6 +343,8 @@ async fn storage_operations(args: &[&str]) -> (f64, f64) {
 async fn receipts_cost_no_storage_operation() {
     let off = storage_operations(&["--receipt-retention", "0"]).await;
     let on = storage_operations(&[]).await;
-    eprintln!("embedded storage operations for 10 messages (direct, stored+drained): receipts off {off:?}, on {on:?}");
+    eprintln!(
+        "embedded storage operations for 10 messages (direct, stored+drained): receipts off {off:?}, on {on:?}"
+    );
     assert_eq!(off, on);
 }

@@ -408,16 +408,8 @@ impl DynamoStore {
     /// The channel set in `table` as stored (the seeds' Python wrote hex,
     /// we write hyphenated).
     async fn chids_in(&self, table: &str, uaid: &Uuid) -> Result<Vec<String>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(table)
-            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| backend("GetItem", e))?;
-        Ok(match out.item.and_then(|mut i| i.remove("chids")) {
+        let row = self.get_row(table, uaid, CHANNELS_ROW).await?;
+        Ok(match row.and_then(|mut i| i.remove("chids")) {
             Some(AttributeValue::Ss(chids)) => chids,
             _ => Vec::new(),
         })
@@ -557,20 +549,25 @@ impl DynamoStore {
     async fn read_in(&self, table: &str, uaid: &Uuid, sort_key: &str) -> Result<Option<Item>> {
         let legacy = item::legacy_sort_key(sort_key);
         for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
-            let out = self
-                .client
-                .get_item()
-                .table_name(table)
-                .set_key(Some(item::message_key(uaid, key)))
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(|e| backend("GetItem", e))?;
-            if out.item.is_some() {
-                return Ok(out.item);
+            if let Some(row) = self.get_row(table, uaid, key).await? {
+                return Ok(Some(row));
             }
         }
         Ok(None)
+    }
+
+    /// One row of `uaid` in message table `table`, read consistently.
+    async fn get_row(&self, table: &str, uaid: &Uuid, sort_key: &str) -> Result<Option<Item>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(item::message_key(uaid, sort_key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend("GetItem", e))?;
+        Ok(out.item)
     }
 
     /// The seeds' `update_message_month`: move a user whose table `from`
