@@ -3,6 +3,7 @@
 //! A message id names one message. If a newer push with the same `Topic`
 //! has replaced it, the old id cancels nothing: the newer message stays
 //! (cancel it with its own id). The answer is 204 either way, as autopush's.
+//! A cancelled message's receipt says `deleted`.
 
 use std::sync::Arc;
 
@@ -27,7 +28,11 @@ pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<
         )
         .await?;
     if existed {
-        metrics::final_state(RouterType::WebPush, MessageState::Deleted);
+        // Rare enough to read whose it was: a webpush client's, or a
+        // bridged app's mailbox.
+        let user = state.storage.get_user(&message.uaid).await.ok().flatten();
+        let router_type = user.map_or(RouterType::WebPush, |u| u.router_type);
+        metrics::final_state(router_type, MessageState::Deleted);
     }
     debug!(uaid = %uaid_tag(&message.uaid), existed, "message cancelled");
     Ok(StatusCode::NO_CONTENT.into_response())
