@@ -57,14 +57,21 @@ pub struct Call {
 /// Largest registration body accepted.
 pub const MAX_BODY: usize = 16 * 1024;
 
-/// Serve `{method} /v1/{router_type}/{app_id}/registration/{path...}`.
+/// What follows `registration` in a `/v1` URL: the path's segments and the
+/// query string (without `?`, empty when none).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Target<'a> {
+    pub path: &'a [&'a str],
+    pub query: &'a str,
+}
+
+/// Serve `{method} /v1/{router_type}/{app_id}/registration/{path...}?{query}`.
 pub async fn handle(
     state: &RegistrationState,
     method: Method,
     router_type: &str,
     app_id: String,
-    path: &[&str],
-    query: &str,
+    target: Target<'_>,
     headers: HeaderMap,
     body: Vec<u8>,
 ) -> ApiResult<serde_json::Value> {
@@ -81,9 +88,9 @@ pub async fn handle(
         app_id,
         headers,
         body,
-        query: query.to_owned(),
+        query: target.query.to_owned(),
     };
-    match (method, path) {
+    match (method, target.path) {
         (Method::POST, []) => register::new_user(state, call).await,
         (Method::PUT, [uaid]) => uaid::update_token(state, call, uaid).await,
         (Method::GET, [uaid]) => uaid::channels(state, call, uaid).await,

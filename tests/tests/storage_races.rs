@@ -128,8 +128,10 @@ impl World {
             method,
             "fcm",
             APP.into(),
-            &[uaid.as_str()],
-            "",
+            autopush_registration::Target {
+                path: &[uaid.as_str()],
+                query: "",
+            },
             headers,
             body.as_bytes().to_vec(),
         )

@@ -182,8 +182,10 @@ pub fn routes(
                     method,
                     &router_type,
                     app_id,
-                    &path,
-                    &query,
+                    autopush_registration::Target {
+                        path: &path,
+                        query: &query,
+                    },
                     headers,
                     body.to_vec(),
                 )
