@@ -66,6 +66,9 @@ enum Scenario {
         /// The server's --durable-direct (write before delivering, delete on ack)
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         durable_direct: bool,
+        /// The server's --receipt-retention (seconds; 0: receipts off)
+        #[arg(long, default_value_t = 86_400)]
+        receipt_retention: u64,
         /// The server's per-sender rate limit: on (never reached, but
         /// checked on every push) or off
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -155,6 +158,7 @@ async fn main() {
             seconds,
             no_vapid_cache,
             durable_direct,
+            receipt_retention,
             rate_limits,
         } => {
             let rates = rates
@@ -175,6 +179,7 @@ async fn main() {
                 seconds,
                 vapid_cache: !no_vapid_cache,
                 durable_direct,
+                receipt_retention,
                 rate_limits,
             };
             if !direct::run(&options, &under_test).await {

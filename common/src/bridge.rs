@@ -18,6 +18,7 @@
 //!   [`crate::router::mask_tokens`] applies it to a bridge user's `router_data`.
 //! * [`Bridge`]: what a bridge's settings section builds for the gateway.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use crate::Notification;
 use crate::limit::{Limiter, Rate};
 use crate::router::{Router, RouterError};
 
@@ -281,6 +283,30 @@ impl CredentialAlarm {
             tracing::warn!(bridge, app, "the bridge accepts our credentials again");
         }
     }
+}
+
+/// The fields every bridged Web Push notification carries to the app:
+/// `body` (the ciphertext, base64url) with the encryption headers it needs,
+/// `con` (`Content-Encoding`), `enc` (`Encryption`) and `cryptokey`
+/// (`Crypto-Key`), when the notification has a body. Bridges add their own
+/// identification keys (`chid`, `ver`...); the mailbox lists the same.
+pub fn web_push_fields(notification: &Notification) -> BTreeMap<&'static str, String> {
+    let mut data = BTreeMap::new();
+    if let Some(body) = &notification.data {
+        data.insert("body", body.clone());
+        let headers = notification.headers.as_ref();
+        let header = |name: &str| headers.and_then(|h| h.get(name)).cloned();
+        for (key, header_name) in [
+            ("con", "encoding"),
+            ("enc", "encryption"),
+            ("cryptokey", "crypto_key"),
+        ] {
+            if let Some(value) = header(header_name) {
+                data.insert(key, value);
+            }
+        }
+    }
+    data
 }
 
 /// A device token as it may be shown: its first and last four characters.

@@ -10,6 +10,7 @@ use fernet::{Fernet, MultiFernet};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::receipt::MessageState;
 use crate::{ApiError, ApiResult};
 
 /// What an endpoint token says.
@@ -21,13 +22,32 @@ pub struct TokenInfo {
     pub key_hash: Option<[u8; 32]>,
 }
 
-/// What a message id says: enough to find the stored message again.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What a message id says: enough to find the stored message again, and
+/// to answer for it (its receipt).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct MessageIdInfo {
     pub uaid: Uuid,
     pub channel_id: Uuid,
     pub topic: Option<String>,
     pub sortkey_timestamp: Option<u64>,
+    /// The first bytes of the subscription's VAPID key hash (v2 only): the
+    /// receipt is for the holder of that key alone.
+    pub key_hash: Option<[u8; KEY_HASH_IN_ID]>,
+    /// A final state reached before the sender got the id (bridged,
+    /// dropped), with its unix seconds: sealed into the id, so its receipt
+    /// costs no storage.
+    pub settled: Option<(MessageState, u64)>,
+}
+
+/// Bytes of the VAPID key hash a message id carries: finding another key
+/// with the same prefix is as hard as guessing a 128-bit secret.
+pub const KEY_HASH_IN_ID: usize = 16;
+
+/// The prefix of `hash` a message id carries.
+pub fn key_hash_in_id(hash: &[u8; 32]) -> [u8; KEY_HASH_IN_ID] {
+    let mut prefix = [0; KEY_HASH_IN_ID];
+    prefix.copy_from_slice(&hash[..KEY_HASH_IN_ID]);
+    prefix
 }
 
 impl MessageIdInfo {
@@ -152,9 +172,12 @@ impl EndpointCrypto {
         }
     }
 
-    /// A message id for a notification about to be routed.
+    /// A message id for a notification about to be routed. The plain text
+    /// is `01:{uaid}:{chid}:{topic}` or `02:{uaid}:{chid}:{timestamp}`, then
+    /// `;k{key hash prefix}` for a v2 subscription and `;s{state}@{secs}`
+    /// for a sealed final state (ids from before receipts have neither).
     pub fn make_message_id(&self, info: &MessageIdInfo) -> String {
-        let plain = match (&info.topic, info.sortkey_timestamp) {
+        let mut plain = match (&info.topic, info.sortkey_timestamp) {
             (Some(topic), _) => format!("01:{}:{}:{}", info.uaid.simple(), info.channel_id, topic),
             (None, ts) => format!(
                 "02:{}:{}:{}",
@@ -163,6 +186,12 @@ impl EndpointCrypto {
                 ts.unwrap_or(0)
             ),
         };
+        if let Some(hash) = &info.key_hash {
+            plain += &format!(";k{}", URL_SAFE_NO_PAD.encode(hash));
+        }
+        if let Some((state, at)) = info.settled {
+            plain += &format!(";s{}@{at}", state.as_str());
+        }
         self.fernet
             .encrypt(plain.as_bytes())
             .trim_end_matches('=')
@@ -173,7 +202,8 @@ impl EndpointCrypto {
     pub fn parse_message_id(&self, id: &str) -> ApiResult<MessageIdInfo> {
         let plain = self.decrypt(id).ok_or(ApiError::InvalidMessageId)?;
         let plain = String::from_utf8(plain).map_err(|_| ApiError::InvalidMessageId)?;
-        let mut parts = plain.splitn(4, ':');
+        let mut fields = plain.split(';');
+        let mut parts = fields.next().unwrap_or_default().splitn(4, ':');
         let (Some(kind), Some(uaid), Some(chid), Some(rest)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
@@ -189,11 +219,30 @@ impl EndpointCrypto {
             ),
             _ => return Err(ApiError::InvalidMessageId),
         };
+        let (mut key_hash, mut settled) = (None, None);
+        for field in fields {
+            if let Some(hash) = field.strip_prefix('k') {
+                let hash = URL_SAFE_NO_PAD.decode(hash).ok();
+                key_hash = Some(
+                    hash.and_then(|h| <[u8; KEY_HASH_IN_ID]>::try_from(h).ok())
+                        .ok_or(ApiError::InvalidMessageId)?,
+                );
+            } else if let Some((state, at)) =
+                field.strip_prefix('s').and_then(|s| s.split_once('@'))
+            {
+                let state = MessageState::parse(state).ok_or(ApiError::InvalidMessageId)?;
+                settled = Some((state, at.parse().map_err(|_| ApiError::InvalidMessageId)?));
+            } else {
+                return Err(ApiError::InvalidMessageId);
+            }
+        }
         Ok(MessageIdInfo {
             uaid,
             channel_id,
             topic,
             sortkey_timestamp,
+            key_hash,
+            settled,
         })
     }
 
@@ -273,14 +322,22 @@ mod tests {
             MessageIdInfo {
                 uaid: Uuid::new_v4(),
                 channel_id: Uuid::new_v4(),
-                topic: Some("mail:x".into()),
-                sortkey_timestamp: None,
+                topic: Some("mail-x".into()),
+                ..Default::default()
             },
             MessageIdInfo {
                 uaid: Uuid::new_v4(),
                 channel_id: Uuid::new_v4(),
-                topic: None,
                 sortkey_timestamp: Some(123),
+                ..Default::default()
+            },
+            MessageIdInfo {
+                uaid: Uuid::new_v4(),
+                channel_id: Uuid::new_v4(),
+                topic: Some("t".into()),
+                key_hash: Some(key_hash_in_id(&key_hash(&[4; 65]))),
+                settled: Some((MessageState::Bridged, 1_700_000_000)),
+                ..Default::default()
             },
         ] {
             let id = c.make_message_id(&info);

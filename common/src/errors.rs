@@ -14,6 +14,9 @@ pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
+/// Seconds a sender to a full mailbox is asked to wait.
+pub const MAILBOX_FULL_RETRY_AFTER: u64 = 60;
+
 /// A failure of an API call, rendered as `{code, errno, error, message, more_info}`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -74,6 +77,12 @@ pub enum ApiError {
         what: &'static str,
         retry_after: u64,
     },
+    /// A bridge registration's mailbox holds its most messages: the app
+    /// has not fetched them yet.
+    #[error(
+        "The app's mailbox is full ({0} messages waiting); retry once the app has fetched them"
+    )]
+    MailboxFull(usize),
     /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
@@ -91,7 +100,7 @@ impl ApiError {
             | InvalidTtl(_) | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            TooManyRequests { .. } | MailboxFull(_) => StatusCode::TOO_MANY_REQUESTS,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -113,7 +122,7 @@ impl ApiError {
             InvalidTtl(_) => 112,
             InvalidTopic(_) => 113,
             // "Use exponential back-off for retries".
-            Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } => 201,
+            Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } | MailboxFull(_) => 201,
             MethodNotAllowed { .. } => 999,
         }
     }
@@ -125,6 +134,7 @@ impl ApiError {
             ApiError::BridgeUnavailable { retry_after }
             | ApiError::TooManyRequests { retry_after, .. } => Some((*retry_after).max(1)),
             ApiError::Storage(_) => Some(120),
+            ApiError::MailboxFull(_) => Some(MAILBOX_FULL_RETRY_AFTER),
             _ => None,
         }
     }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod node;
 pub mod node_auth;
 pub mod notification;
+pub mod receipt;
 pub mod router;
 pub mod secret;
 pub mod time;

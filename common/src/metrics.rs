@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use metrics::{counter, gauge, histogram};
 
+use crate::receipt::MessageState;
 use crate::{ApiError, RouterType};
 
 /// Pushes answered by the endpoint: `router_type`, `status`, `errno` (errors only).
@@ -21,6 +22,10 @@ pub const PUSHES: &str = "notification.received";
 /// Accepted pushes by what became of them: `router_type`, `outcome`
 /// (`direct`, `stored`, `dropped`).
 pub const DELIVERIES: &str = "notification.delivery";
+/// Messages that reached a final state where this service settled them:
+/// `router_type`, `state` (`delivered`, `deleted`, `bridged`, `dropped`...;
+/// see [`crate::receipt::MessageState`]).
+pub const FINAL_STATES: &str = "notification.final";
 /// Stored messages sent to a connected client.
 pub const STORED_SENT: &str = "notification.message.retrieved";
 /// Client acks: `source` (`direct`, `stored`, `unknown`).
@@ -79,6 +84,12 @@ pub fn push_answered(router_type: Option<RouterType>, status: u16, errno: Option
 
 pub fn delivery(router_type: RouterType, outcome: &'static str) {
     counter!(DELIVERIES, "router_type" => router_type.as_str(), "outcome" => outcome).increment(1);
+}
+
+/// A message of a `router_type` subscription reached final `state`.
+pub fn final_state(router_type: RouterType, state: MessageState) {
+    counter!(FINAL_STATES, "router_type" => router_type.as_str(), "state" => state.as_str())
+        .increment(1);
 }
 
 pub fn stored_sent(count: usize) {

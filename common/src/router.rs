@@ -34,6 +34,11 @@ pub struct RouterDataInput {
     /// A VAPID public key to restrict the new endpoint to.
     #[serde(default)]
     pub key: Option<String>,
+    /// A bridge registration's messages are also kept until the app acks
+    /// them through `/v1/.../messages` (`true`); `false` turns that off on
+    /// a token update. Unset: as before.
+    #[serde(default)]
+    pub mailbox: Option<bool>,
     /// Anything else the bridge wants (e.g. an APNs `aps` override).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,

@@ -64,7 +64,22 @@ pub struct User {
     pub current_month: Option<String>,
 }
 
+/// The `router_data` key of a bridge registration that asked for a mailbox.
+pub const MAILBOX: &str = "mailbox";
+
 impl User {
+    /// Whether this bridge registration keeps its messages in a mailbox
+    /// until the app acks them, besides sending them upstream.
+    pub fn has_mailbox(&self) -> bool {
+        self.router_type != RouterType::WebPush
+            && self
+                .router_data
+                .as_ref()
+                .and_then(|d| d.get(MAILBOX))
+                .and_then(|m| m.as_bool())
+                == Some(true)
+    }
+
     /// A fresh webpush user connected to `node_id` now.
     pub fn new_webpush(uaid: Uuid, node_id: &str, connected_at: u64) -> Self {
         User {

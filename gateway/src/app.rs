@@ -57,9 +57,14 @@ impl Mode {
 /// recorded (`storage.time`, `storage.error`).
 pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
     let (backend, name): (Arc<dyn Storage>, _) = match &settings.db {
-        Db::Embedded(dir) => (Arc::new(open_embedded(dir)?), "embedded"),
+        Db::Embedded(dir) => (
+            Arc::new(open_embedded(dir)?.with_receipt_retention(settings.receipt_retention)),
+            "embedded",
+        ),
         Db::DynamoDb => {
-            let store = open_dynamodb(settings).await?;
+            let store = open_dynamodb(settings)
+                .await?
+                .with_receipt_retention(settings.receipt_retention);
             // Missing tables or refused credentials stop start-up here
             // rather than as 503s on the first pushes.
             store.health_check().await.map_err(|e| {
@@ -68,7 +73,9 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
             (Arc::new(store), "dynamodb")
         }
         Db::Bigtable(bigtable) => {
-            let store = open_bigtable(bigtable).await?;
+            let store = open_bigtable(bigtable)
+                .await?
+                .with_receipt_retention(settings.receipt_retention);
             store.health_check().await.map_err(|e| {
                 format!("--db bigtable: {e} (`autopush db preflight` says what is missing)")
             })?;
@@ -413,6 +420,7 @@ async fn start_endpoint(
         routers: routers.clone(),
         secrets: SecretKeys::new(auth_keys)?,
         max_channels: settings.max_channels,
+        mailbox_limit: settings.msg_limit,
     });
     let state = Arc::new(EndpointState {
         crypto,
@@ -421,6 +429,8 @@ async fn start_endpoint(
         registration,
         vapid: VapidVerifier::new(settings.endpoint_origin(), settings.vapid_cache_size),
         max_data_bytes: settings.max_data_bytes,
+        durable_direct: settings.durable_direct,
+        receipt_retention: settings.receipt_retention,
         health,
         fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
     });

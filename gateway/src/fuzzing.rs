@@ -104,7 +104,11 @@ pub fn endpoint_token(data: &[u8]) {
         (uaid, channel_id, vapid_key.map(key_hash))
     );
 
-    let topic = String::from_utf8_lossy(rest).into_owned();
+    // A Topic is base64url by the time it is in an id (the headers check).
+    let topic: String = String::from_utf8_lossy(rest)
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect();
     let timestamp = rest
         .iter()
         .fold(0u64, |t, b| t.rotate_left(8) ^ u64::from(*b));
@@ -114,6 +118,7 @@ pub fn endpoint_token(data: &[u8]) {
             channel_id,
             topic,
             sortkey_timestamp,
+            ..Default::default()
         };
         let id = CRYPTO.make_message_id(&message);
         assert_eq!(CRYPTO.parse_message_id(&id).as_ref(), Ok(&message));

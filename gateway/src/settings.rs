@@ -108,6 +108,10 @@ pub struct SettingsLayer {
     /// it on ack, so a node killed before the ack loses nothing [default: true]
     #[arg(long, env = "AUTOPUSH_DURABLE_DIRECT", global = true)]
     pub durable_direct: Option<bool>,
+    /// Seconds a message's receipt (`GET` on its `Location` URL) answers
+    /// after its final state; 0 turns receipts off [default: 86400]
+    #[arg(long, env = "AUTOPUSH_RECEIPT_RETENTION", global = true)]
+    pub receipt_retention: Option<u64>,
     /// Most channels (subscriptions) one user agent may hold [default: 1000]
     #[arg(long, env = "AUTOPUSH_MAX_CHANNELS", global = true)]
     pub max_channels: Option<usize>,
@@ -301,6 +305,8 @@ pub struct Settings {
     pub router_key: Option<Secret>,
     pub msg_limit: usize,
     pub durable_direct: bool,
+    /// Seconds receipts are kept after a message's final state; 0: off.
+    pub receipt_retention: u64,
     pub max_channels: usize,
     pub sweep_interval: Duration,
     /// `None`: idle users are kept.
@@ -478,6 +484,7 @@ impl Settings {
             router_key: l.router_key,
             msg_limit: l.msg_limit.unwrap_or(100),
             durable_direct: l.durable_direct.unwrap_or(true),
+            receipt_retention: l.receipt_retention.unwrap_or(86_400),
             max_channels: match l.max_channels {
                 Some(0) => return Err("max_channels must be at least 1".into()),
                 other => other.unwrap_or(1000),

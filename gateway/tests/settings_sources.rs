@@ -81,6 +81,9 @@ const CASES: &[Case] = &[
     case("durable_direct", "false", "true", |s| {
         s.durable_direct.to_string()
     }),
+    case("receipt_retention", "0", "60", |s| {
+        s.receipt_retention.to_string()
+    }),
     case("max_channels", "5", "6", |s| s.max_channels.to_string()),
     case("metrics_port", "7007", "7008", |s| {
         s.metrics_port.map(|p| p.to_string()).unwrap_or_default()

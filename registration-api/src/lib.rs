@@ -7,11 +7,13 @@
 //! | `POST /v1/{type}/{app_id}/registration` | [`register`] |
 //! | `PUT`, `GET`, `DELETE .../registration/{uaid}` | [`uaid`] |
 //! | `POST .../registration/{uaid}/subscription`, `DELETE .../subscription/{chid}` | [`subscription`] |
+//! | `GET .../registration/{uaid}/messages`, `DELETE .../messages/{id}` | [`mailbox`] |
 //!
 //! Every call but the first needs `Authorization: Bearer {secret}`, the
 //! secret the first call returned ([`auth`]).
 
 pub mod auth;
+pub mod mailbox;
 pub mod register;
 pub mod subscription;
 pub mod uaid;
@@ -21,6 +23,7 @@ use std::sync::Arc;
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::ids::{decode_vapid_key, parse_channel_id};
 use autopush_common::router::{Router, RouterDataInput, RouterRegistry};
+use autopush_common::user::MAILBOX;
 use autopush_common::{ApiError, ApiResult, RouterType, User};
 use autopush_storage::Storage;
 use http::{HeaderMap, Method};
@@ -36,6 +39,8 @@ pub struct RegistrationState {
     pub secrets: SecretKeys,
     /// Most channels one UAID may subscribe.
     pub max_channels: usize,
+    /// Most messages a bridge registration's mailbox holds (`--msg-limit`).
+    pub mailbox_limit: usize,
 }
 
 /// One `/v1/...` request, resolved to its router.
@@ -45,18 +50,28 @@ pub struct Call {
     pub app_id: String,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    /// The query string, without `?` (empty when none).
+    pub query: String,
 }
 
 /// Largest registration body accepted.
 pub const MAX_BODY: usize = 16 * 1024;
 
-/// Serve `{method} /v1/{router_type}/{app_id}/registration/{path...}`.
+/// What follows `registration` in a `/v1` URL: the path's segments and the
+/// query string (without `?`, empty when none).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Target<'a> {
+    pub path: &'a [&'a str],
+    pub query: &'a str,
+}
+
+/// Serve `{method} /v1/{router_type}/{app_id}/registration/{path...}?{query}`.
 pub async fn handle(
     state: &RegistrationState,
     method: Method,
     router_type: &str,
     app_id: String,
-    path: &[&str],
+    target: Target<'_>,
     headers: HeaderMap,
     body: Vec<u8>,
 ) -> ApiResult<serde_json::Value> {
@@ -73,8 +88,9 @@ pub async fn handle(
         app_id,
         headers,
         body,
+        query: target.query.to_owned(),
     };
-    match (method, path) {
+    match (method, target.path) {
         (Method::POST, []) => register::new_user(state, call).await,
         (Method::PUT, [uaid]) => uaid::update_token(state, call, uaid).await,
         (Method::GET, [uaid]) => uaid::channels(state, call, uaid).await,
@@ -83,6 +99,8 @@ pub async fn handle(
         (Method::DELETE, [uaid, "subscription", chid]) => {
             subscription::unsubscribe(state, call, uaid, chid).await
         }
+        (Method::GET, [uaid, "messages"]) => mailbox::list(state, call, uaid).await,
+        (Method::DELETE, [uaid, "messages", id]) => mailbox::ack(state, call, uaid, id).await,
         _ => Err(ApiError::NotFound),
     }
 }
@@ -123,11 +141,29 @@ impl Call {
         Ok(user)
     }
 
-    /// Ask the router to validate `input`, and note the app it belongs to.
-    pub fn router_data(&self, input: &RouterDataInput) -> ApiResult<serde_json::Value> {
+    /// Ask the router to validate `input`, and note the app it belongs to
+    /// and whether it keeps a mailbox (`input.mailbox`, else as `before`).
+    pub fn router_data(
+        &self,
+        input: &RouterDataInput,
+        before: Option<&User>,
+    ) -> ApiResult<serde_json::Value> {
+        let mailbox = input
+            .mailbox
+            .unwrap_or_else(|| before.is_some_and(User::has_mailbox));
+        if mailbox && self.router_type == RouterType::WebPush {
+            return Err(ApiError::BadRequest(
+                "a mailbox is for APNs, FCM and GCM registrations: webpush clients fetch \
+                 their stored messages when they connect"
+                    .into(),
+            ));
+        }
         let mut data = self.router.register(input, &self.app_id)?;
         if let Some(object) = data.as_object_mut() {
             object.insert("app_id".into(), self.app_id.clone().into());
+            if mailbox {
+                object.insert(MAILBOX.into(), true.into());
+            }
         }
         Ok(data)
     }

@@ -11,7 +11,7 @@ use crate::{Call, RegistrationState, add_channel};
 
 pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value> {
     let input = call.input()?;
-    let router_data = call.router_data(&input)?;
+    let router_data = call.router_data(&input, None)?;
     let now = now_millis();
     let uaid = Uuid::new_v4();
     let user = User {

@@ -17,7 +17,7 @@ pub async fn update_token(state: &RegistrationState, call: Call, uaid: &str) -> 
         // Read again on each try: the registration may have been removed
         // (404/410), or another update may have landed.
         let user = call.authorized_user(state, uaid).await?;
-        let router_data = call.router_data(&input)?;
+        let router_data = call.router_data(&input, Some(&user))?;
         if state
             .storage
             .set_router_data(&user.uaid, user.router_data.as_ref(), &router_data)

@@ -16,7 +16,11 @@ pub mod bigtable;
 pub mod dynamodb;
 pub mod embedded;
 pub mod metered;
+pub mod receipt;
 pub mod sweeper;
+
+use autopush_common::receipt::MessageState;
+pub use receipt::{Receipt, StoredMessage};
 
 pub type Result<T> = std::result::Result<T, StorageError>;
 
@@ -127,6 +131,25 @@ pub trait Storage: Send + Sync {
     /// A newer message stored under the same key since (a Topic replacement)
     /// stays. Returns whether a message was deleted.
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool>;
+
+    /// Settle the message stored under `sort_key` if it is still `version`
+    /// and not settled yet, in one conditional write: with receipts on (a
+    /// retention window set on the backend) the row becomes a [`Receipt`]
+    /// of `state`, kept for that window; off, it is deleted, as
+    /// [`Storage::remove_message`] does. Returns whether it was settled.
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool>;
+
+    /// The row stored under `sort_key`, whatever it holds: a message
+    /// (pending, or past its TTL and kept for its receipt) or a receipt,
+    /// even one past its expiry that the backend has not removed yet. One
+    /// point read.
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>>;
 
     /// A cheap round trip proving the store answers.
     async fn health_check(&self) -> Result<()>;

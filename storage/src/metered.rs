@@ -12,7 +12,8 @@ use autopush_common::metrics::storage_op;
 use autopush_common::{Notification, User};
 use uuid::Uuid;
 
-use crate::{Result, Storage, SweepStep};
+use crate::{Result, Storage, StoredMessage, SweepStep};
+use autopush_common::receipt::MessageState;
 
 pub struct MeteredStorage {
     inner: Arc<dyn Storage>,
@@ -116,6 +117,22 @@ impl Storage for MeteredStorage {
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let call = self.inner.remove_message(uaid, sort_key, version);
         self.timed("remove_message", call).await
+    }
+
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        let call = self.inner.settle_message(uaid, sort_key, version, state);
+        self.timed("settle_message", call).await
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        let call = self.inner.read_message(uaid, sort_key);
+        self.timed("read_message", call).await
     }
 
     async fn health_check(&self) -> Result<()> {

@@ -217,6 +217,19 @@ impl ApnsService {
         reply
     }
 
+    /// `GET .../registration/{uaid}/messages?{query}`: a page of the app's
+    /// mailbox, with `secret`.
+    pub async fn mailbox(&self, app: &IosApp, secret: &str, query: &str) -> HttpReply {
+        let url = self.registration_url(&app.channel, &format!("/{}/messages?{query}", app.uaid));
+        call(Method::GET, &url, Some(secret), None).await
+    }
+
+    /// `DELETE .../registration/{uaid}/messages/{id}`: the app acks one message.
+    pub async fn ack(&self, app: &IosApp, id: &str) -> HttpReply {
+        let url = self.registration_url(&app.channel, &format!("/{}/messages/{id}", app.uaid));
+        call(Method::DELETE, &url, Some(&app.secret), None).await
+    }
+
     /// `GET .../registration/{uaid}/`: the app's channels, or the error.
     pub async fn channels(&self, app: &IosApp) -> HttpReply {
         let url = self.registration_url(&app.channel, &format!("/{}/", app.uaid));
@@ -260,7 +273,12 @@ impl IosApp {
     /// Decrypt what Apple delivered, as the app's notification service
     /// extension does: `body` with the `con`, `enc` and `cryptokey` fields.
     pub async fn decrypt(&self, delivered: &Recorded) -> py::Decrypted {
-        let payload = payload(delivered);
+        self.decrypt_fields(&payload(delivered)).await
+    }
+
+    /// Decrypt a message from its bridge payload fields (`body`, `con`,
+    /// `enc`, `cryptokey`), as APNs delivers them or the mailbox lists them.
+    pub async fn decrypt_fields(&self, payload: &Value) -> py::Decrypted {
         let mut headers = serde_json::Map::new();
         for (theirs, ours) in [
             ("con", "encoding"),

@@ -32,6 +32,7 @@ pub mod http;
 pub mod node;
 pub mod prometheus;
 pub mod py;
+pub mod receipt;
 pub mod scenarios;
 pub mod server;
 pub mod subscription;

@@ -387,12 +387,18 @@ async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
 /// An all-in-one node on fresh tables, reaching DynamoDB through a
 /// [`ThrottlingProxy`] (which counts requests and can refuse them).
 async fn node_behind_proxy() -> (Tables, ThrottlingProxy, Server) {
+    node_behind_proxy_with(&[]).await
+}
+
+/// [`node_behind_proxy`], the node started with `extra` arguments too.
+async fn node_behind_proxy_with(extra: &[&str]) -> (Tables, ThrottlingProxy, Server) {
     let tables = dynamo::tables();
     let out = db_command(&tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
-    let node =
-        Server::start_node(node_on(&proxy.endpoint, shared_args(&tables).await)("all")).await;
+    let mut args = shared_args(&tables).await;
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let node = Server::start_node(node_on(&proxy.endpoint, args)("all")).await;
     (tables, proxy, node)
 }
 
@@ -539,7 +545,27 @@ async fn records_written_by_the_seeds_schema_are_read() {
 /// requests per message is noticed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_delivered_message() {
-    let (_, proxy, node) = node_behind_proxy().await;
+    let off = requests_per_message(&["--receipt-retention", "0"]).await;
+    let on = requests_per_message(&[]).await;
+    // Receipts cost no request: the ack's delete becomes a put.
+    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
+    for (path, (off, on)) in ["direct", "stored", "drained"]
+        .iter()
+        .zip(off.iter().zip(&on))
+    {
+        assert_eq!(
+            total(off),
+            total(on),
+            "{path}: receipts off {off:?}, on {on:?}"
+        );
+    }
+}
+
+/// The DynamoDB requests of 10 messages delivered directly (push + ack),
+/// 10 stored (push) and those 10 drained (hello + deliver + ack), by
+/// operation, on a node started with `args`.
+async fn requests_per_message(args: &[&str]) -> [BTreeMap<String, usize>; 3] {
+    let (_, proxy, node) = node_behind_proxy_with(args).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
@@ -566,7 +592,7 @@ async fn requests_per_delivered_message() {
     ws.close().await;
     let drained = proxy.take_operations();
     eprintln!(
-        "DynamoDB requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+        "DynamoDB requests for {count} messages ({args:?}):\n  direct (push + ack): {direct:?}\n  \
          stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
     );
     let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
@@ -575,6 +601,7 @@ async fn requests_per_delivered_message() {
     // client gone.
     assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+    [direct, stored, drained]
 }
 
 /// A store on the local server reading `message` as its one message table:

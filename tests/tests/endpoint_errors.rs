@@ -313,8 +313,8 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
     for (method, path, allowed) in [
         (Method::GET, "/wpush/v1/some-token", "POST"),
         (Method::PUT, "/wpush/v2/some-token", "POST"),
-        (Method::GET, "/m/some-message-id", "DELETE"),
-        (Method::POST, "/m/some-message-id", "DELETE"),
+        (Method::PUT, "/m/some-message-id", "GET, DELETE"),
+        (Method::POST, "/m/some-message-id", "GET, DELETE"),
         (Method::POST, "/health", "GET"),
         (Method::DELETE, "/__heartbeat__", "GET"),
         (Method::POST, "/__lbheartbeat__", "GET"),

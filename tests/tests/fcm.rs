@@ -10,7 +10,7 @@ use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
-use autopush_tests::{Server, new_channel_id, server};
+use autopush_tests::{Server, new_channel_id, receipt, server};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -98,33 +98,30 @@ impl Bridge {
     }
 
     async fn register_reply(&self, router_type: &str, app_id: &str, token: &str) -> HttpReply {
+        self.register_body(router_type, app_id, json!({"token": token}))
+            .await
+    }
+
+    async fn register_body(&self, router_type: &str, app_id: &str, body: Value) -> HttpReply {
         http::request(
             Method::POST,
             &self.registration_url(router_type, app_id, ""),
             &[("content-type", "application/json")],
-            Some(json!({"token": token}).to_string().into_bytes()),
+            Some(body.to_string().into_bytes()),
         )
         .await
     }
 
     async fn register(&self, router_type: &str, app_id: &str, token: &str) -> Registration {
         let reply = self.register_reply(router_type, app_id, token).await;
-        assert_eq!(reply.status, 200, "{}", reply.text);
-        let field = |name: &str| {
-            reply.json[name]
-                .as_str()
-                .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
-                .to_owned()
-        };
-        Registration {
-            router_type: router_type.into(),
-            app_id: app_id.into(),
-            uaid: field("uaid"),
-            secret: field("secret"),
-            endpoint: field("endpoint"),
-            channel_id: field("channelID"),
-            senderid: reply.json["senderid"].as_str().map(str::to_owned),
-        }
+        Registration::from_reply(router_type, app_id, &reply)
+    }
+
+    /// `METHOD .../registration/{uaid}{path}` with the registration's secret.
+    async fn call(&self, method: Method, r: &Registration, path: &str) -> HttpReply {
+        let url = self.registration_url(&r.router_type, &r.app_id, &format!("/{}{path}", r.uaid));
+        let auth = format!("Bearer {}", r.secret);
+        http::request(method, &url, &[("authorization", &auth)], None).await
     }
 
     async fn push(&self, r: &Registration, options: &SendOptions) -> SendResult {
@@ -133,9 +130,7 @@ impl Bridge {
 
     /// The registration as the registration API shows it to its app.
     async fn channels(&self, r: &Registration) -> HttpReply {
-        let url = self.registration_url(&r.router_type, &r.app_id, &format!("/{}/", r.uaid));
-        let auth = format!("Bearer {}", r.secret);
-        http::request(Method::GET, &url, &[("authorization", &auth)], None).await
+        self.call(Method::GET, r, "/").await
     }
 
     /// Decrypt what FCM carried to the device, as the app would.
@@ -172,6 +167,25 @@ struct Registration {
 }
 
 impl Registration {
+    fn from_reply(router_type: &str, app_id: &str, reply: &HttpReply) -> Registration {
+        assert_eq!(reply.status, 200, "{}", reply.text);
+        let field = |name: &str| {
+            reply.json[name]
+                .as_str()
+                .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
+                .to_owned()
+        };
+        Registration {
+            router_type: router_type.into(),
+            app_id: app_id.into(),
+            uaid: field("uaid"),
+            secret: field("secret"),
+            endpoint: field("endpoint"),
+            channel_id: field("channelID"),
+            senderid: reply.json["senderid"].as_str().map(str::to_owned),
+        }
+    }
+
     fn message_id(result: &SendResult) -> String {
         let location = result.header("location").expect("Location");
         location.rsplit('/').next().unwrap_or_default().to_owned()
@@ -781,4 +795,57 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
             "the key is echoed: {stderr}"
         );
     }
+}
+
+/// What a push to an Android app became: `bridged` once Google took it
+/// (the id Google carried as `ver` is the one in `Location`); with a
+/// mailbox, the app also fetches every message (whatever FCM did with its
+/// backlog) and acks each: `fetched`.
+#[tokio::test]
+async fn fcm_receipts_and_the_mailbox() {
+    let bridge = Bridge::start().await;
+    let state_of = async |sent: &SendResult| receipt::state_of(&receipt::location(sent)).await;
+    let plain = bridge.register("fcm", "app1", "fcm-token-plain").await;
+    let sent = bridge.push(&plain, &SendOptions::text("plain")).await;
+    sent.assert_created();
+    assert_eq!(state_of(&sent).await, "bridged");
+    let received = bridge.google.wait_for("fcm-token-plain", 1).await;
+    assert_eq!(received[0].data()["ver"], Registration::message_id(&sent));
+
+    let reply = bridge
+        .register_body(
+            "fcm",
+            "app1",
+            json!({"token": "fcm-token-box", "mailbox": true}),
+        )
+        .await;
+    let boxed = Registration::from_reply("fcm", "app1", &reply);
+    let texts = ["first", "second", "third"];
+    let mut sent = Vec::new();
+    for text in texts {
+        let result = bridge.push(&boxed, &SendOptions::text(text)).await;
+        result.assert_created();
+        assert_eq!(state_of(&result).await, "bridged");
+        sent.push(result);
+    }
+    bridge.google.wait_for("fcm-token-box", texts.len()).await;
+    let listed = bridge.call(Method::GET, &boxed, "/messages").await;
+    assert_eq!(listed.status, 200, "{}", listed.text);
+    let messages = listed.json["messages"]
+        .as_array()
+        .expect("messages")
+        .clone();
+    assert_eq!(messages.len(), texts.len(), "{}", listed.text);
+    for ((message, text), result) in messages.iter().zip(texts).zip(&sent) {
+        assert_eq!(bridge.decrypt(message).await, text);
+        let id = Registration::message_id(result);
+        assert_eq!(message["ver"], id.as_str());
+        let acked = bridge
+            .call(Method::DELETE, &boxed, &format!("/messages/{id}"))
+            .await;
+        assert_eq!(acked.status, 200, "{}", acked.text);
+        assert_eq!(state_of(result).await, "fetched");
+    }
+    let listed = bridge.call(Method::GET, &boxed, "/messages").await;
+    assert_eq!(listed.json["messages"], json!([]), "{}", listed.text);
 }

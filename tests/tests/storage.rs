@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
+use autopush_common::receipt::MessageState;
 use autopush_common::{Notification, RouterType, User, time::now_secs};
-use autopush_storage::{Storage, StorageError, embedded::EmbeddedStore};
+use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
 use autopush_tests::{bigtable as emulator, dynamo};
 use tempfile::TempDir;
 use uuid::Uuid;
@@ -42,6 +43,42 @@ async fn bigtable() -> Backend {
     }
 }
 
+/// Seconds receipts are kept by the `*_receipts` backends.
+const RETENTION: u64 = 3600;
+
+async fn embedded_receipts() -> Backend {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path())
+        .unwrap()
+        .with_receipt_retention(RETENTION);
+    Backend {
+        store: Arc::new(store),
+        _dir: Some(dir),
+    }
+}
+
+async fn dynamodb_receipts() -> Backend {
+    Backend {
+        store: Arc::new(
+            dynamo::fresh_store()
+                .await
+                .with_receipt_retention(RETENTION),
+        ),
+        _dir: None,
+    }
+}
+
+async fn bigtable_receipts() -> Backend {
+    Backend {
+        store: Arc::new(
+            emulator::fresh_store()
+                .await
+                .with_receipt_retention(RETENTION),
+        ),
+        _dir: None,
+    }
+}
+
 fn message(channel_id: Uuid, topic: Option<&str>, ts: u64, ttl: u64, data: &str) -> Notification {
     Notification {
         channel_id,
@@ -57,12 +94,152 @@ fn message(channel_id: Uuid, topic: Option<&str>, ts: u64, ttl: u64, data: &str)
     }
 }
 
+/// Settle the message under `key` if still `version`; whether it was.
+async fn settle(
+    store: &dyn Storage,
+    uaid: &Uuid,
+    key: &str,
+    version: &str,
+    state: MessageState,
+) -> bool {
+    store
+        .settle_message(uaid, key, version, state)
+        .await
+        .unwrap()
+}
+
 fn data(messages: &[Notification]) -> Vec<String> {
     messages.iter().map(|m| m.data.clone().unwrap()).collect()
 }
 
 mod suite {
     use super::*;
+
+    /// With receipts off, settling a message deletes it, as an ack always did.
+    pub async fn without_receipts_settling_deletes(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let m = message(chid, None, 1, 60, "m");
+        store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+        let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+        assert!(!settle(&*store, &uaid, &key, "another version", delivered).await);
+        assert!(settle(&*store, &uaid, &key, &m.version, delivered).await);
+        assert_eq!(store.read_message(&uaid, &key).await.unwrap(), None);
+        assert!(!settle(&*store, &uaid, &key, &m.version, delivered).await);
+    }
+
+    /// An ack turns the message's row into its receipt, only for the
+    /// version acked and only once; fetching and counting skip receipts.
+    pub async fn settling_leaves_a_receipt_in_the_row(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let m = message(chid, None, 1, 60, "m");
+        let key = m.sort_key();
+        store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+        assert_eq!(
+            store.read_message(&uaid, &key).await.unwrap(),
+            Some(StoredMessage::Pending(m.clone()))
+        );
+        let delivered = MessageState::Delivered;
+        assert!(!settle(&*store, &uaid, &key, "another version", delivered).await);
+        let before = now_secs();
+        assert!(settle(&*store, &uaid, &key, &m.version, delivered).await);
+        let Some(StoredMessage::Settled(receipt)) = store.read_message(&uaid, &key).await.unwrap()
+        else {
+            panic!("no receipt after the ack");
+        };
+        assert_eq!(
+            (receipt.state, receipt.version.as_str()),
+            (MessageState::Delivered, m.version.as_str())
+        );
+        assert!(receipt.updated >= before && receipt.updated <= now_secs());
+        assert_eq!(receipt.expiry, receipt.updated + RETENTION);
+        // Settled once: a late DELETE by the sender changes nothing.
+        assert!(!settle(&*store, &uaid, &key, &m.version, MessageState::Deleted).await);
+        let read = store.read_message(&uaid, &key).await.unwrap();
+        assert!(
+            matches!(read, Some(StoredMessage::Settled(r)) if r.state == MessageState::Delivered)
+        );
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+        let next = message(chid, None, 2, 60, "next");
+        store
+            .save_messages(&uaid, vec![next.clone()])
+            .await
+            .unwrap();
+        assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![next]);
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 1);
+    }
+
+    /// A message past its TTL is never delivered or counted, but stays
+    /// readable (its receipt says `expired`); a fetch does not delete it.
+    pub async fn an_expired_message_stays_for_its_receipt(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let expired = message(chid, None, 1, 0, "expired");
+        store
+            .save_messages(&uaid, vec![expired.clone()])
+            .await
+            .unwrap();
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .read_message(&uaid, &expired.sort_key())
+                .await
+                .unwrap(),
+            Some(StoredMessage::Pending(expired))
+        );
+    }
+
+    /// A removed user's pending messages leave `gone` receipts; its
+    /// receipts and expired messages stay until their own expiry; nothing
+    /// is fetched or counted for it.
+    pub async fn a_removed_users_messages_are_gone(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let user = User::new_webpush(uaid, "http://a", now_secs() * 1000);
+        store.add_user(&user).await.unwrap();
+        assert!(store.add_channel(&uaid, &chid, 10).await.unwrap());
+        let pending = message(chid, None, 1, 60, "pending");
+        let acked = message(chid, None, 2, 60, "acked");
+        let expired = message(chid, None, 3, 0, "expired");
+        store
+            .save_messages(&uaid, vec![pending.clone(), acked.clone(), expired.clone()])
+            .await
+            .unwrap();
+        let delivered = MessageState::Delivered;
+        assert!(settle(&*store, &uaid, &acked.sort_key(), &acked.version, delivered).await);
+        store.remove_user(&uaid).await.unwrap();
+        let state = async |m: &Notification| match store
+            .read_message(&uaid, &m.sort_key())
+            .await
+            .unwrap()
+        {
+            Some(StoredMessage::Settled(r)) => Some(r.state),
+            Some(StoredMessage::Pending(_)) => None,
+            None => panic!("{:?} left nothing", m.data),
+        };
+        assert_eq!(state(&pending).await, Some(MessageState::Gone));
+        assert_eq!(state(&acked).await, Some(MessageState::Delivered));
+        assert_eq!(state(&expired).await, None);
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+        assert!(store.get_channels(&uaid).await.unwrap().is_empty());
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    }
+
+    /// A newer message with the same Topic takes the place of an older
+    /// one's receipt, and is delivered.
+    pub async fn a_topic_message_replaces_a_receipt(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let t1 = message(chid, Some("score"), 1, 60, "t1");
+        let t2 = message(chid, Some("score"), 2, 60, "t2");
+        store.save_messages(&uaid, vec![t1.clone()]).await.unwrap();
+        let delivered = MessageState::Delivered;
+        assert!(settle(&*store, &uaid, &t1.sort_key(), &t1.version, delivered).await);
+        store.save_messages(&uaid, vec![t2.clone()]).await.unwrap();
+        assert_eq!(
+            store.read_message(&uaid, &t2.sort_key()).await.unwrap(),
+            Some(StoredMessage::Pending(t2.clone()))
+        );
+        assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![t2]);
+    }
 
     pub async fn topics_first_then_arrival_order_and_topics_replace(store: Arc<dyn Storage>) {
         let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
@@ -533,9 +710,29 @@ macro_rules! suite_for {
                 user_changes_are_conditional_on_what_was_read,
                 users_round_trip,
                 channels_and_user_removal,
+                without_receipts_settling_deletes,
             );
         )*
     };
 }
 
 suite_for!(embedded, dynamodb, bigtable);
+
+macro_rules! receipts_for {
+    ($($backend:ident),*) => {
+        $(
+            for_backend!($backend:
+                settling_leaves_a_receipt_in_the_row,
+                an_expired_message_stays_for_its_receipt,
+                a_topic_message_replaces_a_receipt,
+                a_removed_users_messages_are_gone,
+                topics_first_then_arrival_order_and_topics_replace,
+                counting_is_bounded_and_skips_expired_messages,
+                acking_a_replaced_topic_message_keeps_the_newer_one,
+                channels_and_user_removal,
+            );
+        )*
+    };
+}
+
+receipts_for!(embedded_receipts, dynamodb_receipts, bigtable_receipts);

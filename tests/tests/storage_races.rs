@@ -128,7 +128,10 @@ impl World {
             method,
             "fcm",
             APP.into(),
-            &[uaid.as_str()],
+            autopush_registration::Target {
+                path: &[uaid.as_str()],
+                query: "",
+            },
             headers,
             body.as_bytes().to_vec(),
         )
@@ -373,6 +376,7 @@ async fn hunt(store: Arc<dyn Storage>) {
         routers,
         secrets: SecretKeys::new(&["races".into()]).unwrap(),
         max_channels: 100,
+        mailbox_limit: 100,
     };
     let world = Arc::new(World {
         store,

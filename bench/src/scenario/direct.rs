@@ -30,6 +30,8 @@ pub struct Options {
     pub vapid_cache: bool,
     /// The server's `--durable-direct`: write before delivering, delete on ack.
     pub durable_direct: bool,
+    /// The server's `--receipt-retention` (0: receipts off).
+    pub receipt_retention: u64,
     /// The server's per-sender limit on (never reached) or off.
     pub rate_limits: bool,
 }
@@ -53,6 +55,8 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
             "false"
         },
     ];
+    let retention = options.receipt_retention.to_string();
+    flags.extend(["--receipt-retention", &retention]);
     if !options.vapid_cache {
         flags.extend(["--vapid-cache-size", "0"]);
     }
@@ -76,11 +80,16 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
         Arc::new(connect_clients(&server, options.clients, &public_key, &deliveries).await);
 
     println!(
-        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}, rate limits {}\n",
+        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}, receipts {}, rate limits {}\n",
         options.clients,
         options.connections,
         if options.vapid_cache { "on" } else { "off" },
         if options.durable_direct { "on" } else { "off" },
+        if options.receipt_retention > 0 {
+            "on"
+        } else {
+            "off"
+        },
         if options.rate_limits { "on" } else { "off" }
     );
     println!(

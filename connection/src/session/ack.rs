@@ -1,8 +1,9 @@
 //! `ack` and `nack`: the client is done with a notification, or could not
 //! process it.
 //!
-//! An ack deletes a stored message, but only the version acked: a newer
-//! message that replaced it under the same Topic stays. A nack (Firefox
+//! An ack settles a stored message as `delivered` (its row becomes its
+//! receipt, or is deleted with receipts off), but only the version acked: a
+//! newer message that replaced it under the same Topic stays. A nack (Firefox
 //! sends one when the service worker's push handler failed) deletes nothing,
 //! as in the seeds: the message is logged, not sent again in this session,
 //! and offered again at the client's next connection until its TTL runs out
@@ -11,10 +12,11 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
-use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
+use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
+use autopush_common::{Notification, RouterType};
 
 use tracing::{debug, info};
 
@@ -121,11 +123,20 @@ impl Session {
             None
         };
         if let Some(message) = stored {
-            self.ctx
+            let settled = self
+                .ctx
                 .storage
-                .remove_message(&self.uaid, &message.sort_key(), version)
+                .settle_message(
+                    &self.uaid,
+                    &message.sort_key(),
+                    version,
+                    MessageState::Delivered,
+                )
                 .await
                 .map_err(Close::storage)?;
+            if settled {
+                metrics::final_state(RouterType::WebPush, MessageState::Delivered);
+            }
         }
         Ok(())
     }

@@ -363,6 +363,22 @@ mod tests {
         async fn remove_message(&self, uaid: &Uuid, key: &str, version: &str) -> Result<bool> {
             self.inner.remove_message(uaid, key, version).await
         }
+        async fn settle_message(
+            &self,
+            uaid: &Uuid,
+            key: &str,
+            version: &str,
+            state: autopush_common::receipt::MessageState,
+        ) -> Result<bool> {
+            self.inner.settle_message(uaid, key, version, state).await
+        }
+        async fn read_message(
+            &self,
+            uaid: &Uuid,
+            key: &str,
+        ) -> Result<Option<autopush_storage::StoredMessage>> {
+            self.inner.read_message(uaid, key).await
+        }
         async fn health_check(&self) -> Result<()> {
             self.inner.health_check().await
         }

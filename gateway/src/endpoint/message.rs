@@ -3,11 +3,13 @@
 //! A message id names one message. If a newer push with the same `Topic`
 //! has replaced it, the old id cancels nothing: the newer message stays
 //! (cancel it with its own id). The answer is 204 either way, as autopush's.
+//! A cancelled message's receipt says `deleted`.
 
 use std::sync::Arc;
 
-use autopush_common::ApiResult;
 use autopush_common::ids::uaid_tag;
+use autopush_common::receipt::MessageState;
+use autopush_common::{ApiResult, RouterType, metrics};
 use tracing::debug;
 use warp::http::StatusCode;
 use warp::reply::{Reply, Response};
@@ -18,8 +20,20 @@ pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<
     let message = state.crypto.parse_message_id(&message_id)?;
     let existed = state
         .storage
-        .remove_message(&message.uaid, &message.sort_key(), &message_id)
+        .settle_message(
+            &message.uaid,
+            &message.sort_key(),
+            &message_id,
+            MessageState::Deleted,
+        )
         .await?;
+    if existed {
+        // Rare enough to read whose it was: a webpush client's, or a
+        // bridged app's mailbox.
+        let user = state.storage.get_user(&message.uaid).await.ok().flatten();
+        let router_type = user.map_or(RouterType::WebPush, |u| u.router_type);
+        metrics::final_state(router_type, MessageState::Deleted);
+    }
     debug!(uaid = %uaid_tag(&message.uaid), existed, "message cancelled");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -2,13 +2,16 @@
 //!
 //! * `POST /wpush/{v1|v2}/{token}`: send a push ([`webpush`]).
 //! * `DELETE /m/{message_id}`: cancel an undelivered push ([`message`]).
+//! * `GET /m/{message_id}`: what became of a push, its receipt ([`receipt`]).
 //! * health routes.
 //!
 //! Every failure is a JSON `{code, errno, error, message, more_info}`.
 
 pub mod fair_use;
 pub mod headers;
+pub mod mailbox;
 pub mod message;
+pub mod receipt;
 pub mod webpush;
 
 use std::convert::Infallible;
@@ -38,6 +41,10 @@ pub struct EndpointState {
     pub registration: Arc<RegistrationState>,
     pub vapid: VapidVerifier,
     pub max_data_bytes: usize,
+    /// `--durable-direct`: which direct messages have a stored copy.
+    pub durable_direct: bool,
+    /// Seconds a receipt answers after its message's final state; 0: off.
+    pub receipt_retention: u64,
     /// The storage check of the health routes, shared with the websocket
     /// port in all-in-one mode.
     pub health: Arc<HealthCheck>,
@@ -133,8 +140,16 @@ pub fn routes(
         .and(warp::path!("m" / String))
         .and(with_state.clone())
         .then(|id, state| async move { render(message::cancel(state, id).await) });
+    let receipt = warp::get()
+        .and(warp::path!("m" / String))
+        .and(warp::header::headers_cloned())
+        .and(with_state.clone())
+        .then(
+            |id, headers, state| async move { render(receipt::answer(state, id, headers).await) },
+        );
     let registration = warp::path!("v1" / String / String / "registration" / ..)
         .and(warp::path::tail())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::method())
         .and(warp::header::headers_cloned())
         .and(warp::ext::optional::<Peer>())
@@ -144,6 +159,7 @@ pub fn routes(
             |router_type: String,
              app_id: String,
              tail: warp::path::Tail,
+             query: String,
              method: warp::http::Method,
              headers: HeaderMap,
              peer,
@@ -166,7 +182,10 @@ pub fn routes(
                     method,
                     &router_type,
                     app_id,
-                    &path,
+                    autopush_registration::Target {
+                        path: &path,
+                        query: &query,
+                    },
                     headers,
                     body.to_vec(),
                 )
@@ -180,6 +199,8 @@ pub fn routes(
     let unmatched = warp::path::full()
         .map(|path: warp::path::FullPath| error_response(&unmatched(path.as_str())));
     push.or(cancel)
+        .unify()
+        .or(receipt)
         .unify()
         .or(registration)
         .unify()
@@ -219,7 +240,7 @@ fn unmatched(path: &str) -> ApiError {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let allowed = match segments.as_slice() {
         ["wpush", version, token] if !version.is_empty() && !token.is_empty() => "POST",
-        ["m", id] if !id.is_empty() => "DELETE",
+        ["m", id] if !id.is_empty() => "GET, DELETE",
         ["health" | "__heartbeat__" | "__lbheartbeat__" | "__version__"] => "GET",
         _ => return ApiError::NotFound,
     };

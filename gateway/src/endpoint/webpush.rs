@@ -3,8 +3,10 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use autopush_common::endpoint::{MessageIdInfo, TokenInfo};
+use autopush_common::endpoint::{MessageIdInfo, TokenInfo, key_hash_in_id};
 use autopush_common::ids::uaid_tag;
+use autopush_common::receipt::MessageState;
+use autopush_webpush::stores_direct;
 use std::time::Instant;
 
 use autopush_common::metrics;
@@ -18,8 +20,8 @@ use tracing::{debug, info};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
-use super::EndpointState;
 use super::headers::{self, PushHeaders};
+use super::{EndpointState, mailbox};
 use crate::vapid::{VapidIdentity, key_hash_matches};
 
 /// One push request as it arrived.
@@ -77,14 +79,31 @@ pub async fn send(
         return Err(ApiError::NoSubscription);
     }
 
-    let notification = build_notification(&state, &subscription, push, &body);
-    let (message_id, ttl) = (notification.version.clone(), notification.ttl);
+    let mailbox = user.has_mailbox();
+    // A bridge without a mailbox keeps nothing: once the upstream takes the
+    // message (the only way the sender gets its id) it is `bridged` for
+    // good, sealed into the id the app receives as `ver` too.
+    let bridged =
+        (state.receipt_retention > 0 && user.router_type != RouterType::WebPush && !mailbox)
+            .then(|| (MessageState::Bridged, now_secs()));
+    let (notification, mut message) =
+        build_notification(&state, &subscription, push, &body, bridged);
+    let (mut message_id, ttl) = (notification.version.clone(), notification.ttl);
+    if mailbox {
+        mailbox::keep(&state, &user, &notification).await?;
+    }
+    let sort_key = notification.sort_key();
     let delivery = match route(router.as_ref(), notification, &user).await {
-        Err(ApiError::DeviceGone) => {
-            forget_gone_device(&state, &user).await?;
-            return Err(ApiError::DeviceGone);
+        Ok(delivery) => delivery,
+        Err(e) => {
+            if mailbox {
+                mailbox::forget(&state, &user, &sort_key, &message_id).await;
+            }
+            if e == ApiError::DeviceGone {
+                forget_gone_device(&state, &user).await?;
+            }
+            return Err(e);
         }
-        other => other?,
     };
     metrics::delivery(
         user.router_type,
@@ -94,6 +113,22 @@ pub async fn send(
             Delivery::Dropped => "dropped",
         },
     );
+    let settled = match mailbox {
+        // Its row in the mailbox follows it.
+        true => None,
+        false => settled_at_once(&state, user.router_type, delivery, ttl),
+    };
+    if let Some(settled) = settled {
+        if settled.is_final() {
+            metrics::final_state(user.router_type, settled);
+        }
+        if state.receipt_retention > 0 && message.settled.is_none() {
+            // Nothing stored follows this message: its receipt is sealed
+            // into the id the sender gets.
+            message.settled = Some((settled, now_secs()));
+            message_id = state.crypto.make_message_id(&message);
+        }
+    }
     debug!(
         uaid = %uaid_tag(&subscription.uaid),
         ?delivery,
@@ -112,6 +147,26 @@ pub async fn send(
         debug!(uaid = %uaid_tag(&subscription.uaid), "TTL 0 and client not connected: dropped");
     }
     Ok(response)
+}
+
+/// The state a message is in for good once routed, when no stored copy
+/// will follow it: accepted by a bridge, dropped (TTL 0, no client), or
+/// handed to a client without a copy in storage (its ack is not recorded,
+/// so its receipt stays `sent`).
+fn settled_at_once(
+    state: &EndpointState,
+    router_type: RouterType,
+    delivery: Delivery,
+    ttl: u64,
+) -> Option<MessageState> {
+    match (router_type, delivery) {
+        (_, Delivery::Dropped) => Some(MessageState::Dropped),
+        (RouterType::WebPush, Delivery::Direct) => {
+            (!stores_direct(state.durable_direct, ttl)).then_some(MessageState::Sent)
+        }
+        (RouterType::WebPush, Delivery::Stored) => None,
+        (_, _) => Some(MessageState::Bridged),
+    }
 }
 
 /// Hand the notification to its router; calls to a bridge are counted and
@@ -182,22 +237,27 @@ fn authenticate(
     }
 }
 
+/// The notification to route, and what its id says.
 fn build_notification(
     state: &EndpointState,
     subscription: &TokenInfo,
     push: PushHeaders,
     body: &[u8],
-) -> Notification {
+    settled: Option<(MessageState, u64)>,
+) -> (Notification, MessageIdInfo) {
     // Orders every message, Topic ones included: a Topic message never
     // replaces a newer one with the same Topic.
     let sortkey_timestamp = unique_micros();
-    let message_id = state.crypto.make_message_id(&MessageIdInfo {
+    let info = MessageIdInfo {
         uaid: subscription.uaid,
         channel_id: subscription.channel_id,
         topic: push.topic.clone(),
         sortkey_timestamp: push.topic.is_none().then_some(sortkey_timestamp),
-    });
-    Notification {
+        key_hash: subscription.key_hash.as_ref().map(key_hash_in_id),
+        settled,
+    };
+    let message_id = state.crypto.make_message_id(&info);
+    let notification = Notification {
         channel_id: subscription.channel_id,
         version: message_id,
         ttl: push.ttl,
@@ -208,5 +268,6 @@ fn build_notification(
         headers: push.forward,
         urgency: push.urgency,
         durable: false,
-    }
+    };
+    (notification, info)
 }

@@ -1,7 +1,9 @@
 //! A stand-in for Apple (feature `test-double`): it records every request
 //! the router sends, with its channel, and answers each device token with
 //! the outcomes scripted for it, in order, then with 200. An optional delay
-//! before every answer simulates Apple's latency.
+//! before every answer simulates Apple's latency. A device can be taken
+//! offline: Apple then accepts every notification for it but keeps only the
+//! last one, which is all the device gets when it comes back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,6 +50,8 @@ pub struct ApnsDouble {
     scripts: Mutex<HashMap<String, VecDeque<Outcome>>>,
     recorded: Mutex<Vec<Recorded>>,
     count: watch::Sender<usize>,
+    /// Offline device tokens, with the one notification Apple keeps for each.
+    offline: Mutex<HashMap<String, Option<Recorded>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -77,6 +81,18 @@ impl ApnsDouble {
             count_only: true,
             ..ApnsDouble::default()
         })
+    }
+
+    /// Take `device_token` offline: from now on only its last notification
+    /// is kept for it, as Apple does.
+    pub fn go_offline(&self, device_token: &str) {
+        lock(&self.offline).insert(device_token.to_owned(), None);
+    }
+
+    /// Bring `device_token` back: what it receives now, the one
+    /// notification kept while it was offline.
+    pub fn come_online(&self, device_token: &str) -> Option<Recorded> {
+        lock(&self.offline).remove(device_token).flatten()
     }
 
     /// How many requests have arrived.
@@ -136,6 +152,12 @@ impl ApnsDouble {
     ) -> Result<ApnsResponse, TransportError> {
         if !self.count_only {
             lock(&self.recorded).push(Recorded {
+                channel: channel.to_owned(),
+                request: request.clone(),
+            });
+        }
+        if let Some(kept) = lock(&self.offline).get_mut(&request.device_token) {
+            *kept = Some(Recorded {
                 channel: channel.to_owned(),
                 request: request.clone(),
             });

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use autopush_common::Notification;
+use autopush_common::bridge::web_push_fields;
 use autopush_common::router::RouterError;
 use serde_json::{Value, json};
 
@@ -18,28 +19,11 @@ pub const MAX_TTL: u64 = 28 * 24 * 60 * 60;
 /// FCM's limit on a message's data, keys and values together.
 pub const MAX_DATA_BYTES: usize = 4096;
 
-/// The data keys every Web Push notification carries to the app: `body`
-/// (the ciphertext, base64url) with the encryption headers it needs, `con`
-/// (`Content-Encoding`), `enc` (`Encryption`) and `cryptokey`
-/// (`Crypto-Key`), when the notification has a body. The caller adds its
-/// own identification keys (`chid`, ...).
+/// The data keys every Web Push notification carries to the app (see
+/// [`web_push_fields`]). The caller adds its own identification keys
+/// (`chid`, ...).
 pub fn payload_data(notification: &Notification) -> BTreeMap<&'static str, String> {
-    let mut data = BTreeMap::new();
-    if let Some(body) = &notification.data {
-        data.insert("body", body.clone());
-        let headers = notification.headers.as_ref();
-        let header = |name: &str| headers.and_then(|h| h.get(name)).cloned();
-        for (key, header_name) in [
-            ("con", "encoding"),
-            ("enc", "encryption"),
-            ("cryptokey", "crypto_key"),
-        ] {
-            if let Some(value) = header(header_name) {
-                data.insert(key, value);
-            }
-        }
-    }
-    data
+    web_push_fields(notification)
 }
 
 /// The `messages:send` body for `token`, or [`RouterError::TooMuchData`]

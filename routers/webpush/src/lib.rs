@@ -31,6 +31,14 @@ use uuid::Uuid;
 
 pub use node_client::{NodeCallError, NodeClient};
 
+/// Whether a message delivered directly has a copy in storage until its
+/// ack (and so a receipt that follows it): with durable direct delivery on,
+/// every message whose TTL is not 0 (TTL 0 means now or never: it is not
+/// worth a write).
+pub fn stores_direct(durable_direct: bool, ttl: u64) -> bool {
+    durable_direct && ttl > 0
+}
+
 pub struct WebPushRouter {
     storage: Arc<dyn Storage>,
     /// Other connection nodes, over their signed router API.
@@ -130,8 +138,7 @@ impl Router for WebPushRouter {
         user: &User,
     ) -> ApiResult<Delivery> {
         let uaid = user.uaid;
-        // TTL 0 means now or never: it is not worth a write.
-        let durable = self.durable_direct && notification.ttl > 0;
+        let durable = stores_direct(self.durable_direct, notification.ttl);
         if durable {
             self.storage
                 .save_messages(&uaid, vec![notification.clone()])

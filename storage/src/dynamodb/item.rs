@@ -18,7 +18,8 @@ use autopush_common::{Notification, RouterType, User, notification::Urgency};
 use aws_sdk_dynamodb::types::AttributeValue;
 use uuid::Uuid;
 
-use crate::{Result, StorageError};
+use crate::{Receipt, Result, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 
 pub type Item = HashMap<String, AttributeValue>;
 
@@ -230,11 +231,17 @@ pub fn user_from_item(item: &Item) -> Result<User> {
     })
 }
 
-pub fn message_to_item(uaid: &Uuid, message: &Notification) -> Item {
+/// A message's item; `retention` (receipt seconds) keeps it that long past
+/// its TTL, for its `expired` receipt: `expiry`, the table's TTL attribute,
+/// is then later than the message's own deadline (`timestamp + ttl`).
+pub fn message_to_item(uaid: &Uuid, message: &Notification, retention: u64) -> Item {
     let mut item = message_key(uaid, &message.sort_key());
     item.insert("timestamp".into(), n(message.timestamp));
     item.insert("ttl".into(), n(message.ttl));
-    item.insert("expiry".into(), n(message.expiry()));
+    item.insert(
+        "expiry".into(),
+        n(message.expiry().saturating_add(retention)),
+    );
     item.insert("updateid".into(), s(&message.version));
     if let Some(ts) = message.sortkey_timestamp {
         item.insert("sortkey_timestamp".into(), n(ts));
@@ -259,6 +266,33 @@ pub fn message_to_item(uaid: &Uuid, message: &Notification) -> Item {
         item.insert("durable".into(), AttributeValue::Bool(true));
     }
     item
+}
+
+/// A settled message's row under `sort_key`: `updateid`, `settled` (the
+/// state), `settled_at` and `expiry` (when the receipt goes).
+pub fn receipt_to_item(uaid: &Uuid, sort_key: &str, receipt: &Receipt) -> Item {
+    let mut item = message_key(uaid, sort_key);
+    item.insert("updateid".into(), s(&receipt.version));
+    item.insert("settled".into(), s(receipt.state.as_str()));
+    item.insert("settled_at".into(), n(receipt.updated));
+    item.insert("expiry".into(), n(receipt.expiry));
+    item
+}
+
+/// A message-table row other than the channel set: a receipt or a message.
+pub fn stored_from_item(item: &Item) -> Result<StoredMessage> {
+    let Some(state) = get_s(item, "settled") else {
+        return message_from_item(item).map(StoredMessage::Pending);
+    };
+    Ok(StoredMessage::Settled(Receipt {
+        state: MessageState::parse(state)
+            .ok_or_else(|| corrupt(format!("unknown receipt state {state:?}")))?,
+        version: get_s(item, "updateid")
+            .ok_or_else(|| corrupt("receipt without updateid"))?
+            .to_owned(),
+        updated: get_n(item, "settled_at")?.unwrap_or(0),
+        expiry: get_n(item, "expiry")?.unwrap_or(0),
+    }))
 }
 
 /// The channel, topic and sort-key timestamp a message's sort key names.
@@ -370,7 +404,20 @@ mod tests {
                 urgency: Some(Urgency::High),
                 durable: true,
             };
-            assert_eq!(message_from_item(&message_to_item(&uaid, &m)).unwrap(), m);
+            assert_eq!(
+                message_from_item(&message_to_item(&uaid, &m, 0)).unwrap(),
+                m
+            );
+            let kept = message_to_item(&uaid, &m, 100);
+            assert_eq!(kept["expiry"], n(m.expiry() + 100));
+            assert_eq!(message_from_item(&kept).unwrap(), m);
         }
+        let receipt = Receipt::new("v1", MessageState::Delivered, 1000, 60);
+        let item = receipt_to_item(&uaid, "02:1:x", &receipt);
+        assert_eq!(
+            stored_from_item(&item).unwrap(),
+            StoredMessage::Settled(receipt)
+        );
+        {}
     }
 }

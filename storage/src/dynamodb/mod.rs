@@ -26,12 +26,18 @@ use aws_config::timeout::TimeoutConfig;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, Select, WriteRequest};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError};
+use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 use item::{CHANNELS_ROW, Item, n, s};
 use months::{Home, MonthTables};
+
+/// The filter of message queries: rows that are messages (not receipts)
+/// whose `expiry` is after `:now`.
+const UNSETTLED_AND_UNEXPIRED: &str =
+    "(attribute_not_exists(expiry) OR expiry > :now) AND attribute_not_exists(settled)";
 
 /// How long one storage call may take, retries included.
 pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
@@ -66,6 +72,8 @@ pub struct DynamoStore {
     months: Option<MonthTables>,
     /// Most items one Query page asks for (DynamoDB also stops at 1 MB).
     page_size: usize,
+    /// Seconds a receipt is kept after its message's final state; 0: off.
+    retention: u64,
 }
 
 /// A failed call: the service's error code and message when it answered,
@@ -148,6 +156,20 @@ where
     }
 }
 
+/// A BatchWriteItem delete of the row `row` (its key attributes).
+fn delete_request(
+    row: &Item,
+) -> std::result::Result<WriteRequest, aws_sdk_dynamodb::error::BuildError> {
+    let key = ["uaid", "chidmessageid"]
+        .into_iter()
+        .filter_map(|name| Some((name.to_owned(), row.get(name)?.clone())))
+        .collect();
+    DeleteRequest::builder()
+        .set_key(Some(key))
+        .build()
+        .map(|d| WriteRequest::builder().delete_request(d).build())
+}
+
 /// `uaid` as a key value: hex without dashes, as the seeds store it.
 fn uaid_attr(uaid: &Uuid) -> AttributeValue {
     s(uaid.simple().to_string())
@@ -197,7 +219,15 @@ impl DynamoStore {
                 .then(|| MonthTables::new(&tables.message)),
             tables,
             page_size: 1000,
+            retention: 0,
         })
+    }
+
+    /// Keep receipts `seconds` after a message's final state (0: off, the
+    /// default): see [`crate::receipt`].
+    pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
+        self.retention = seconds;
+        self
     }
 
     /// Ask for at most `items` per Query page (tests use small pages to
@@ -264,8 +294,9 @@ impl DynamoStore {
         }
     }
 
-    /// Every row key of `uaid` in message table `table`, page by page.
-    async fn message_keys(&self, table: &str, uaid: &Uuid) -> Result<Vec<Item>> {
+    /// Every row of `uaid` in message table `table` (keys, and what tells a
+    /// pending message from the rest), page by page.
+    async fn message_rows(&self, table: &str, uaid: &Uuid) -> Result<Vec<Item>> {
         let mut keys = Vec::new();
         let mut start = None;
         loop {
@@ -275,7 +306,11 @@ impl DynamoStore {
                 .table_name(table)
                 .key_condition_expression("uaid = :u")
                 .expression_attribute_values(":u", uaid_attr(uaid))
-                .projection_expression("uaid, chidmessageid")
+                // What tells a pending message from a receipt or an
+                // expired one (see `remove_message_rows`).
+                .projection_expression("uaid, chidmessageid, updateid, settled, #ts, #ttl")
+                .expression_attribute_names("#ts", "timestamp")
+                .expression_attribute_names("#ttl", "ttl")
                 .consistent_read(true)
                 .limit(self.page_size as i32)
                 .set_exclusive_start_key(start)
@@ -328,20 +363,41 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Delete every row of `uaid` (channels and messages) in `tables`.
+    /// Delete every row of `uaid` (channels and messages) in `tables`. With
+    /// receipts on, its pending messages leave `gone` receipts instead (a
+    /// put where there was a delete: the same requests), and its receipts
+    /// and expired messages stay until their own expiry.
     async fn remove_message_rows(&self, uaid: &Uuid, tables: &[String]) -> Result<()> {
+        let now = now_secs();
         for table in tables {
-            let deletes = self
-                .message_keys(table, uaid)
-                .await?
-                .into_iter()
-                .map(|key| {
-                    let delete = DeleteRequest::builder().set_key(Some(key)).build();
-                    delete.map(|d| WriteRequest::builder().delete_request(d).build())
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| StorageError::Backend(e.to_string()))?;
-            self.batch_write(table, deletes).await?;
+            let mut writes = Vec::new();
+            for row in self.message_rows(table, uaid).await? {
+                let sort_key = match row.get("chidmessageid") {
+                    Some(AttributeValue::S(key)) => key.clone(),
+                    _ => String::new(),
+                };
+                let write = if self.retention == 0 || sort_key == CHANNELS_ROW {
+                    Some(delete_request(&row))
+                } else {
+                    match item::stored_from_item(&row) {
+                        Ok(StoredMessage::Pending(m)) if !m.is_expired(now) => {
+                            let gone =
+                                Receipt::new(&m.version, MessageState::Gone, now, self.retention);
+                            let put = PutRequest::builder()
+                                .set_item(Some(item::receipt_to_item(uaid, &sort_key, &gone)))
+                                .build()
+                                .map(|p| WriteRequest::builder().put_request(p).build());
+                            Some(put)
+                        }
+                        Ok(_) => None,
+                        Err(_) => Some(delete_request(&row)),
+                    }
+                };
+                if let Some(write) = write {
+                    writes.push(write.map_err(|e| StorageError::Backend(e.to_string()))?);
+                }
+            }
+            self.batch_write(table, writes).await?;
         }
         Ok(())
     }
@@ -381,7 +437,7 @@ impl DynamoStore {
             .query()
             .table_name(table)
             .key_condition_expression("uaid = :u AND chidmessageid > :channels")
-            .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
+            .filter_expression(UNSETTLED_AND_UNEXPIRED)
             .expression_attribute_values(":u", uaid_attr(uaid))
             .expression_attribute_values(":channels", s(CHANNELS_ROW))
             .expression_attribute_values(":now", n(now_secs()))
@@ -397,16 +453,8 @@ impl DynamoStore {
     /// The channel set in `table` as stored (the seeds' Python wrote hex,
     /// we write hyphenated).
     async fn chids_in(&self, table: &str, uaid: &Uuid) -> Result<Vec<String>> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(table)
-            .set_key(Some(item::message_key(uaid, CHANNELS_ROW)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| backend("GetItem", e))?;
-        Ok(match out.item.and_then(|mut i| i.remove("chids")) {
+        let row = self.get_row(table, uaid, CHANNELS_ROW).await?;
+        Ok(match row.and_then(|mut i| i.remove("chids")) {
             Some(AttributeValue::Ss(chids)) => chids,
             _ => Vec::new(),
         })
@@ -470,10 +518,12 @@ impl DynamoStore {
                 .query()
                 .table_name(table)
                 .key_condition_expression("uaid = :u AND chidmessageid > :channels")
-                .filter_expression("attribute_not_exists(expiry) OR expiry > :now")
+                .filter_expression(UNSETTLED_AND_UNEXPIRED)
                 .expression_attribute_values(":u", uaid_attr(uaid))
                 .expression_attribute_values(":channels", s(CHANNELS_ROW))
-                .expression_attribute_values(":now", n(now_secs()))
+                // A message is kept `retention` past its deadline (for its
+                // receipt): its `expiry` is that much later.
+                .expression_attribute_values(":now", n(now_secs() + self.retention))
                 .select(Select::Count)
                 .consistent_read(true)
                 .limit((up_to - count).clamp(1, self.page_size) as i32)
@@ -506,6 +556,63 @@ impl DynamoStore {
             Some(legacy) => self.delete_version(table, uaid, &legacy, version).await,
             None => Ok(false),
         }
+    }
+
+    /// Turn the pending message `version` under `sort_key` (or the key
+    /// Python autopush gave it) in `table` into a receipt of `state`.
+    async fn settle_in(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        if self.retention == 0 {
+            return self.delete_message_in(table, uaid, sort_key, version).await;
+        }
+        let receipt = Receipt::new(version, state, now_secs(), self.retention);
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            let put = self
+                .client
+                .put_item()
+                .table_name(table)
+                .set_item(Some(item::receipt_to_item(uaid, key, &receipt)))
+                .condition_expression("updateid = :v AND attribute_not_exists(settled)")
+                .expression_attribute_values(":v", s(version))
+                .send()
+                .await;
+            if condition_held(put, "PutItem")? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The row under `sort_key` (or the key Python autopush gave it) in `table`.
+    async fn read_in(&self, table: &str, uaid: &Uuid, sort_key: &str) -> Result<Option<Item>> {
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            if let Some(row) = self.get_row(table, uaid, key).await? {
+                return Ok(Some(row));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One row of `uaid` in message table `table`, read consistently.
+    async fn get_row(&self, table: &str, uaid: &Uuid, sort_key: &str) -> Result<Option<Item>> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(item::message_key(uaid, sort_key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| backend("GetItem", e))?;
+        Ok(out.item)
     }
 
     /// The seeds' `update_message_month`: move a user whose table `from`
@@ -758,7 +865,7 @@ impl Storage for DynamoStore {
                 .client
                 .put_item()
                 .table_name(&table)
-                .set_item(Some(item::message_to_item(uaid, message)));
+                .set_item(Some(item::message_to_item(uaid, message, self.retention)));
             let put = match message.topic {
                 Some(_) => put
                     .condition_expression(
@@ -829,6 +936,36 @@ impl Storage for DynamoStore {
             }
         }
         Ok(false)
+    }
+
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            let settle = self.settle_in(table, uaid, sort_key, version, state);
+            if home.unless_absent(table, settle).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        let home = self.home(uaid).await?;
+        for table in &home.reads {
+            if let Some(row) = home
+                .unless_absent(table, self.read_in(table, uaid, sort_key))
+                .await?
+            {
+                return item::stored_from_item(&row).map(Some);
+            }
+        }
+        Ok(None)
     }
 
     async fn health_check(&self) -> Result<()> {

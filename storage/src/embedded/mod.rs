@@ -18,14 +18,15 @@ use autopush_common::{Notification, RouterType, User, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError, SweepStep};
+use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
+use autopush_common::receipt::MessageState;
 use writer::Writer;
 
 /// uaid -> JSON router record.
 const USERS: TableDefinition<u128, &[u8]> = TableDefinition::new("users");
 /// (uaid, channel id) -> nothing: the channel set.
 const CHANNELS: TableDefinition<(u128, u128), ()> = TableDefinition::new("channels");
-/// (uaid, sort key) -> JSON notification.
+/// (uaid, sort key) -> JSON notification, or JSON receipt once settled.
 const MESSAGES: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("messages");
 
 /// Sort keys are ASCII, so this bounds every key of one user from above.
@@ -39,6 +40,19 @@ fn corrupt(e: serde_json::Error) -> StorageError {
     StorageError::Corrupt(e.to_string())
 }
 
+/// A message row as stored: a receipt, or a message.
+fn decode(json: &[u8]) -> Result<StoredMessage> {
+    if Receipt::is_encoded(json) {
+        serde_json::from_slice(json)
+            .map(StoredMessage::Settled)
+            .map_err(corrupt)
+    } else {
+        serde_json::from_slice(json)
+            .map(StoredMessage::Pending)
+            .map_err(corrupt)
+    }
+}
+
 #[derive(Clone)]
 pub struct EmbeddedStore {
     db: Arc<Database>,
@@ -47,6 +61,8 @@ pub struct EmbeddedStore {
     message_cursor: Arc<Mutex<Option<(u128, String)>>>,
     /// Where the next housekeeping step over users starts (exclusive).
     user_cursor: Arc<Mutex<Option<u128>>>,
+    /// Seconds a receipt is kept after its message's final state; 0: off.
+    retention: u64,
 }
 
 impl EmbeddedStore {
@@ -73,7 +89,15 @@ impl EmbeddedStore {
             writer,
             message_cursor: Default::default(),
             user_cursor: Default::default(),
+            retention: 0,
         })
+    }
+
+    /// Keep receipts `seconds` after a message's final state (0: off, the
+    /// default): see [`crate::receipt`].
+    pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
+        self.retention = seconds;
+        self
     }
 
     /// Run a point read now, on this thread.
@@ -131,8 +155,10 @@ fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
         .transpose()
 }
 
-/// Remove a user's record, channels and messages.
-fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
+/// Remove a user's record, channels and messages. With receipts on
+/// (`retention` seconds), its pending messages leave `gone` receipts instead,
+/// and its receipts and expired messages stay until their own expiry.
+fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) -> Result<()> {
     txn.open_table(USERS)
         .map_err(backend)?
         .remove(uaid)
@@ -141,10 +167,29 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128) -> Result<()> {
         .map_err(backend)?
         .retain_in((uaid, 0)..=(uaid, u128::MAX), |_, _| false)
         .map_err(backend)?;
-    txn.open_table(MESSAGES)
-        .map_err(backend)?
-        .retain_in((uaid, "")..=(uaid, SORT_KEY_MAX), |_, _| false)
-        .map_err(backend)?;
+    let mut messages = txn.open_table(MESSAGES).map_err(backend)?;
+    let range = (uaid, "")..=(uaid, SORT_KEY_MAX);
+    if retention == 0 {
+        messages.retain_in(range, |_, _| false).map_err(backend)?;
+        return Ok(());
+    }
+    let now = now_secs();
+    let mut gone = Vec::new();
+    for entry in messages.range(range).map_err(backend)? {
+        let (key, value) = entry.map_err(backend)?;
+        if let StoredMessage::Pending(m) = decode(value.value())?
+            && !m.is_expired(now)
+        {
+            let receipt = Receipt::new(&m.version, MessageState::Gone, now, retention);
+            let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
+            gone.push((key.value().1.to_owned(), json));
+        }
+    }
+    for (key, json) in gone {
+        messages
+            .insert((uaid, key.as_str()), json.as_slice())
+            .map_err(backend)?;
+    }
     Ok(())
 }
 
@@ -156,12 +201,7 @@ fn remove_version(
     version: &str,
 ) -> Result<bool> {
     let is_version = match table.get(key).map_err(backend)? {
-        Some(stored) => {
-            serde_json::from_slice::<Notification>(stored.value())
-                .map_err(corrupt)?
-                .version
-                == version
-        }
+        Some(stored) => decode(stored.value())?.version() == version,
         None => false,
     };
     if is_version {
@@ -250,10 +290,13 @@ impl Storage for EmbeddedStore {
 
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
         let uaid = uaid.as_u128();
-        self.write(move |txn| remove_user_rows(txn, uaid)).await
+        let retention = self.retention;
+        self.write(move |txn| remove_user_rows(txn, uaid, retention))
+            .await
     }
 
     async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let retention = self.retention;
         let (uaid, connected_at, router_data) = (
             seen.uaid.as_u128(),
             seen.connected_at,
@@ -261,7 +304,7 @@ impl Storage for EmbeddedStore {
         );
         self.write(move |txn| match read_user(txn, uaid)? {
             Some(user) if user.connected_at == connected_at && user.router_data == router_data => {
-                remove_user_rows(txn, uaid)?;
+                remove_user_rows(txn, uaid, retention)?;
                 Ok(true)
             }
             _ => Ok(false),
@@ -350,14 +393,16 @@ impl Storage for EmbeddedStore {
                 for message in &messages {
                     let key = message.sort_key();
                     if let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)? {
-                        let stored: Notification =
-                            serde_json::from_slice(stored.value()).map_err(corrupt)?;
-                        if message.topic.is_some()
-                            && stored.sortkey_timestamp > message.sortkey_timestamp
-                        {
+                        let stored = decode(stored.value())?;
+                        // A receipt under a Topic key is an older message's.
+                        let stored_at = match &stored {
+                            StoredMessage::Pending(m) => m.sortkey_timestamp,
+                            StoredMessage::Settled(_) => None,
+                        };
+                        if message.topic.is_some() && stored_at > message.sortkey_timestamp {
                             continue;
                         }
-                        if message.topic.is_none() && stored.version != message.version {
+                        if message.topic.is_none() && stored.version() != message.version {
                             taken.push(key);
                             continue;
                         }
@@ -377,7 +422,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
-        let uaid = uaid.as_u128();
+        let (uaid, retention) = (uaid.as_u128(), self.retention);
         let (messages, expired) = self
             .run(move |db| {
                 let now = now_secs();
@@ -389,14 +434,19 @@ impl Storage for EmbeddedStore {
                     .map_err(backend)?
                 {
                     let (key, value) = entry.map_err(backend)?;
-                    let message: Notification =
-                        serde_json::from_slice(value.value()).map_err(corrupt)?;
-                    if message.is_expired(now) {
-                        expired.push((key.value().1.to_owned(), message.version));
-                    } else if messages.len() < limit {
-                        messages.push(message);
-                    } else {
-                        break;
+                    let row = decode(value.value())?;
+                    if row.is_dead(now, retention) {
+                        expired.push((key.value().1.to_owned(), row.version().to_owned()));
+                        continue;
+                    }
+                    match row {
+                        StoredMessage::Pending(m) if !m.is_expired(now) => {
+                            if messages.len() == limit {
+                                break;
+                            }
+                            messages.push(m);
+                        }
+                        _ => {}
                     }
                 }
                 Ok((messages, expired))
@@ -433,9 +483,9 @@ impl Storage for EmbeddedStore {
                     break;
                 }
                 let (_, value) = entry.map_err(backend)?;
-                let message: Notification =
-                    serde_json::from_slice(value.value()).map_err(corrupt)?;
-                if !message.is_expired(now) {
+                if let StoredMessage::Pending(m) = decode(value.value())?
+                    && !m.is_expired(now)
+                {
                     count += 1;
                 }
             }
@@ -453,8 +503,49 @@ impl Storage for EmbeddedStore {
         .await
     }
 
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
+        let retention = self.retention;
+        self.write(move |txn| {
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            let key = (uaid, sort_key.as_str());
+            let pending = match table.get(key).map_err(backend)? {
+                Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m) if m.version == version),
+                None => false,
+            };
+            if !pending {
+                return Ok(false);
+            }
+            if retention == 0 {
+                table.remove(key).map_err(backend)?;
+            } else {
+                let receipt = Receipt::new(&version, state, now_secs(), retention);
+                let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
+                table.insert(key, json.as_slice()).map_err(backend)?;
+            }
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        self.read(|db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let table = txn.open_table(MESSAGES).map_err(backend)?;
+            let row = table.get((uaid.as_u128(), sort_key)).map_err(backend)?;
+            row.map(|row| decode(row.value())).transpose()
+        })
+    }
+
     async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
         let start = lock(&self.message_cursor).clone();
+        let retention = self.retention;
         let (expired, next) = self
             .run(move |db| {
                 let now = now_secs();
@@ -475,9 +566,7 @@ impl Storage for EmbeddedStore {
                     {
                         continue;
                     }
-                    let message: Notification =
-                        serde_json::from_slice(value.value()).map_err(corrupt)?;
-                    if message.is_expired(now) {
+                    if decode(value.value())?.is_dead(now, retention) {
                         expired.push((uaid, sort_key.to_owned()));
                     }
                     last = Some((uaid, sort_key.to_owned()));
@@ -507,9 +596,7 @@ impl Storage for EmbeddedStore {
                     // Looked again under the write lock: a newer Topic
                     // message may have replaced the expired one meanwhile.
                     let still_expired = match table.get(key).map_err(backend)? {
-                        Some(value) => serde_json::from_slice::<Notification>(value.value())
-                            .map_err(corrupt)?
-                            .is_expired(now),
+                        Some(value) => decode(value.value())?.is_dead(now, retention),
                         None => false,
                     };
                     if still_expired {
@@ -527,6 +614,7 @@ impl Storage for EmbeddedStore {
     }
 
     async fn drop_idle_users(&self, last_connect_before: u64, budget: usize) -> Result<SweepStep> {
+        let retention = self.retention;
         let start = *lock(&self.user_cursor);
         let (idle, next) = self
             .run(move |db| {
@@ -566,7 +654,7 @@ impl Storage for EmbeddedStore {
                 .write(move |txn| match read_user(txn, uaid)? {
                     // Looked again under the write lock: it may have said hello.
                     Some(user) if is_idle(&user, last_connect_before) => {
-                        remove_user_rows(txn, uaid)?;
+                        remove_user_rows(txn, uaid, retention)?;
                         Ok(true)
                     }
                     _ => Ok(false),

@@ -1,0 +1,125 @@
+//! `GET /m/{message_id}`: the receipt of a push, what became of it.
+//!
+//! Answers `200` with `{"state", "updated"}` (see
+//! [`MessageState`] for the states) while the message is pending and for
+//! `--receipt-retention` seconds after its final state; after that, for an
+//! id this service never gave, or with receipts off, `404`/102. Whoever
+//! holds the URL may read it, as for `DELETE` (the id is sealed, so it
+//! cannot be guessed); a message to a VAPID-restricted (v2) subscription
+//! also needs a VAPID signature with the key of the push, else `401`/109.
+//!
+//! Most answers cost one point read of the message's row: a settled message
+//! left a receipt there, an unsettled one is still there (kept past its TTL
+//! for its `expired` answer). A message settled before the sender got its
+//! id (bridged, dropped) carries its receipt in the id and costs nothing; a
+//! pending one costs one more read, of its user, to tell `sent` (the client
+//! is connected) from `stored`, and a bridged app's mailbox (`bridged`
+//! until the app acks it: `fetched`).
+
+use std::sync::Arc;
+
+use autopush_common::endpoint::{MessageIdInfo, key_hash_in_id};
+use autopush_common::receipt::MessageState;
+use autopush_common::time::now_secs;
+use autopush_common::{ApiError, ApiResult, RouterType};
+use autopush_storage::StoredMessage;
+use serde_json::json;
+use warp::http::HeaderMap;
+use warp::reply::{Reply, Response};
+
+use super::EndpointState;
+use crate::vapid::key_hash_matches;
+
+pub async fn answer(
+    state: Arc<EndpointState>,
+    message_id: String,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let message = state.crypto.parse_message_id(&message_id)?;
+    if state.receipt_retention == 0 {
+        return Err(ApiError::NotFound);
+    }
+    authorize(&state, &message, &headers)?;
+    let now = now_secs();
+    let kept = |at: u64| at.saturating_add(state.receipt_retention) > now;
+    let found = match message.settled {
+        Some((settled, at)) => kept(at).then_some((settled, at)),
+        None => look_up(&state, &message, &message_id, now).await?,
+    };
+    let (settled, updated) = found
+        .filter(|(settled, at)| !settled.is_final() || kept(*at))
+        .ok_or(ApiError::NotFound)?;
+    Ok(warp::reply::json(&json!({"state": settled, "updated": updated})).into_response())
+}
+
+/// A message to a v2 subscription: its receipt is for the holder of the
+/// subscription's VAPID key alone.
+fn authorize(state: &EndpointState, message: &MessageIdInfo, headers: &HeaderMap) -> ApiResult<()> {
+    let Some(expected) = &message.key_hash else {
+        return Ok(());
+    };
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let identity = state
+        .vapid
+        .verify(text("authorization"), text("crypto-key"))
+        .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?
+        .ok_or_else(|| {
+            ApiError::InvalidAuthentication(
+                "this message's subscription is restricted to a VAPID key: sign the request".into(),
+            )
+        })?;
+    let prefix = key_hash_in_id(&identity.key_hash);
+    let mut padded = identity.key_hash;
+    padded[..prefix.len()].copy_from_slice(expected);
+    if !key_hash_matches(&identity, &padded) {
+        return Err(ApiError::InvalidAuthentication(
+            "the VAPID key is not the key of this message's push".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The state and time of the message from its row, if it is still known.
+async fn look_up(
+    state: &EndpointState,
+    message: &MessageIdInfo,
+    message_id: &str,
+    now: u64,
+) -> ApiResult<Option<(MessageState, u64)>> {
+    let row = state
+        .storage
+        .read_message(&message.uaid, &message.sort_key())
+        .await?;
+    Ok(match row {
+        Some(StoredMessage::Settled(receipt)) if receipt.version == message_id => {
+            (receipt.expiry > now).then_some((receipt.state, receipt.updated))
+        }
+        Some(StoredMessage::Pending(pending)) if pending.version == message_id => {
+            if pending.is_expired(now) {
+                return Ok(Some((MessageState::Expired, pending.expiry())));
+            }
+            let user = state.storage.get_user(&message.uaid).await?;
+            Some(match user {
+                // In a bridged app's mailbox: the upstream took it before
+                // the sender got its id; the app has not acked it yet.
+                Some(user) if user.router_type != RouterType::WebPush => {
+                    (MessageState::Bridged, pending.timestamp)
+                }
+                Some(user) if user.node_id.is_some() => (
+                    MessageState::Sent,
+                    pending.timestamp.max(user.connected_at / 1000),
+                ),
+                _ => (MessageState::Stored, pending.timestamp),
+            })
+        }
+        // Another message under a Topic's key: a newer one with the same
+        // Topic took this one's place.
+        Some(StoredMessage::Pending(newer)) if message.topic.is_some() => {
+            Some((MessageState::Replaced, newer.timestamp))
+        }
+        Some(StoredMessage::Settled(newer)) if message.topic.is_some() => {
+            Some((MessageState::Replaced, newer.updated))
+        }
+        _ => None,
+    })
+}

@@ -1,0 +1,72 @@
+//! Receipts: what a settled message leaves behind in storage.
+//!
+//! When a message reaches a final state the service sees (the client acked
+//! it, the sender deleted it), the one conditional write that used to delete
+//! its row turns the row into a small [`Receipt`] instead, under the same
+//! key, kept for the receipt retention window and then removed by the
+//! backend's expiry. An unsettled message past its TTL is kept as long
+//! after its deadline, so its receipt can say `expired`. With retention 0
+//! the rows are deleted as before.
+
+use autopush_common::Notification;
+use autopush_common::receipt::MessageState;
+use serde::{Deserialize, Serialize};
+
+/// A settled message's row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// The final state. Serialized first: the embedded store tells a
+    /// receipt from a message by it (see [`Receipt::is_encoded`]).
+    #[serde(rename = "settled")]
+    pub state: MessageState,
+    /// The message id (version) the receipt is for.
+    pub version: String,
+    /// Unix seconds when the message reached `state`.
+    pub updated: u64,
+    /// Unix seconds after which the receipt is gone.
+    pub expiry: u64,
+}
+
+impl Receipt {
+    /// A receipt for `version` settled in `state` now, kept `retention` seconds.
+    pub fn new(version: &str, state: MessageState, now: u64, retention: u64) -> Receipt {
+        Receipt {
+            state,
+            version: version.to_owned(),
+            updated: now,
+            expiry: now.saturating_add(retention),
+        }
+    }
+
+    /// Whether a JSON row is a receipt rather than a [`Notification`].
+    pub fn is_encoded(json: &[u8]) -> bool {
+        json.starts_with(br#"{"settled":"#)
+    }
+}
+
+/// What a message's row holds.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StoredMessage {
+    /// Not settled yet (possibly past its TTL, kept for its receipt).
+    Pending(Notification),
+    Settled(Receipt),
+}
+
+impl StoredMessage {
+    pub fn version(&self) -> &str {
+        match self {
+            StoredMessage::Pending(m) => &m.version,
+            StoredMessage::Settled(r) => &r.version,
+        }
+    }
+
+    /// Whether the row has outlived its use at `now`: a receipt past its
+    /// expiry, a message past its TTL plus `retention` (its `expired`
+    /// receipt).
+    pub fn is_dead(&self, now: u64, retention: u64) -> bool {
+        match self {
+            StoredMessage::Pending(m) => m.expiry().saturating_add(retention) <= now,
+            StoredMessage::Settled(r) => r.expiry <= now,
+        }
+    }
+}

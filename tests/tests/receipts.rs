@@ -1,0 +1,350 @@
+//! Receipts: `GET` on the `Location` URL of a push says what became of it,
+//! through the real binary, on the embedded store and on DynamoDB.
+
+use autopush_crypto::vapid::VapidKey as SigningKey;
+use autopush_tests::http;
+use autopush_tests::prometheus::Scrape;
+use autopush_tests::receipt::{
+    location, state, state_of, wait_for_404, wait_for_state, wait_until,
+};
+use autopush_tests::server::{Node, free_ports};
+use autopush_tests::*;
+
+#[derive(Clone, Copy, Debug)]
+enum Db {
+    Embedded,
+    DynamoDb,
+}
+
+/// A server on `db` (fresh tables for DynamoDB) with extra `args`.
+async fn start(db: Db, args: &[&str]) -> Server {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    match db {
+        Db::Embedded => {
+            Server::start_node(Node {
+                args,
+                ..Node::default()
+            })
+            .await
+        }
+        Db::DynamoDb => {
+            let tables = dynamo::tables();
+            let endpoint = &dynamo::local().await.endpoint;
+            dynamo::connect(endpoint, tables.clone())
+                .await
+                .create_tables()
+                .await
+                .expect("create tables");
+            let key = autopush_common::endpoint::generate_key;
+            let mut shared = vec![
+                format!("--router-table={}", tables.router),
+                format!("--message-table={}", tables.message),
+                format!("--crypto-key={}", key()),
+                format!("--auth-key={}", key()),
+                format!("--router-key={}", key()),
+            ];
+            shared.extend(args);
+            Server::start_node(Node {
+                db: Some("dynamodb".into()),
+                env: dynamo::aws_env(endpoint)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                args: shared,
+                ..Node::default()
+            })
+            .await
+        }
+    }
+}
+
+/// Every webpush state: stored, sent, delivered, deleted, dropped,
+/// replaced, expired, and an unknown id.
+async fn each_webpush_state(db: Db) {
+    let server = start(db, &[]).await;
+
+    // Stored while the client is away; sent once it is back; delivered on ack.
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let stored = location(&sub.push_text("stored").await);
+    assert_eq!(state_of(&stored).await, "stored");
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "stored");
+    assert_eq!(state_of(&stored).await, "sent");
+    ws.ack_notification(&n).await;
+    wait_for_state(&stored, "delivered").await;
+
+    // Direct to the connected client: sent, then delivered on ack.
+    let direct = location(&sub.push_text("direct").await);
+    let (n, _) = sub.receive(&mut ws).await;
+    assert_eq!(state_of(&direct).await, "sent");
+    ws.ack_notification(&n).await;
+    wait_for_state(&direct, "delivered").await;
+    // TTL 0 to a connected client is never stored: its receipt stays sent.
+    let now_or_never = location(&sub.send(&SendOptions::text("ttl 0").ttl(0)).await);
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    assert_eq!(state_of(&now_or_never).await, "sent");
+    ws.close().await;
+
+    // Deleted by the sender before delivery; a second DELETE changes nothing.
+    let deleted = location(&sub.push_text("deleted").await);
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    assert_eq!(state_of(&deleted).await, "deleted");
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    assert_eq!(state_of(&deleted).await, "deleted");
+
+    // TTL 0 and nobody connected.
+    let dropped = sub.send(&SendOptions::text("dropped").ttl(0)).await;
+    dropped.assert_created();
+    assert_eq!(state_of(&location(&dropped)).await, "dropped");
+
+    // A newer message with the same Topic replaces the stored one.
+    let first = sub.send(&SendOptions::text("first").topic("score")).await;
+    let second = sub.send(&SendOptions::text("second").topic("score")).await;
+    assert_eq!(state_of(&location(&first)).await, "replaced");
+    assert_eq!(state_of(&location(&second)).await, "stored");
+
+    // TTL runs out before the client comes back.
+    let expiring = location(&sub.send(&SendOptions::text("expiring").ttl(1)).await);
+    wait_for_state(&expiring, "expired").await;
+    // The client comes back: it gets the Topic message only.
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "second");
+    ws.ack_notification(&n).await;
+    wait_for_state(&location(&second), "delivered").await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(state_of(&expiring).await, "expired");
+
+    // An id this service never gave.
+    let unknown = format!("{}/m/not-an-id", server.endpoint_base());
+    http::get(&unknown).await.assert_error(404, 102);
+}
+
+/// A message still pending when its subscription ends is `gone`; one
+/// delivered before stays `delivered`.
+async fn a_pending_message_of_a_removed_registration_is_gone(db: Db) {
+    let server = start(db, &[]).await;
+    let base = server.endpoint_base();
+    let registration = format!("{base}/v1/webpush/any/registration");
+    let reply = http::request(
+        reqwest::Method::POST,
+        &registration,
+        &[("content-type", "application/json")],
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+    let field = |name: &str| reply.json[name].as_str().expect(name).to_owned();
+    let (uaid, secret, endpoint) = (field("uaid"), field("secret"), field("endpoint"));
+    let push = async || {
+        let sent = http::post_push(&endpoint, &[("ttl", "60")], None).await;
+        sent.assert_created();
+        sent.header("location").expect("Location").to_owned()
+    };
+    let (delivered, pending) = (push().await, push().await);
+    let mut ws = server.reconnect(&uaid).await;
+    let first = ws.recv_notification().await;
+    ws.ack_notification(&first).await;
+    let second = ws.recv_notification().await;
+    ws.close().await;
+    // The service learns the client left when a push finds it gone: until
+    // then its pending messages read `sent`.
+    push().await;
+    // Whichever came first was acked.
+    let (delivered, pending) = match first["version"] == second["version"] {
+        true => panic!("the same message twice: {first}"),
+        false if delivered.ends_with(first["version"].as_str().unwrap()) => (delivered, pending),
+        false => (pending, delivered),
+    };
+    wait_for_state(&delivered, "delivered").await;
+    wait_for_state(&pending, "stored").await;
+    let bearer = format!("Bearer {secret}");
+    let removed = http::request(
+        reqwest::Method::DELETE,
+        &format!("{registration}/{uaid}"),
+        &[("authorization", bearer.as_str())],
+        None,
+    )
+    .await;
+    assert_eq!(removed.status, 200, "{}", removed.text);
+    assert_eq!(state_of(&pending).await, "gone");
+    assert_eq!(state_of(&delivered).await, "delivered");
+    http::post_push(&endpoint, &[("ttl", "60")], None)
+        .await
+        .assert_error(410, 103);
+}
+
+/// A VAPID-restricted subscription's receipts need the push's VAPID key.
+async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
+    let server = start(db, &[]).await;
+    let (_, sub) = server.offline_subscription(true).await;
+    let receipt = location(&sub.push_text("restricted").await);
+    let audience = server.endpoint_base();
+    let signed_by = |key: &SigningKey| {
+        let authorization = key.authorization(&audience, "mailto:ops@example.com");
+        let receipt = receipt.clone();
+        async move {
+            let headers = [("authorization", authorization.as_str())];
+            http::request(reqwest::Method::GET, &receipt, &headers, None).await
+        }
+    };
+    http::get(&receipt).await.assert_error(401, 109);
+    signed_by(&SigningKey::generate())
+        .await
+        .assert_error(401, 109);
+    let private = unb64(&sub.vapid_key().private_key);
+    let key = SigningKey::from_bytes(&private).expect("the subscription's VAPID key");
+    assert_eq!(state(&signed_by(&key).await), "stored");
+}
+
+fn unb64(text: &str) -> Vec<u8> {
+    autopush_crypto::unb64(text).expect("base64url")
+}
+
+/// Past its retention window a receipt is 404/102, whether it was kept in
+/// storage (delivered) or sealed into the id (dropped).
+async fn a_receipt_is_gone_after_its_retention(db: Db) {
+    let server = start(db, &["--receipt-retention", "1"]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let delivered = location(&sub.push_text("delivered").await);
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    wait_for_state(&delivered, "delivered").await;
+    ws.close().await;
+    let dropped = location(&sub.send(&SendOptions::text("dropped").ttl(0)).await);
+    wait_for_404(&delivered).await;
+    wait_for_404(&dropped).await;
+}
+
+macro_rules! on_both_backends {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Db::Embedded).await;
+                }
+            )*
+        }
+        mod dynamodb {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Db::DynamoDb).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    each_webpush_state,
+    a_pending_message_of_a_removed_registration_is_gone,
+    a_v2_receipt_needs_the_push_vapid_key,
+    a_receipt_is_gone_after_its_retention,
+);
+
+/// With `--receipt-retention 0` there are no receipts, and pushes, acks
+/// and DELETE work as before.
+#[tokio::test]
+async fn receipts_can_be_turned_off() {
+    let server = start(Db::Embedded, &["--receipt-retention", "0"]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let kept = location(&sub.push_text("kept").await);
+    let cancelled = location(&sub.push_text("cancelled").await);
+    http::get(&kept).await.assert_error(404, 102);
+    assert_eq!(http::delete(&cancelled).await.status, 204);
+    let mut ws = server.reconnect(&uaid).await;
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "kept");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// Operators see what the 201s became: `notification.final` by state and
+/// router type.
+#[tokio::test]
+async fn final_states_are_counted() {
+    let [metrics_port] = free_ports::<1>();
+    let server = start(Db::Embedded, &["--metrics-port", &metrics_port.to_string()]).await;
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    sub.push_text("delivered").await;
+    let (n, _) = sub.receive(&mut ws).await;
+    ws.ack_notification(&n).await;
+    ws.close().await;
+    let deleted = location(&sub.push_text("deleted").await);
+    assert_eq!(http::delete(&deleted).await.status, 204);
+    sub.send(&SendOptions::text("dropped").ttl(0))
+        .await
+        .assert_created();
+    let want = [("delivered", 1.0), ("deleted", 1.0), ("dropped", 1.0)];
+    let counted = async || {
+        let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+        let scrape = Scrape::parse(&reply.text);
+        want.iter().all(|(state, n)| {
+            let labels = [("router_type", "webpush"), ("state", *state)];
+            scrape.value("notification_final", &labels) == *n
+        })
+    };
+    wait_until(&format!("notification_final counting {want:?}"), counted).await;
+}
+
+/// Storage operations (as `storage.time` counts them) of 10 messages
+/// pushed to a connected client and acked, then 10 stored and drained.
+async fn storage_operations(args: &[&str]) -> (f64, f64) {
+    let [metrics_port] = free_ports::<1>();
+    let mut all = vec!["--metrics-port".to_owned(), metrics_port.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let server = start(Db::Embedded, &all).await;
+    // Every operation so far, once `acks` acks have been settled.
+    let scrape = async |acks: f64| {
+        let settle = [("backend", "embedded"), ("op", "settle_message")];
+        let mut total = 0.0;
+        wait_until("the acks settling", async || {
+            let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+            let scrape = Scrape::parse(&reply.text);
+            total = scrape.sum("storage_time_count");
+            scrape.value("storage_time_count", &settle) >= acks
+        })
+        .await;
+        total
+    };
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let before = scrape(0.0).await;
+    for i in 0..10 {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let direct = scrape(10.0).await - before;
+    let before = scrape(10.0).await;
+    for i in 0..10 {
+        sub.push_text(&format!("stored {i}")).await;
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    for _ in 0..10 {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    (direct, scrape(20.0).await - before)
+}
+
+/// On the embedded store too, receipts cost no storage operation: the
+/// ack's delete becomes the write of the receipt.
+#[tokio::test]
+async fn receipts_cost_no_storage_operation() {
+    let off = storage_operations(&["--receipt-retention", "0"]).await;
+    let on = storage_operations(&[]).await;
+    eprintln!(
+        "embedded storage operations for 10 messages (direct, stored+drained): receipts off {off:?}, on {on:?}"
+    );
+    assert_eq!(off, on);
+}
