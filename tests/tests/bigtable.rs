@@ -430,7 +430,19 @@ async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
     assert_eq!(ws.expect_closed().await.code, Some(1013));
 
     outage.end();
-    let mut ws = node.reconnect(&uaid).await;
+    // As a client told 1013 does: try again until the node answers.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    let mut ws = loop {
+        let mut ws = WsClient::connect(&node.ws_url()).await;
+        if ws.hello(Some(&uaid)).await["status"] == 200 {
+            break ws;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "hello still refused after the outage ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     let (n, d) = sub.receive(&mut ws).await;
     assert_eq!(d.text, "before");
     ws.ack_notification(&n).await;

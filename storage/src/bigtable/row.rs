@@ -187,10 +187,6 @@ pub fn new_version(families: &Families) -> Vec<pb::Mutation> {
     )
 }
 
-fn router_type_name(router_type: RouterType) -> &'static str {
-    router_type.as_str()
-}
-
 /// Every router column of `user` (channels and `current_timestamp` are
 /// left as they are).
 pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
@@ -204,7 +200,7 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
     m.extend(replace(
         f,
         "router_type",
-        Some(router_type_name(user.router_type).as_bytes().to_vec()),
+        Some(user.router_type.as_str().as_bytes().to_vec()),
     ));
     m.extend(replace(
         f,
