@@ -4,6 +4,7 @@
 pub mod bridge;
 pub mod endpoint;
 pub mod errors;
+pub mod http_client;
 pub mod ids;
 pub mod limit;
 pub mod metrics;

@@ -89,7 +89,7 @@ impl LocalDynamo {
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         let stdin = child.stdin.take().expect("server stdin");
         let endpoint = format!("http://127.0.0.1:{port}");
-        let http = reqwest::Client::new();
+        let http = crate::http::client().clone();
         let started = Instant::now();
         // Any HTTP answer means it is up.
         while http.get(&endpoint).send().await.is_err() {
@@ -224,7 +224,7 @@ impl ThrottlingProxy {
         let state = std::sync::Arc::new(ThrottleState::default());
         let (upstream, shared) = (upstream.to_owned(), state.clone());
         let task = tokio::spawn(async move {
-            let http = reqwest::Client::new();
+            let http = crate::http::client().clone();
             while let Ok((socket, _)) = listener.accept().await {
                 tokio::spawn(proxy_connection(
                     socket,

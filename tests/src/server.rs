@@ -361,7 +361,7 @@ impl Server {
             .unwrap_or_else(|e| panic!("spawn {} {args:?}: {e}", autopush_bin().display()));
         self.child = Some(child);
 
-        let client = reqwest::Client::builder()
+        let client = autopush_common::http_client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(2))
             .build()

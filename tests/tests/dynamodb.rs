@@ -424,7 +424,7 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
         "{:?}",
         refused.headers
     );
-    let http = reqwest::Client::new();
+    let http = autopush_tests::http::client();
     let heartbeat = http
         .get(format!("{}/__heartbeat__", node.endpoint_base()))
         .send()

@@ -236,7 +236,7 @@ async fn receive(
 /// `None`: stopped at a failure that later checks depend on.
 async fn checks(options: &Options, report: &mut Report) -> Option<()> {
     let wait = options.wait;
-    let http = reqwest::Client::builder()
+    let http = autopush_common::http_client::builder()
         .timeout(wait)
         .connect_timeout(wait)
         .redirect(reqwest::redirect::Policy::none())

@@ -58,7 +58,7 @@ impl Project {
         let deadline = app.timeout()?;
         let max_in_flight = app.max_in_flight()?;
         let tokens = AccessTokens::new(app.credential_json()?)?;
-        let http = reqwest::Client::builder()
+        let http = autopush_common::http_client::builder()
             .connect_timeout(deadline.min(Duration::from_secs(5)))
             .timeout(deadline)
             .build()

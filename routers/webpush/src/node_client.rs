@@ -35,7 +35,7 @@ pub enum NodeCallError {
 
 impl NodeClient {
     pub fn new(keys: NodeKeys) -> Self {
-        let http = reqwest::Client::builder()
+        let http = autopush_common::http_client::builder()
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(3))
             .build()
