@@ -19,6 +19,22 @@
 //! Cells autopush-rs does not know and ignores: `last_connect` and
 //! `over_msg_limit` in the router row, `sortkey_timestamp` (topic messages:
 //! which of two is newer), `urgency` and `durable` in messages.
+//!
+//! Receipts (a receipt retention window set) add cells of our own to a
+//! message row, in its family, stamped with when they go:
+//! * a pending message also holds `receipt_hold`, JSON
+//!   `{"version", "ttl", "timestamp"}` stamped TTL + retention: its
+//!   `expired` receipt after the message's own cells are gone;
+//! * a settled message's row holds only `version`, `settled` (the final
+//!   state's name) and `settled_at` (unix seconds, 8 bytes big-endian),
+//!   stamped `settled_at` + retention: the one `CheckAndMutateRow` that
+//!   settles it deletes the message's cells.
+//!
+//! autopush-rs reads a message row's cells stamped now or later and
+//! requires `version`, `ttl` and `timestamp` (`take_required_cell`): a
+//! receipt row, or a held row past its TTL, fails its whole fetch for that
+//! user. Receipts must be off (`--receipt-retention 0`) while autopush-rs
+//! shares the table.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -29,7 +45,8 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
 };
 use uuid::Uuid;
 
-use crate::{Result, StorageError};
+use crate::{Receipt, Result, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 
 /// How far ahead router cells are stamped, as autopush-rs does
 /// (`MAX_ROUTER_TTL_SECS`).
@@ -285,8 +302,13 @@ pub fn message_family<'a>(families: &'a Families, sort_key: &str) -> &'a str {
     }
 }
 
-/// The cells of `message`, replacing whatever its row held.
-pub fn message_mutations(families: &Families, message: &Notification) -> Vec<pb::Mutation> {
+/// The cells of `message`, replacing whatever its row held; with receipts
+/// on (`retention` seconds) also its `receipt_hold`.
+pub fn message_mutations(
+    families: &Families,
+    message: &Notification,
+    retention: u64,
+) -> Vec<pb::Mutation> {
     let family = match message.topic {
         Some(_) => &families.message_topic,
         None => &families.message,
@@ -319,7 +341,61 @@ pub fn message_mutations(families: &Families, message: &Notification) -> Vec<pb:
     if message.durable {
         m.push(cell("durable", vec![1]));
     }
+    if retention > 0 {
+        let hold = Hold {
+            version: message.version.clone(),
+            ttl: message.ttl,
+            timestamp: message.timestamp,
+        };
+        let kept_until = micros(message.expiry().saturating_add(retention));
+        let json = serde_json::to_vec(&hold).unwrap_or_default();
+        m.push(set(family, HOLD.as_bytes(), json, kept_until));
+    }
     m
+}
+
+/// What a pending message's `receipt_hold` keeps of it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Hold {
+    version: String,
+    ttl: u64,
+    timestamp: u64,
+}
+
+const HOLD: &str = "receipt_hold";
+const SETTLED: &str = "settled";
+const SETTLED_AT: &str = "settled_at";
+
+/// Turn a message's row (in `family`) into `receipt`, kept until its
+/// expiry.
+pub fn receipt_mutations(family: &str, receipt: &Receipt) -> Vec<pb::Mutation> {
+    let until = micros(receipt.expiry);
+    vec![
+        delete_row(),
+        set(
+            family,
+            b"version",
+            receipt.version.as_bytes().to_vec(),
+            until,
+        ),
+        set(
+            family,
+            SETTLED.as_bytes(),
+            receipt.state.as_str().as_bytes().to_vec(),
+            until,
+        ),
+        set(
+            family,
+            SETTLED_AT.as_bytes(),
+            receipt.updated.to_be_bytes().to_vec(),
+            until,
+        ),
+    ]
+}
+
+/// Yields cells when the row is a receipt.
+pub fn settled(family: &str) -> RowFilter {
+    column(family, SETTLED.as_bytes())
 }
 
 // ---- filters --------------------------------------------------------------
@@ -476,6 +552,33 @@ pub fn column_is(family: &str, qualifier: &str, value: &[u8]) -> RowFilter {
     chain(vec![column(family, qualifier.as_bytes()), value_is(value)])
 }
 
+/// The cells `cells` keeps of a pending, unexpired message in `family`;
+/// none of a receipt, or of a message past its TTL kept for its receipt.
+pub fn pending(family: &str, cells: RowFilter) -> RowFilter {
+    let ttl = chain(vec![column(family, b"ttl"), unexpired()]);
+    and(ttl, chain(vec![unexpired(), cells]))
+}
+
+/// The cells named `names`, in any family.
+pub fn qualifiers(names: &[&str]) -> RowFilter {
+    let names = names.iter().map(|n| regex_escape(n)).collect::<Vec<_>>();
+    filter(row_filter::Filter::ColumnQualifierRegexFilter(
+        format!("^({})$", names.join("|")).into_bytes(),
+    ))
+}
+
+/// The family of message row `key` (`{uaid}#{sort key}`).
+pub fn family_of_key<'a>(families: &'a Families, key: &[u8]) -> &'a str {
+    let sort_key = key
+        .iter()
+        .position(|&b| b == b'#')
+        .map_or(&[][..], |i| &key[i + 1..]);
+    match sort_key.starts_with(b"01:") {
+        true => &families.message_topic,
+        false => &families.message,
+    }
+}
+
 /// Message cells not yet expired: a cell's timestamp is its expiry.
 pub fn unexpired() -> RowFilter {
     filter(row_filter::Filter::TimestampRangeFilter(
@@ -516,7 +619,7 @@ impl Row {
     }
 
     /// The cell `qualifier` in whichever family holds it.
-    fn any(&self, qualifier: &str) -> Option<&[u8]> {
+    pub fn any(&self, qualifier: &str) -> Option<&[u8]> {
         self.cells
             .iter()
             .find(|((_, q), _)| q == qualifier.as_bytes())
@@ -587,6 +690,52 @@ pub fn channels_from_row(row: &Row) -> HashSet<Uuid> {
         .filter_map(|(_, q)| std::str::from_utf8(q).ok()?.strip_prefix(CHID_PREFIX))
         .filter_map(|chid| Uuid::parse_str(chid).ok())
         .collect()
+}
+
+/// What row `row` holds (every cell as read, expired or not): a receipt;
+/// a message, whole or as its `receipt_hold` kept once its cells are gone;
+/// `None` when neither. `retention` dates a receipt's expiry.
+pub fn stored_from_row(row: &Row, retention: u64) -> Result<Option<StoredMessage>> {
+    if let Some(state) = row.any(SETTLED) {
+        let state = text_of(state, SETTLED)?;
+        let state = MessageState::parse(&state)
+            .ok_or_else(|| corrupt(format!("unknown receipt state {state:?}")))?;
+        let version = row
+            .any("version")
+            .ok_or_else(|| corrupt("receipt without version"))?;
+        let updated = match row.any(SETTLED_AT) {
+            Some(v) => u64_of(v, SETTLED_AT)?,
+            None => 0,
+        };
+        return Ok(Some(StoredMessage::Settled(Receipt {
+            state,
+            version: text_of(version, "version")?,
+            updated,
+            expiry: updated.saturating_add(retention),
+        })));
+    }
+    if row.any("ttl").is_some() {
+        return message_from_row(row).map(|m| Some(StoredMessage::Pending(m)));
+    }
+    let Some(hold) = row.any(HOLD) else {
+        return Ok(None);
+    };
+    let hold: Hold =
+        serde_json::from_slice(hold).map_err(|_| corrupt(format!("{HOLD} is not JSON")))?;
+    let mut held = Row {
+        key: row.key.clone(),
+        cells: HashMap::new(),
+    };
+    let family = String::new();
+    for (name, value) in [
+        ("version", hold.version.into_bytes()),
+        ("ttl", hold.ttl.to_be_bytes().to_vec()),
+        ("timestamp", hold.timestamp.to_be_bytes().to_vec()),
+    ] {
+        held.cells
+            .insert((family.clone(), name.as_bytes().to_vec()), value);
+    }
+    message_from_row(&held).map(|m| Some(StoredMessage::Pending(m)))
 }
 
 /// The message in row `row` (its key `{uaid}#{sort key}`).
