@@ -473,13 +473,35 @@ fn minus(
 }
 
 /// What a Bigtable bill is made of: requests per delivered message, direct,
-/// stored and drained (BENCHMARKS.md).
+/// stored and drained, with receipts off and on (BENCHMARKS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_delivered_message() {
+    let off = requests_per_message(&["--receipt-retention=0"]).await;
+    let on = requests_per_message(&[]).await;
+    // Receipts cost no request: the ack's conditional delete writes the
+    // receipt instead.
+    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
+    for (path, (off, on)) in ["direct", "stored", "drained"]
+        .iter()
+        .zip(off.iter().zip(&on))
+    {
+        assert_eq!(
+            total(off),
+            total(on),
+            "{path}: receipts off {off:?}, on {on:?}"
+        );
+    }
+}
+
+/// The Bigtable requests of 10 messages delivered directly (push + ack),
+/// 10 stored (push) and those 10 drained (hello + deliver + ack), by RPC,
+/// on a node started with `extra` arguments.
+async fn requests_per_message(extra: &[&str]) -> [BTreeMap<String, usize>; 3] {
     let (table, _) = fresh_table().await;
     let [metrics_port] = autopush_tests::server::free_ports::<1>();
     let mut args = shared_args(&table).await;
     args.push(format!("--metrics-port={metrics_port}"));
+    args.extend(extra.iter().map(|a| a.to_string()));
     let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
     let metrics = format!("http://127.0.0.1:{metrics_port}");
     let mut ws = node.client().await;
@@ -513,11 +535,12 @@ async fn requests_per_delivered_message() {
     let stored = minus(&after_stored, &after_direct);
     let drained = minus(&after_drain, &after_stored);
     eprintln!(
-        "Bigtable requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+        "Bigtable requests for {count} messages ({extra:?}):\n  direct (push + ack): {direct:?}\n  \
          stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
     );
     let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
     assert!(total(&direct) <= 5 * count, "{direct:?}");
     assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+    [direct, stored, drained]
 }
