@@ -569,14 +569,8 @@ pub fn qualifiers(names: &[&str]) -> RowFilter {
 
 /// The family of message row `key` (`{uaid}#{sort key}`).
 pub fn family_of_key<'a>(families: &'a Families, key: &[u8]) -> &'a str {
-    let sort_key = key
-        .iter()
-        .position(|&b| b == b'#')
-        .map_or(&[][..], |i| &key[i + 1..]);
-    match sort_key.starts_with(b"01:") {
-        true => &families.message_topic,
-        false => &families.message,
-    }
+    let sort_key = key.splitn(2, |&b| b == b'#').nth(1).unwrap_or_default();
+    message_family(families, &String::from_utf8_lossy(sort_key))
 }
 
 /// Message cells not yet expired: a cell's timestamp is its expiry.
@@ -813,6 +807,71 @@ mod tests {
         assert_eq!(
             message_key(&uaid, &topic),
             b"c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d#01:0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:news"
+        );
+    }
+
+    fn set_cells(mutations: Vec<pb::Mutation>, key: Vec<u8>, only: Option<&str>) -> Row {
+        let mut row = Row {
+            key,
+            cells: HashMap::new(),
+        };
+        for m in mutations {
+            if let Some(mutation::Mutation::SetCell(c)) = m.mutation
+                && only.is_none_or(|q| c.column_qualifier == q.as_bytes())
+            {
+                row.cells
+                    .insert((c.family_name, c.column_qualifier), c.value);
+            }
+        }
+        row
+    }
+
+    /// Once a pending message's own cells are gone (its TTL ran out and GC
+    /// took them), its `receipt_hold` still reads as the message, for its
+    /// `expired` receipt; a receipt row reads as the receipt.
+    #[test]
+    fn held_and_settled_rows_read_back() {
+        let families = Families::default();
+        let message = Notification {
+            channel_id: Uuid::new_v4(),
+            version: "v1".into(),
+            ttl: 60,
+            timestamp: 1_764_000_000,
+            topic: None,
+            sortkey_timestamp: Some(7),
+            data: Some("payload".into()),
+            headers: None,
+            urgency: None,
+            durable: false,
+        };
+        let key = message_key(&Uuid::new_v4(), &message.sort_key());
+        let written = |retention| message_mutations(&families, &message, retention);
+        let held = set_cells(written(3600), key.clone(), Some(HOLD));
+        let Some(StoredMessage::Pending(read)) = stored_from_row(&held, 3600).unwrap() else {
+            panic!("the held row is not the pending message");
+        };
+        assert_eq!(
+            (
+                read.version.as_str(),
+                read.ttl,
+                read.timestamp,
+                read.data.as_deref()
+            ),
+            ("v1", 60, 1_764_000_000, None)
+        );
+        assert_eq!(read.sort_key(), message.sort_key());
+        // Receipts off: no hold, the row is autopush-rs's.
+        assert!(
+            set_cells(written(0), key.clone(), Some(HOLD))
+                .cells
+                .is_empty()
+        );
+
+        let receipt = Receipt::new("v1", MessageState::Delivered, 1_764_000_100, 3600);
+        let settled = set_cells(receipt_mutations(&families.message, &receipt), key, None);
+        assert_eq!(
+            stored_from_row(&settled, 3600).unwrap(),
+            Some(StoredMessage::Settled(receipt))
         );
     }
 
