@@ -478,25 +478,13 @@ fn minus(
 async fn requests_per_delivered_message() {
     let off = requests_per_message(&["--receipt-retention=0"]).await;
     let on = requests_per_message(&[]).await;
-    // Receipts cost no request: the ack's conditional delete writes the
-    // receipt instead.
-    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
-    for (path, (off, on)) in ["direct", "stored", "drained"]
-        .iter()
-        .zip(off.iter().zip(&on))
-    {
-        assert_eq!(
-            total(off),
-            total(on),
-            "{path}: receipts off {off:?}, on {on:?}"
-        );
-    }
+    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
 }
 
 /// The Bigtable requests of 10 messages delivered directly (push + ack),
 /// 10 stored (push) and those 10 drained (hello + deliver + ack), by RPC,
 /// on a node started with `extra` arguments.
-async fn requests_per_message(extra: &[&str]) -> [BTreeMap<String, usize>; 3] {
+async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRequests {
     let (table, _) = fresh_table().await;
     let [metrics_port] = autopush_tests::server::free_ports::<1>();
     let mut args = shared_args(&table).await;
