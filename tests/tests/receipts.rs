@@ -14,7 +14,7 @@ use autopush_tests::*;
 #[derive(Clone, Copy, Debug)]
 enum Db {
     Embedded,
-    DynamoDb,
+    Dynamo,
     Bigtable,
 }
 
@@ -29,7 +29,7 @@ async fn start(db: Db, args: &[&str]) -> Server {
             })
             .await
         }
-        Db::DynamoDb => {
+        Db::Dynamo => {
             let tables = dynamo::tables();
             let endpoint = &dynamo::local().await.endpoint;
             dynamo::connect(endpoint, tables.clone())
@@ -256,7 +256,7 @@ macro_rules! on_every_backend {
             $(
                 #[tokio::test]
                 async fn $test() {
-                    super::$test(super::Db::DynamoDb).await;
+                    super::$test(super::Db::Dynamo).await;
                 }
             )*
         }
