@@ -486,16 +486,12 @@ impl Storage for BigtableStore {
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let family = row::message_family(self.families(), sort_key);
-        if self
-            .delete_version(row::message_key(uaid, sort_key), family, version)
-            .await?
-        {
-            return Ok(true);
+        for key in row::message_keys(uaid, sort_key) {
+            if self.delete_version(key, family, version).await? {
+                return Ok(true);
+            }
         }
-        match row::unpadded_message_key(uaid, sort_key) {
-            Some(key) => self.delete_version(key, family, version).await,
-            None => Ok(false),
-        }
+        Ok(false)
     }
 
     async fn settle_message(
@@ -516,9 +512,7 @@ impl Storage for BigtableStore {
         );
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         let mutations = row::receipt_mutations(family, &receipt);
-        let keys = std::iter::once(row::message_key(uaid, sort_key))
-            .chain(row::unpadded_message_key(uaid, sort_key));
-        for key in keys {
+        for key in row::message_keys(uaid, sort_key) {
             if self
                 .check_and_mutate(key, pending.clone(), mutations.clone(), Vec::new())
                 .await?
@@ -530,9 +524,7 @@ impl Storage for BigtableStore {
     }
 
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
-        let keys = std::iter::once(row::message_key(uaid, sort_key))
-            .chain(row::unpadded_message_key(uaid, sort_key));
-        for key in keys {
+        for key in row::message_keys(uaid, sort_key) {
             if let Some(r) = self.read_row(key, row::latest()).await? {
                 return row::stored_from_row(&r, self.retention);
             }

@@ -114,6 +114,12 @@ pub fn unpadded_message_key(uaid: &Uuid, sort_key: &str) -> Option<Vec<u8>> {
     (unpadded != message_key(uaid, sort_key)).then_some(unpadded)
 }
 
+/// The row keys the message `sort_key` names may be under: ours, then
+/// autopush-rs's spelling when it differs.
+pub fn message_keys(uaid: &Uuid, sort_key: &str) -> impl Iterator<Item = Vec<u8>> {
+    std::iter::once(message_key(uaid, sort_key)).chain(unpadded_message_key(uaid, sort_key))
+}
+
 fn split_timestamp_key(sort_key: &str) -> Option<(u64, &str)> {
     let (ts, chid) = sort_key.strip_prefix("02:")?.split_once(':')?;
     Some((ts.parse().ok()?, chid))
