@@ -69,3 +69,23 @@ pub async fn wait_for_404(location: &str) {
     };
     wait_until("receipt 404", gone).await;
 }
+
+/// Requests by operation for the three paths a request count measures
+/// (direct, stored, drained).
+pub type PathRequests = [std::collections::BTreeMap<String, usize>; 3];
+
+/// Receipts cost no request: on each path, as many requests with receipts
+/// on as off (the ack's conditional delete writes the receipt instead).
+pub fn assert_receipts_cost_no_request(off: &PathRequests, on: &PathRequests) {
+    let total = |ops: &std::collections::BTreeMap<String, usize>| ops.values().sum::<usize>();
+    for (path, (off, on)) in ["direct", "stored", "drained"]
+        .iter()
+        .zip(off.iter().zip(on))
+    {
+        assert_eq!(
+            total(off),
+            total(on),
+            "{path}: receipts off {off:?}, on {on:?}"
+        );
+    }
+}

@@ -86,6 +86,14 @@ fn node_on(host: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node {
     }
 }
 
+/// `shared_args` for a node sharing the table with autopush-rs: receipts
+/// off, as the README says (autopush-rs cannot read a receipt row).
+async fn beside_autopush_rs(table: &str) -> Vec<String> {
+    let mut args = shared_args(table).await;
+    args.push("--receipt-retention=0".into());
+    args
+}
+
 /// A fresh, created table on the shared emulator; a store on it.
 async fn fresh_table() -> (String, BigtableStore) {
     let table = bigtable::table_name();
@@ -249,7 +257,7 @@ async fn rows_written_by_autopush_rs_are_delivered() {
     )
     .await;
 
-    let args = shared_args(&table).await;
+    let args = beside_autopush_rs(&table).await;
     let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
     let mut ws = node.reconnect(&uaid.simple().to_string()).await;
     let got = ws.recv_notifications(2).await;
@@ -337,7 +345,7 @@ async fn raw_row(store: &BigtableStore, key: &str) -> Option<HashMap<String, Vec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_rows_are_in_autopush_rs_shape() {
     let (table, store) = fresh_table().await;
-    let args = shared_args(&table).await;
+    let args = beside_autopush_rs(&table).await;
     let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
     let (uaid, sub) = node.offline_subscription(false).await;
     sub.push_text("stored").await;
@@ -477,13 +485,23 @@ fn minus(
 }
 
 /// What a Bigtable bill is made of: requests per delivered message, direct,
-/// stored and drained (BENCHMARKS.md).
+/// stored and drained, with receipts off and on (BENCHMARKS.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_per_delivered_message() {
+    let off = requests_per_message(&["--receipt-retention=0"]).await;
+    let on = requests_per_message(&[]).await;
+    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
+}
+
+/// The Bigtable requests of 10 messages delivered directly (push + ack),
+/// 10 stored (push) and those 10 drained (hello + deliver + ack), by RPC,
+/// on a node started with `extra` arguments.
+async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRequests {
     let (table, _) = fresh_table().await;
     let [metrics_port] = autopush_tests::server::free_ports::<1>();
     let mut args = shared_args(&table).await;
     args.push(format!("--metrics-port={metrics_port}"));
+    args.extend(extra.iter().map(|a| a.to_string()));
     let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
     let metrics = format!("http://127.0.0.1:{metrics_port}");
     let mut ws = node.client().await;
@@ -517,11 +535,12 @@ async fn requests_per_delivered_message() {
     let stored = minus(&after_stored, &after_direct);
     let drained = minus(&after_drain, &after_stored);
     eprintln!(
-        "Bigtable requests for {count} messages:\n  direct (push + ack): {direct:?}\n  \
+        "Bigtable requests for {count} messages ({extra:?}):\n  direct (push + ack): {direct:?}\n  \
          stored (push): {stored:?}\n  drained (hello + deliver + ack): {drained:?}"
     );
     let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
     assert!(total(&direct) <= 5 * count, "{direct:?}");
     assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
+    [direct, stored, drained]
 }

@@ -547,24 +547,13 @@ async fn records_written_by_the_seeds_schema_are_read() {
 async fn requests_per_delivered_message() {
     let off = requests_per_message(&["--receipt-retention", "0"]).await;
     let on = requests_per_message(&[]).await;
-    // Receipts cost no request: the ack's delete becomes a put.
-    let total = |ops: &BTreeMap<String, usize>| ops.values().sum::<usize>();
-    for (path, (off, on)) in ["direct", "stored", "drained"]
-        .iter()
-        .zip(off.iter().zip(&on))
-    {
-        assert_eq!(
-            total(off),
-            total(on),
-            "{path}: receipts off {off:?}, on {on:?}"
-        );
-    }
+    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
 }
 
 /// The DynamoDB requests of 10 messages delivered directly (push + ack),
 /// 10 stored (push) and those 10 drained (hello + deliver + ack), by
 /// operation, on a node started with `args`.
-async fn requests_per_message(args: &[&str]) -> [BTreeMap<String, usize>; 3] {
+async fn requests_per_message(args: &[&str]) -> autopush_tests::receipt::PathRequests {
     let (_, proxy, node) = node_behind_proxy_with(args).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;

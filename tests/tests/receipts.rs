@@ -1,5 +1,6 @@
 //! Receipts: `GET` on the `Location` URL of a push says what became of it,
-//! through the real binary, on the embedded store and on DynamoDB.
+//! through the real binary, on the embedded store, DynamoDB and Bigtable
+//! (Google's emulator).
 
 use autopush_crypto::vapid::VapidKey as SigningKey;
 use autopush_tests::http;
@@ -13,7 +14,8 @@ use autopush_tests::*;
 #[derive(Clone, Copy, Debug)]
 enum Db {
     Embedded,
-    DynamoDb,
+    Dynamo,
+    Bigtable,
 }
 
 /// A server on `db` (fresh tables for DynamoDB) with extra `args`.
@@ -27,7 +29,7 @@ async fn start(db: Db, args: &[&str]) -> Server {
             })
             .await
         }
-        Db::DynamoDb => {
+        Db::Dynamo => {
             let tables = dynamo::tables();
             let endpoint = &dynamo::local().await.endpoint;
             dynamo::connect(endpoint, tables.clone())
@@ -50,6 +52,27 @@ async fn start(db: Db, args: &[&str]) -> Server {
                     .into_iter()
                     .map(|(k, v)| (k.to_owned(), v))
                     .collect(),
+                args: shared,
+                ..Node::default()
+            })
+            .await
+        }
+        Db::Bigtable => {
+            let store = autopush_tests::bigtable::fresh_store().await;
+            let emulator = autopush_tests::bigtable::local().await;
+            let key = autopush_common::endpoint::generate_key;
+            let mut shared = vec![
+                format!(
+                    "--db-settings={}",
+                    autopush_tests::bigtable::db_settings(&store.settings().table_name)
+                ),
+                format!("--crypto-key={}", key()),
+                format!("--auth-key={}", key()),
+                format!("--router-key={}", key()),
+            ];
+            shared.extend(args);
+            Server::start_node(Node {
+                db: Some(emulator.dsn()),
                 args: shared,
                 ..Node::default()
             })
@@ -219,7 +242,7 @@ async fn a_receipt_is_gone_after_its_retention(db: Db) {
     wait_for_404(&dropped).await;
 }
 
-macro_rules! on_both_backends {
+macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
         mod embedded {
             $(
@@ -233,14 +256,22 @@ macro_rules! on_both_backends {
             $(
                 #[tokio::test]
                 async fn $test() {
-                    super::$test(super::Db::DynamoDb).await;
+                    super::$test(super::Db::Dynamo).await;
+                }
+            )*
+        }
+        mod bigtable {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(super::Db::Bigtable).await;
                 }
             )*
         }
     };
 }
 
-on_both_backends!(
+on_every_backend!(
     each_webpush_state,
     a_pending_message_of_a_removed_registration_is_gone,
     a_v2_receipt_needs_the_push_vapid_key,

@@ -10,6 +10,11 @@
 //! messages up to the user's `current_timestamp`, which autopush-rs uses
 //! instead of deleting what a client acknowledged.
 //!
+//! With receipts on (a retention window), settling a message is one
+//! `CheckAndMutateRow` on its version that replaces its cells with the
+//! receipt's, and a pending message keeps a small cell past its TTL for its
+//! `expired` receipt (see [`row`]; autopush-rs cannot read those rows).
+//!
 //! Not touched: the `reliability` family autopush-rs writes for Mozilla's
 //! own delivery tracking.
 
@@ -27,7 +32,8 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
 };
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError};
+use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 use client::Connection;
 pub use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as proto;
 use row::Families;
@@ -36,6 +42,8 @@ pub use settings::BigtableSettings;
 #[derive(Clone)]
 pub struct BigtableStore {
     conn: Connection,
+    /// Seconds a receipt is kept; 0: receipts off.
+    retention: u64,
 }
 
 /// Rows `start` (exclusive when `open`) to `end` (exclusive).
@@ -62,7 +70,15 @@ impl BigtableStore {
     pub async fn connect(settings: BigtableSettings) -> Result<Self> {
         Ok(BigtableStore {
             conn: Connection::open(settings).await?,
+            retention: 0,
         })
+    }
+
+    /// Keep receipts of settled messages, and pending messages past their
+    /// TTL, for `seconds` (0: off, as autopush-rs needs).
+    pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
+        self.retention = seconds;
+        self
     }
 
     pub fn settings(&self) -> &BigtableSettings {
@@ -152,22 +168,47 @@ impl BigtableStore {
         }
     }
 
-    /// Delete every message row of `uaid`, expired or not.
+    /// Delete every message row of `uaid`, expired or not. With receipts
+    /// on, its pending messages leave `gone` receipts instead (a write
+    /// where there was a delete: the same requests), and its receipts and
+    /// expired messages stay until their own expiry.
     async fn remove_message_rows(&self, uaid: &Uuid) -> Result<()> {
         let (start, end) = row::message_rows(uaid);
-        let filter = row::chain(vec![row::first_cell(), row::strip_values()]);
+        let filter = match self.retention {
+            0 => row::chain(vec![row::first_cell(), row::strip_values()]),
+            // Pending messages: their unexpired `ttl` and `version`.
+            _ => row::chain(vec![
+                row::latest(),
+                row::unexpired(),
+                row::qualifiers(&["ttl", "version", "settled"]),
+            ]),
+        };
         let rows = self
             .conn
             .read_rows(self.read_request(range(start, false, end), filter, 0))
             .await?;
-        let entries = rows
-            .into_iter()
-            .map(|r| mutate_rows_request::Entry {
+        let now = now_secs();
+        let mut entries = Vec::new();
+        for r in rows {
+            let mutations = match self.retention {
+                0 => vec![row::delete_row()],
+                retention => {
+                    let (Some(version), true, None) =
+                        (r.any("version"), r.any("ttl").is_some(), r.any("settled"))
+                    else {
+                        continue;
+                    };
+                    let version = String::from_utf8_lossy(version);
+                    let gone = Receipt::new(&version, MessageState::Gone, now, retention);
+                    row::receipt_mutations(row::family_of_key(self.families(), &r.key), &gone)
+                }
+            };
+            entries.push(mutate_rows_request::Entry {
                 row_key: r.key,
-                mutations: vec![row::delete_row()],
+                mutations,
                 ..Default::default()
-            })
-            .collect::<Vec<_>>();
+            });
+        }
         if entries.is_empty() {
             return Ok(());
         }
@@ -194,8 +235,7 @@ impl BigtableStore {
             row::chain(vec![
                 row::family(&families.message_topic),
                 row::latest(),
-                row::unexpired(),
-                cells.clone(),
+                row::pending(&families.message_topic, cells.clone()),
             ]),
         ]);
         let user_key = row::user_key(uaid);
@@ -218,8 +258,7 @@ impl BigtableStore {
             let filter = row::chain(vec![
                 row::family(&families.message),
                 row::latest(),
-                row::unexpired(),
-                cells,
+                row::pending(&families.message, cells),
             ]);
             found.extend(
                 self.conn
@@ -242,7 +281,7 @@ impl BigtableStore {
     async fn save_message(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
         let families = self.families();
         let key = row::message_key(uaid, &message.sort_key());
-        let mutations = row::message_mutations(families, message);
+        let mutations = row::message_mutations(families, message, self.retention);
         // Matches when what is stored must stay.
         let keep = match message.topic {
             // A newer message under this topic.
@@ -447,16 +486,50 @@ impl Storage for BigtableStore {
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let family = row::message_family(self.families(), sort_key);
-        if self
-            .delete_version(row::message_key(uaid, sort_key), family, version)
-            .await?
-        {
-            return Ok(true);
+        for key in row::message_keys(uaid, sort_key) {
+            if self.delete_version(key, family, version).await? {
+                return Ok(true);
+            }
         }
-        match row::unpadded_message_key(uaid, sort_key) {
-            Some(key) => self.delete_version(key, family, version).await,
-            None => Ok(false),
+        Ok(false)
+    }
+
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        state: MessageState,
+    ) -> Result<bool> {
+        if self.retention == 0 {
+            return self.remove_message(uaid, sort_key, version).await;
         }
+        let family = row::message_family(self.families(), sort_key);
+        // Still `version`, and not settled yet.
+        let pending = row::and(
+            row::column_is(family, "version", version.as_bytes()),
+            row::absent(row::settled(family)),
+        );
+        let receipt = Receipt::new(version, state, now_secs(), self.retention);
+        let mutations = row::receipt_mutations(family, &receipt);
+        for key in row::message_keys(uaid, sort_key) {
+            if self
+                .check_and_mutate(key, pending.clone(), mutations.clone(), Vec::new())
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        for key in row::message_keys(uaid, sort_key) {
+            if let Some(r) = self.read_row(key, row::latest()).await? {
+                return row::stored_from_row(&r, self.retention);
+            }
+        }
+        Ok(None)
     }
 
     async fn health_check(&self) -> Result<()> {

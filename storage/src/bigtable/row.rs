@@ -19,6 +19,22 @@
 //! Cells autopush-rs does not know and ignores: `last_connect` and
 //! `over_msg_limit` in the router row, `sortkey_timestamp` (topic messages:
 //! which of two is newer), `urgency` and `durable` in messages.
+//!
+//! Receipts (a receipt retention window set) add cells of our own to a
+//! message row, in its family, stamped with when they go:
+//! * a pending message also holds `receipt_hold`, JSON
+//!   `{"version", "ttl", "timestamp"}` stamped TTL + retention: its
+//!   `expired` receipt after the message's own cells are gone;
+//! * a settled message's row holds only `version`, `settled` (the final
+//!   state's name) and `settled_at` (unix seconds, 8 bytes big-endian),
+//!   stamped `settled_at` + retention: the one `CheckAndMutateRow` that
+//!   settles it deletes the message's cells.
+//!
+//! autopush-rs reads a message row's cells stamped now or later and
+//! requires `version`, `ttl` and `timestamp` (`take_required_cell`): a
+//! receipt row, or a held row past its TTL, fails its whole fetch for that
+//! user. Receipts must be off (`--receipt-retention 0`) while autopush-rs
+//! shares the table.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -29,7 +45,8 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
 };
 use uuid::Uuid;
 
-use crate::{Result, StorageError};
+use crate::{Receipt, Result, StorageError, StoredMessage};
+use autopush_common::receipt::MessageState;
 
 /// How far ahead router cells are stamped, as autopush-rs does
 /// (`MAX_ROUTER_TTL_SECS`).
@@ -95,6 +112,12 @@ pub fn unpadded_message_key(uaid: &Uuid, sort_key: &str) -> Option<Vec<u8>> {
     let (ts, chid) = split_timestamp_key(sort_key)?;
     let unpadded = format!("{}#02:{ts}:{chid}", uaid.simple()).into_bytes();
     (unpadded != message_key(uaid, sort_key)).then_some(unpadded)
+}
+
+/// The row keys the message `sort_key` names may be under: ours, then
+/// autopush-rs's spelling when it differs.
+pub fn message_keys(uaid: &Uuid, sort_key: &str) -> impl Iterator<Item = Vec<u8>> {
+    std::iter::once(message_key(uaid, sort_key)).chain(unpadded_message_key(uaid, sort_key))
 }
 
 fn split_timestamp_key(sort_key: &str) -> Option<(u64, &str)> {
@@ -281,8 +304,13 @@ pub fn message_family<'a>(families: &'a Families, sort_key: &str) -> &'a str {
     }
 }
 
-/// The cells of `message`, replacing whatever its row held.
-pub fn message_mutations(families: &Families, message: &Notification) -> Vec<pb::Mutation> {
+/// The cells of `message`, replacing whatever its row held; with receipts
+/// on (`retention` seconds) also its `receipt_hold`.
+pub fn message_mutations(
+    families: &Families,
+    message: &Notification,
+    retention: u64,
+) -> Vec<pb::Mutation> {
     let family = match message.topic {
         Some(_) => &families.message_topic,
         None => &families.message,
@@ -315,7 +343,61 @@ pub fn message_mutations(families: &Families, message: &Notification) -> Vec<pb:
     if message.durable {
         m.push(cell("durable", vec![1]));
     }
+    if retention > 0 {
+        let hold = Hold {
+            version: message.version.clone(),
+            ttl: message.ttl,
+            timestamp: message.timestamp,
+        };
+        let kept_until = micros(message.expiry().saturating_add(retention));
+        let json = serde_json::to_vec(&hold).unwrap_or_default();
+        m.push(set(family, HOLD.as_bytes(), json, kept_until));
+    }
     m
+}
+
+/// What a pending message's `receipt_hold` keeps of it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Hold {
+    version: String,
+    ttl: u64,
+    timestamp: u64,
+}
+
+const HOLD: &str = "receipt_hold";
+const SETTLED: &str = "settled";
+const SETTLED_AT: &str = "settled_at";
+
+/// Turn a message's row (in `family`) into `receipt`, kept until its
+/// expiry.
+pub fn receipt_mutations(family: &str, receipt: &Receipt) -> Vec<pb::Mutation> {
+    let until = micros(receipt.expiry);
+    vec![
+        delete_row(),
+        set(
+            family,
+            b"version",
+            receipt.version.as_bytes().to_vec(),
+            until,
+        ),
+        set(
+            family,
+            SETTLED.as_bytes(),
+            receipt.state.as_str().as_bytes().to_vec(),
+            until,
+        ),
+        set(
+            family,
+            SETTLED_AT.as_bytes(),
+            receipt.updated.to_be_bytes().to_vec(),
+            until,
+        ),
+    ]
+}
+
+/// Yields cells when the row is a receipt.
+pub fn settled(family: &str) -> RowFilter {
+    column(family, SETTLED.as_bytes())
 }
 
 // ---- filters --------------------------------------------------------------
@@ -472,6 +554,27 @@ pub fn column_is(family: &str, qualifier: &str, value: &[u8]) -> RowFilter {
     chain(vec![column(family, qualifier.as_bytes()), value_is(value)])
 }
 
+/// The cells `cells` keeps of a pending, unexpired message in `family`;
+/// none of a receipt, or of a message past its TTL kept for its receipt.
+pub fn pending(family: &str, cells: RowFilter) -> RowFilter {
+    let ttl = chain(vec![column(family, b"ttl"), unexpired()]);
+    and(ttl, chain(vec![unexpired(), cells]))
+}
+
+/// The cells named `names`, in any family.
+pub fn qualifiers(names: &[&str]) -> RowFilter {
+    let names = names.iter().map(|n| regex_escape(n)).collect::<Vec<_>>();
+    filter(row_filter::Filter::ColumnQualifierRegexFilter(
+        format!("^({})$", names.join("|")).into_bytes(),
+    ))
+}
+
+/// The family of message row `key` (`{uaid}#{sort key}`).
+pub fn family_of_key<'a>(families: &'a Families, key: &[u8]) -> &'a str {
+    let sort_key = key.splitn(2, |&b| b == b'#').nth(1).unwrap_or_default();
+    message_family(families, &String::from_utf8_lossy(sort_key))
+}
+
 /// Message cells not yet expired: a cell's timestamp is its expiry.
 pub fn unexpired() -> RowFilter {
     filter(row_filter::Filter::TimestampRangeFilter(
@@ -512,7 +615,7 @@ impl Row {
     }
 
     /// The cell `qualifier` in whichever family holds it.
-    fn any(&self, qualifier: &str) -> Option<&[u8]> {
+    pub fn any(&self, qualifier: &str) -> Option<&[u8]> {
         self.cells
             .iter()
             .find(|((_, q), _)| q == qualifier.as_bytes())
@@ -583,6 +686,52 @@ pub fn channels_from_row(row: &Row) -> HashSet<Uuid> {
         .filter_map(|(_, q)| std::str::from_utf8(q).ok()?.strip_prefix(CHID_PREFIX))
         .filter_map(|chid| Uuid::parse_str(chid).ok())
         .collect()
+}
+
+/// What row `row` holds (every cell as read, expired or not): a receipt;
+/// a message, whole or as its `receipt_hold` kept once its cells are gone;
+/// `None` when neither. `retention` dates a receipt's expiry.
+pub fn stored_from_row(row: &Row, retention: u64) -> Result<Option<StoredMessage>> {
+    if let Some(state) = row.any(SETTLED) {
+        let state = text_of(state, SETTLED)?;
+        let state = MessageState::parse(&state)
+            .ok_or_else(|| corrupt(format!("unknown receipt state {state:?}")))?;
+        let version = row
+            .any("version")
+            .ok_or_else(|| corrupt("receipt without version"))?;
+        let updated = match row.any(SETTLED_AT) {
+            Some(v) => u64_of(v, SETTLED_AT)?,
+            None => 0,
+        };
+        return Ok(Some(StoredMessage::Settled(Receipt {
+            state,
+            version: text_of(version, "version")?,
+            updated,
+            expiry: updated.saturating_add(retention),
+        })));
+    }
+    if row.any("ttl").is_some() {
+        return message_from_row(row).map(|m| Some(StoredMessage::Pending(m)));
+    }
+    let Some(hold) = row.any(HOLD) else {
+        return Ok(None);
+    };
+    let hold: Hold =
+        serde_json::from_slice(hold).map_err(|_| corrupt(format!("{HOLD} is not JSON")))?;
+    let mut held = Row {
+        key: row.key.clone(),
+        cells: HashMap::new(),
+    };
+    let family = String::new();
+    for (name, value) in [
+        ("version", hold.version.into_bytes()),
+        ("ttl", hold.ttl.to_be_bytes().to_vec()),
+        ("timestamp", hold.timestamp.to_be_bytes().to_vec()),
+    ] {
+        held.cells
+            .insert((family.clone(), name.as_bytes().to_vec()), value);
+    }
+    message_from_row(&held).map(|m| Some(StoredMessage::Pending(m)))
 }
 
 /// The message in row `row` (its key `{uaid}#{sort key}`).
@@ -660,6 +809,71 @@ mod tests {
         assert_eq!(
             message_key(&uaid, &topic),
             b"c7d4b1e2a9f84a0b8c1d2e3f4a5b6c7d#01:0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d:news"
+        );
+    }
+
+    fn set_cells(mutations: Vec<pb::Mutation>, key: Vec<u8>, only: Option<&str>) -> Row {
+        let mut row = Row {
+            key,
+            cells: HashMap::new(),
+        };
+        for m in mutations {
+            if let Some(mutation::Mutation::SetCell(c)) = m.mutation
+                && only.is_none_or(|q| c.column_qualifier == q.as_bytes())
+            {
+                row.cells
+                    .insert((c.family_name, c.column_qualifier), c.value);
+            }
+        }
+        row
+    }
+
+    /// Once a pending message's own cells are gone (its TTL ran out and GC
+    /// took them), its `receipt_hold` still reads as the message, for its
+    /// `expired` receipt; a receipt row reads as the receipt.
+    #[test]
+    fn held_and_settled_rows_read_back() {
+        let families = Families::default();
+        let message = Notification {
+            channel_id: Uuid::new_v4(),
+            version: "v1".into(),
+            ttl: 60,
+            timestamp: 1_764_000_000,
+            topic: None,
+            sortkey_timestamp: Some(7),
+            data: Some("payload".into()),
+            headers: None,
+            urgency: None,
+            durable: false,
+        };
+        let key = message_key(&Uuid::new_v4(), &message.sort_key());
+        let written = |retention| message_mutations(&families, &message, retention);
+        let held = set_cells(written(3600), key.clone(), Some(HOLD));
+        let Some(StoredMessage::Pending(read)) = stored_from_row(&held, 3600).unwrap() else {
+            panic!("the held row is not the pending message");
+        };
+        assert_eq!(
+            (
+                read.version.as_str(),
+                read.ttl,
+                read.timestamp,
+                read.data.as_deref()
+            ),
+            ("v1", 60, 1_764_000_000, None)
+        );
+        assert_eq!(read.sort_key(), message.sort_key());
+        // Receipts off: no hold, the row is autopush-rs's.
+        assert!(
+            set_cells(written(0), key.clone(), Some(HOLD))
+                .cells
+                .is_empty()
+        );
+
+        let receipt = Receipt::new("v1", MessageState::Delivered, 1_764_000_100, 3600);
+        let settled = set_cells(receipt_mutations(&families.message, &receipt), key, None);
+        assert_eq!(
+            stored_from_row(&settled, 3600).unwrap(),
+            Some(StoredMessage::Settled(receipt))
         );
     }
 
