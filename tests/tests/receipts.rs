@@ -227,7 +227,9 @@ fn unb64(text: &str) -> Vec<u8> {
 }
 
 /// Past its retention window a receipt is 404/102, whether it was kept in
-/// storage (delivered) or sealed into the id (dropped).
+/// storage (delivered) or sealed into the id (dropped). The `delivered`
+/// receipt itself is not awaited here: on a loaded machine the one-second
+/// window may pass first (the other tests read it with the default window).
 async fn a_receipt_is_gone_after_its_retention(db: Db) {
     let server = start(db, &["--receipt-retention", "1"]).await;
     let mut ws = server.client().await;
@@ -235,7 +237,6 @@ async fn a_receipt_is_gone_after_its_retention(db: Db) {
     let delivered = location(&sub.push_text("delivered").await);
     let (n, _) = sub.receive(&mut ws).await;
     ws.ack_notification(&n).await;
-    wait_for_state(&delivered, "delivered").await;
     ws.close().await;
     let dropped = location(&sub.send(&SendOptions::text("dropped").ttl(0)).await);
     wait_for_404(&delivered).await;
