@@ -109,7 +109,8 @@ pub struct SettingsLayer {
     #[arg(long, env = "AUTOPUSH_DURABLE_DIRECT", global = true)]
     pub durable_direct: Option<bool>,
     /// Seconds a message's receipt (`GET` on its `Location` URL) answers
-    /// after its final state; 0 turns receipts off [default: 86400]
+    /// after its final state; 0 turns receipts off [default: 86400; 0 on
+    /// Bigtable, where autopush-rs cannot read a receipt row]
     #[arg(long, env = "AUTOPUSH_RECEIPT_RETENTION", global = true)]
     pub receipt_retention: Option<u64>,
     /// Most channels (subscriptions) one user agent may hold [default: 1000]
@@ -469,6 +470,12 @@ impl Settings {
             Some("json") => LogFormat::Json,
             Some(other) => return Err(format!("log_format must be human or json, got {other:?}")),
         };
+        // On Bigtable receipts are off unless asked for: autopush-rs fails a
+        // fetch on a receipt row, and going back to it must stay a swap.
+        let receipt_retention = l.receipt_retention.unwrap_or(match db {
+            Db::Bigtable(_) => 0,
+            _ => 86_400,
+        });
         Ok(Settings {
             host: l.host.unwrap_or_else(|| "0.0.0.0".into()),
             port: l.port.unwrap_or(8080),
@@ -484,7 +491,7 @@ impl Settings {
             router_key: l.router_key,
             msg_limit: l.msg_limit.unwrap_or(100),
             durable_direct: l.durable_direct.unwrap_or(true),
-            receipt_retention: l.receipt_retention.unwrap_or(86_400),
+            receipt_retention,
             max_channels: match l.max_channels {
                 Some(0) => return Err("max_channels must be at least 1".into()),
                 other => other.unwrap_or(1000),
@@ -583,6 +590,13 @@ mod tests {
         };
         let table = r#"{"table_name": "projects/p/instances/i/tables/autopush"}"#;
         let s = Settings::from_layer(layer("grpc://bigtable.example:443", Some(table))).unwrap();
+        // Receipts off unless asked for: autopush-rs cannot read their rows.
+        assert_eq!(s.receipt_retention, 0);
+        let asked = SettingsLayer {
+            receipt_retention: Some(60),
+            ..layer("grpc://h:1", Some(table))
+        };
+        assert_eq!(Settings::from_layer(asked).unwrap().receipt_retention, 60);
         let Db::Bigtable(bigtable) = s.db else {
             panic!("not Bigtable: {:?}", s.db)
         };

@@ -70,6 +70,11 @@ async fn start(db: Db, args: &[&str]) -> Server {
                 format!("--auth-key={}", key()),
                 format!("--router-key={}", key()),
             ];
+            // Receipts are off by default on Bigtable (autopush-rs cannot
+            // read their rows): these tests turn them on unless they say.
+            if !args.iter().any(|a| a.starts_with("--receipt-retention")) {
+                shared.push("--receipt-retention=86400".into());
+            }
             shared.extend(args);
             Server::start_node(Node {
                 db: Some(emulator.dsn()),
