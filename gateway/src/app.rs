@@ -62,27 +62,27 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
             "embedded",
         ),
         Db::DynamoDb => {
-            let store = open_dynamodb(settings)
-                .await?
-                .with_receipt_retention(settings.receipt_retention);
-            // Missing tables or refused credentials stop start-up here
-            // rather than as 503s on the first pushes.
-            store.health_check().await.map_err(|e| {
-                format!("--db dynamodb: {e} (`autopush db preflight` says what is missing)")
-            })?;
-            (Arc::new(store), "dynamodb")
+            let store = open_dynamodb(settings).await?;
+            let store = store.with_receipt_retention(settings.receipt_retention);
+            (answering(store, "dynamodb").await?, "dynamodb")
         }
         Db::Bigtable(bigtable) => {
-            let store = open_bigtable(bigtable)
-                .await?
-                .with_receipt_retention(settings.receipt_retention);
-            store.health_check().await.map_err(|e| {
-                format!("--db bigtable: {e} (`autopush db preflight` says what is missing)")
-            })?;
-            (Arc::new(store), "bigtable")
+            let store = open_bigtable(bigtable).await?;
+            let store = store.with_receipt_retention(settings.receipt_retention);
+            (answering(store, "bigtable").await?, "bigtable")
         }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
+}
+
+/// A remote store once it answers: missing tables or refused credentials
+/// stop start-up here rather than as 503s on the first pushes.
+async fn answering<S: Storage + 'static>(store: S, db: &str) -> Result<Arc<dyn Storage>, String> {
+    store
+        .health_check()
+        .await
+        .map_err(|e| format!("--db {db}: {e} (`autopush db preflight` says what is missing)"))?;
+    Ok(Arc::new(store))
 }
 
 /// The embedded store in `dir`, created if missing; every refusal names
