@@ -184,12 +184,7 @@ impl ApnsService {
         }
         let reply = self.try_register(channel, body).await;
         assert_eq!(reply.status, 200, "registration: {}", reply.text);
-        let field = |name: &str| {
-            reply.json[name]
-                .as_str()
-                .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
-                .to_owned()
-        };
+        let field = |name: &str| reply.field(name);
         IosApp {
             channel: channel.to_owned(),
             device_token: device_token.to_owned(),

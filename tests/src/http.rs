@@ -41,6 +41,14 @@ impl HttpReply {
             .map(String::as_str)
     }
 
+    /// A string field of the JSON body; panics naming the field when absent.
+    pub fn field(&self, name: &str) -> String {
+        self.json[name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {name}: {}", self.text))
+            .to_owned()
+    }
+
     /// Assert an error response with this status and errno, in the JSON shape
     /// `{code, errno, error, message, more_info}`.
     pub fn assert_error(&self, status: u16, errno: u64) {

@@ -169,12 +169,7 @@ struct Registration {
 impl Registration {
     fn from_reply(router_type: &str, app_id: &str, reply: &HttpReply) -> Registration {
         assert_eq!(reply.status, 200, "{}", reply.text);
-        let field = |name: &str| {
-            reply.json[name]
-                .as_str()
-                .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
-                .to_owned()
-        };
+        let field = |name: &str| reply.field(name);
         Registration {
             router_type: router_type.into(),
             app_id: app_id.into(),

@@ -45,12 +45,7 @@ async fn register(
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.text);
-    let field = |name: &str| {
-        reply.json[name]
-            .as_str()
-            .unwrap_or_else(|| panic!("no {name}: {}", reply.text))
-            .to_owned()
-    };
+    let field = |name: &str| reply.field(name);
     Registered {
         uaid: field("uaid"),
         secret: field("secret"),
