@@ -12,7 +12,11 @@
 //!   expired (the sweep and fetches may remove expired ones);
 //! * a removed user is never resurrected;
 //! * the record names the last connection that took it over, and holds the
-//!   router data of a token update that succeeded.
+//!   router data of a token update that succeeded;
+//! * with receipts on (acks and sender deletes settle messages instead of
+//!   deleting them), a message's receipt names the state its settling call
+//!   reported, and `gone` only for a message no call settled: a removal's
+//!   `gone` never overwrites a `delivered` or `deleted`.
 //!
 //! It runs on every backend for a few seconds in `cargo test`;
 //! `RACE_SECONDS=60 cargo test -p autopush-tests --test storage_races` hunts
@@ -25,10 +29,11 @@ use std::time::{Duration, Instant};
 
 use autopush_common::endpoint::{EndpointCrypto, generate_key};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, RouterRegistry};
+use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiResult, Notification, RouterType, User};
 use autopush_registration::{RegistrationState, SecretKeys};
-use autopush_storage::{Storage, StorageError, embedded::EmbeddedStore};
+use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
 use autopush_tests::{bigtable, dynamo};
 use http::{HeaderMap, HeaderValue, Method};
 use uuid::Uuid;
@@ -62,8 +67,10 @@ impl Router for TokenRouter {
 struct Observed {
     /// Messages whose save returned Ok, by version.
     accepted: HashMap<String, Notification>,
-    /// Versions a conditional delete reported deleting.
+    /// Versions a conditional delete (or settle) reported deleting.
     deleted: HashSet<String>,
+    /// With receipts on: the state each settle that succeeded wrote.
+    settled: HashMap<String, MessageState>,
     /// Users some removal reported removing.
     removed: HashSet<Uuid>,
     /// Per user, the `connected_at` of every take-over that was written.
@@ -76,6 +83,8 @@ struct Observed {
 
 struct World {
     store: Arc<dyn Storage>,
+    /// The store keeps receipts: acks and deletes settle messages.
+    receipts: bool,
     registration: RegistrationState,
     /// The users in play, by slot.
     slots: Mutex<Vec<(Uuid, [Uuid; 2])>>,
@@ -187,12 +196,8 @@ impl World {
                                 .push(("a fetch returned an expired message", m.version.clone()))
                         });
                     }
-                    if rng.bool()
-                        && store
-                            .remove_message(&uaid, &m.sort_key(), &m.version)
-                            .await?
-                    {
-                        self.note(|o| o.deleted.insert(m.version.clone()));
+                    if rng.bool() {
+                        self.finish(&uaid, &m, MessageState::Delivered).await?;
                     }
                 }
             }
@@ -207,12 +212,8 @@ impl World {
                         .collect();
                     (!mine.is_empty()).then(|| mine[rng.usize(..mine.len())].clone())
                 };
-                if let Some(m) = pick
-                    && store
-                        .remove_message(&uaid, &m.sort_key(), &m.version)
-                        .await?
-                {
-                    self.note(|o| o.deleted.insert(m.version.clone()));
+                if let Some(m) = pick {
+                    self.finish(&uaid, &m, MessageState::Deleted).await?;
                 }
             }
             6 => {
@@ -246,6 +247,85 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Take `m` out of the pending messages as an ack or a sender's delete
+    /// does: settled into a receipt of `state` with receipts on, deleted
+    /// otherwise; each conditional on its version.
+    async fn finish(
+        &self,
+        uaid: &Uuid,
+        m: &Notification,
+        state: MessageState,
+    ) -> Result<(), StorageError> {
+        let done = match self.receipts {
+            true => {
+                self.store
+                    .settle_message(uaid, &m.sort_key(), &m.version, state)
+                    .await?
+            }
+            false => {
+                self.store
+                    .remove_message(uaid, &m.sort_key(), &m.version)
+                    .await?
+            }
+        };
+        if done {
+            self.note(|o| {
+                o.deleted.insert(m.version.clone());
+                if self.receipts {
+                    o.settled.insert(m.version.clone(), state);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// With receipts on: problems with the receipts of `uaid`'s messages.
+    async fn check_receipts(
+        &self,
+        o: &Observed,
+        channels: &[Uuid; 2],
+        uaid: &Uuid,
+    ) -> Vec<(&'static str, String)> {
+        let mut problems = Vec::new();
+        if !self.receipts {
+            return problems;
+        }
+        for m in o
+            .accepted
+            .values()
+            .filter(|m| channels.contains(&m.channel_id))
+        {
+            let row = self.store.read_message(uaid, &m.sort_key()).await.unwrap();
+            let settled = o.settled.get(&m.version);
+            match (row, settled) {
+                (Some(StoredMessage::Settled(r)), Some(state))
+                    if r.version == m.version && r.state != *state =>
+                {
+                    problems.push((
+                        "a receipt is not in the state its settle wrote",
+                        format!("{}: {:?} instead of {state:?}", m.version, r.state),
+                    ));
+                }
+                (Some(StoredMessage::Settled(r)), None)
+                    if r.version == m.version && r.state != MessageState::Gone =>
+                {
+                    problems.push((
+                        "a receipt in a state no call wrote",
+                        format!("{}: {:?}", m.version, r.state),
+                    ));
+                }
+                (Some(StoredMessage::Pending(p)), Some(state)) if p.version == m.version => {
+                    problems.push((
+                        "a settled message is still pending",
+                        format!("{} settled {state:?}", m.version),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        problems
     }
 
     fn owner(&self, m: &Notification) -> Uuid {
@@ -293,6 +373,7 @@ impl World {
         let now = now_secs();
         let users = self.users.lock().unwrap().clone();
         for (uaid, channels) in &users {
+            problems.extend(self.check_receipts(&o, channels, uaid).await);
             let record = self.store.get_user(uaid).await.unwrap();
             if o.removed.contains(uaid) {
                 if record.is_some() {
@@ -360,7 +441,16 @@ impl World {
     }
 }
 
+/// Hunt with receipts on: `store` keeps them (a retention window set).
+async fn hunt_with_receipts(store: Arc<dyn Storage>) {
+    hunt_on(store, true).await
+}
+
 async fn hunt(store: Arc<dyn Storage>) {
+    hunt_on(store, false).await
+}
+
+async fn hunt_on(store: Arc<dyn Storage>, receipts: bool) {
     let seconds: u64 = std::env::var("RACE_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -380,6 +470,7 @@ async fn hunt(store: Arc<dyn Storage>) {
     };
     let world = Arc::new(World {
         store,
+        receipts,
         registration,
         slots: Mutex::default(),
         users: Mutex::default(),
@@ -440,4 +531,23 @@ async fn dynamodb_under_random_concurrent_operations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bigtable_under_random_concurrent_operations() {
     hunt(Arc::new(bigtable::fresh_store().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_store_with_receipts_under_random_concurrent_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    hunt_with_receipts(Arc::new(store.with_receipt_retention(3600))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_with_receipts_under_random_concurrent_operations() {
+    let store = dynamo::fresh_store().await.with_receipt_retention(3600);
+    hunt_with_receipts(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bigtable_with_receipts_under_random_concurrent_operations() {
+    let store = bigtable::fresh_store().await.with_receipt_retention(3600);
+    hunt_with_receipts(Arc::new(store)).await;
 }
