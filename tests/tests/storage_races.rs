@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use autopush_common::endpoint::{EndpointCrypto, generate_key};
-use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, RouterRegistry};
 use autopush_common::receipt::MessageState;
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, RouterRegistry};
 use autopush_common::time::now_secs;
 use autopush_common::{ApiResult, Notification, RouterType, User};
 use autopush_registration::{RegistrationState, SecretKeys};

@@ -27,6 +27,7 @@ use std::collections::HashSet;
 
 use async_trait::async_trait;
 use autopush_common::{Notification, User, time::now_secs};
+use futures_util::{StreamExt, TryStreamExt};
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
     self as pb, RowFilter, RowRange, RowSet, mutate_rows_request, row_range,
 };
@@ -169,9 +170,10 @@ impl BigtableStore {
     }
 
     /// Delete every message row of `uaid`, expired or not. With receipts
-    /// on, its pending messages leave `gone` receipts instead (a write
-    /// where there was a delete: the same requests), and its receipts and
-    /// expired messages stay until their own expiry.
+    /// on, its pending messages leave `gone` receipts instead, each one
+    /// `CheckAndMutateRow` on the version read (an ack that settled it since
+    /// keeps its `delivered`), and its receipts and expired messages stay
+    /// until their own expiry.
     async fn remove_message_rows(&self, uaid: &Uuid) -> Result<()> {
         let (start, end) = row::message_rows(uaid);
         let filter = match self.retention {
@@ -187,32 +189,46 @@ impl BigtableStore {
             .conn
             .read_rows(self.read_request(range(start, false, end), filter, 0))
             .await?;
+        if self.retention == 0 {
+            let entries: Vec<_> = rows
+                .into_iter()
+                .map(|r| mutate_rows_request::Entry {
+                    row_key: r.key,
+                    mutations: vec![row::delete_row()],
+                    ..Default::default()
+                })
+                .collect();
+            if entries.is_empty() {
+                return Ok(());
+            }
+            return self.conn.mutate_rows(entries).await;
+        }
         let now = now_secs();
-        let mut entries = Vec::new();
-        for r in rows {
-            let mutations = match self.retention {
-                0 => vec![row::delete_row()],
-                retention => {
-                    let (Some(version), true, None) =
-                        (r.any("version"), r.any("ttl").is_some(), r.any("settled"))
-                    else {
-                        continue;
-                    };
-                    let version = String::from_utf8_lossy(version);
-                    let gone = Receipt::new(&version, MessageState::Gone, now, retention);
-                    row::receipt_mutations(row::family_of_key(self.families(), &r.key), &gone)
-                }
+        let pending = rows.into_iter().filter_map(|r| {
+            let (Some(version), true, None) =
+                (r.any("version"), r.any("ttl").is_some(), r.any("settled"))
+            else {
+                return None;
             };
-            entries.push(mutate_rows_request::Entry {
-                row_key: r.key,
-                mutations,
-                ..Default::default()
-            });
-        }
-        if entries.is_empty() {
-            return Ok(());
-        }
-        self.conn.mutate_rows(entries).await
+            let version = String::from_utf8_lossy(version).into_owned();
+            Some((r.key, version))
+        });
+        futures_util::stream::iter(pending)
+            .map(|(key, version)| async move {
+                let family = row::family_of_key(self.families(), &key);
+                let gone = Receipt::new(&version, MessageState::Gone, now, self.retention);
+                self.check_and_mutate(
+                    key,
+                    still_pending(family, &version),
+                    row::receipt_mutations(family, &gone),
+                    Vec::new(),
+                )
+                .await
+            })
+            .buffer_unordered(REMOVAL_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(())
     }
 
     /// The topic messages and the user's `current_timestamp` in one read,
@@ -310,6 +326,17 @@ impl BigtableStore {
             .await?;
         Ok(!kept)
     }
+}
+
+/// Conditional writes of one user's removal in flight at once.
+const REMOVAL_CONCURRENCY: usize = 16;
+
+/// The message row in `family` is still `version`, and not settled yet.
+fn still_pending(family: &str, version: &str) -> RowFilter {
+    row::and(
+        row::column_is(family, "version", version.as_bytes()),
+        row::absent(row::settled(family)),
+    )
 }
 
 #[async_trait]
@@ -505,11 +532,7 @@ impl Storage for BigtableStore {
             return self.remove_message(uaid, sort_key, version).await;
         }
         let family = row::message_family(self.families(), sort_key);
-        // Still `version`, and not settled yet.
-        let pending = row::and(
-            row::column_is(family, "version", version.as_bytes()),
-            row::absent(row::settled(family)),
-        );
+        let pending = still_pending(family, version);
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         let mutations = row::receipt_mutations(family, &receipt);
         for key in row::message_keys(uaid, sort_key) {

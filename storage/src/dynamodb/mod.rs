@@ -26,7 +26,8 @@ use aws_config::timeout::TimeoutConfig;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, PutRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use futures_util::{StreamExt, TryStreamExt};
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
@@ -43,6 +44,8 @@ const UNSETTLED_AND_UNEXPIRED: &str =
 pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
 /// Most items DynamoDB takes in one BatchWriteItem.
 const BATCH_WRITE_MAX: usize = 25;
+/// Conditional writes of one user's removal in flight at once.
+const REMOVAL_CONCURRENCY: usize = 16;
 
 /// Table names; the defaults are the seeds' `router` and `message`.
 #[derive(Clone, Debug, PartialEq)]
@@ -364,40 +367,48 @@ impl DynamoStore {
     }
 
     /// Delete every row of `uaid` (channels and messages) in `tables`. With
-    /// receipts on, its pending messages leave `gone` receipts instead (a
-    /// put where there was a delete: the same requests), and its receipts
-    /// and expired messages stay until their own expiry.
+    /// receipts on, its pending messages leave `gone` receipts instead, each
+    /// one conditional write on the version read (an ack that settled it
+    /// since keeps its `delivered`), and its receipts and expired messages
+    /// stay until their own expiry.
     async fn remove_message_rows(&self, uaid: &Uuid, tables: &[String]) -> Result<()> {
         let now = now_secs();
         for table in tables {
-            let mut writes = Vec::new();
+            let mut deletes = Vec::new();
+            let mut gone = Vec::new();
             for row in self.message_rows(table, uaid).await? {
                 let sort_key = match row.get("chidmessageid") {
                     Some(AttributeValue::S(key)) => key.clone(),
                     _ => String::new(),
                 };
-                let write = if self.retention == 0 || sort_key == CHANNELS_ROW {
-                    Some(delete_request(&row))
-                } else {
-                    match item::stored_from_item(&row) {
-                        Ok(StoredMessage::Pending(m)) if !m.is_expired(now) => {
-                            let gone =
-                                Receipt::new(&m.version, MessageState::Gone, now, self.retention);
-                            let put = PutRequest::builder()
-                                .set_item(Some(item::receipt_to_item(uaid, &sort_key, &gone)))
-                                .build()
-                                .map(|p| WriteRequest::builder().put_request(p).build());
-                            Some(put)
-                        }
-                        Ok(_) => None,
-                        Err(_) => Some(delete_request(&row)),
+                if self.retention == 0 || sort_key == CHANNELS_ROW {
+                    deletes.push(delete_request(&row));
+                    continue;
+                }
+                match item::stored_from_item(&row) {
+                    Ok(StoredMessage::Pending(m)) if !m.is_expired(now) => {
+                        gone.push((
+                            sort_key,
+                            Receipt::new(&m.version, MessageState::Gone, now, self.retention),
+                        ));
                     }
-                };
-                if let Some(write) = write {
-                    writes.push(write.map_err(|e| StorageError::Backend(e.to_string()))?);
+                    Ok(_) => {}
+                    Err(_) => deletes.push(delete_request(&row)),
                 }
             }
-            self.batch_write(table, writes).await?;
+            let deletes = deletes
+                .into_iter()
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| StorageError::Backend(e.to_string()))?;
+            self.batch_write(table, deletes).await?;
+            futures_util::stream::iter(gone)
+                .map(|(key, receipt)| async move {
+                    let version = receipt.version.clone();
+                    self.settle_key(table, uaid, &key, &version, &receipt).await
+                })
+                .buffer_unordered(REMOVAL_CONCURRENCY)
+                .try_collect::<Vec<_>>()
+                .await?;
         }
         Ok(())
     }
@@ -574,20 +585,33 @@ impl DynamoStore {
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         let legacy = item::legacy_sort_key(sort_key);
         for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
-            let put = self
-                .client
-                .put_item()
-                .table_name(table)
-                .set_item(Some(item::receipt_to_item(uaid, key, &receipt)))
-                .condition_expression("updateid = :v AND attribute_not_exists(settled)")
-                .expression_attribute_values(":v", s(version))
-                .send()
-                .await;
-            if condition_held(put, "PutItem")? {
+            if self.settle_key(table, uaid, key, version, &receipt).await? {
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Write `receipt` under exactly `sort_key` in `table` if the row there
+    /// is still the pending message `version`.
+    async fn settle_key(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        receipt: &Receipt,
+    ) -> Result<bool> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(table)
+            .set_item(Some(item::receipt_to_item(uaid, sort_key, receipt)))
+            .condition_expression("updateid = :v AND attribute_not_exists(settled)")
+            .expression_attribute_values(":v", s(version))
+            .send()
+            .await;
+        condition_held(put, "PutItem")
     }
 
     /// The row under `sort_key` (or the key Python autopush gave it) in `table`.
