@@ -103,7 +103,9 @@ pub trait Storage: Send + Sync {
 
     async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
 
-    /// Returns whether the channel existed.
+    /// Unsubscribe `channel_id`; returns whether the channel existed. With
+    /// receipts on, its pending messages then become `gone` receipts, each
+    /// conditional on its version.
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
 
     /// Store messages; one with a topic replaces a stored one with the same

@@ -6,11 +6,16 @@
 //! key, kept for the receipt retention window and then removed by the
 //! backend's expiry. An unsettled message past its TTL is kept as long
 //! after its deadline, so its receipt can say `expired`. With retention 0
-//! the rows are deleted as before.
+//! the rows are deleted as before. A removed user's or an unsubscribed
+//! channel's pending messages become `gone` receipts.
 
 use autopush_common::Notification;
 use autopush_common::receipt::MessageState;
+use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::{Result, Storage};
 
 /// A settled message's row.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,4 +74,48 @@ impl StoredMessage {
             StoredMessage::Settled(r) => r.expiry <= now,
         }
     }
+}
+
+/// Most pending messages of one user an unsubscribe looks at: more than a
+/// client is sent at hello (`--msg-limit`) or a mailbox holds.
+const UNSUBSCRIBE_SCAN: usize = 1000;
+/// Conditional writes of one unsubscribe in flight at once.
+const UNSUBSCRIBE_CONCURRENCY: usize = 16;
+
+/// After `channel_id` was unsubscribed: its pending messages become `gone`
+/// receipts, each one conditional write on the version read (a message
+/// acked meanwhile keeps its `delivered`). For backends with receipts on.
+/// The channel is gone either way: a failure here costs only receipts
+/// (they read `stored` until their TTL, then `expired`), so it is logged.
+pub(crate) async fn after_unsubscribe<S: Storage + ?Sized>(
+    store: &S,
+    uaid: &Uuid,
+    channel_id: &Uuid,
+) {
+    if let Err(e) = settle_channel_gone(store, uaid, channel_id).await {
+        tracing::warn!(
+            uaid = %autopush_common::ids::uaid_tag(uaid),
+            error = %e,
+            "unsubscribed, but its pending messages could not be marked gone"
+        );
+    }
+}
+
+async fn settle_channel_gone<S: Storage + ?Sized>(
+    store: &S,
+    uaid: &Uuid,
+    channel_id: &Uuid,
+) -> Result<()> {
+    let pending = store.fetch_messages(uaid, UNSUBSCRIBE_SCAN).await?;
+    futures_util::stream::iter(pending.into_iter().filter(|m| m.channel_id == *channel_id))
+        .map(|m| async move {
+            let key = m.sort_key();
+            store
+                .settle_message(uaid, &key, &m.version, MessageState::Gone)
+                .await
+        })
+        .buffer_unordered(UNSUBSCRIBE_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
 }

@@ -466,13 +466,18 @@ impl Storage for BigtableStore {
         let qualifier = row::chid_qualifier(channel_id);
         let mut mutations = vec![row::delete_column(router, &qualifier)];
         mutations.extend(row::new_version(self.families()));
-        self.check_and_mutate(
-            row::user_key(uaid),
-            row::column(router, &qualifier),
-            mutations,
-            Vec::new(),
-        )
-        .await
+        let removed = self
+            .check_and_mutate(
+                row::user_key(uaid),
+                row::column(router, &qualifier),
+                mutations,
+                Vec::new(),
+            )
+            .await?;
+        if removed && self.retention > 0 {
+            crate::receipt::after_unsubscribe(self, uaid, channel_id).await;
+        }
+        Ok(removed)
     }
 
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {

@@ -873,7 +873,11 @@ impl Storage for DynamoStore {
             .expression_attribute_values(":chid", s(chid))
             .send()
             .await;
-        condition_held(update, "UpdateItem")
+        let removed = condition_held(update, "UpdateItem")?;
+        if removed && self.retention > 0 {
+            crate::receipt::after_unsubscribe(self, uaid, channel_id).await;
+        }
+        Ok(removed)
     }
 
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {

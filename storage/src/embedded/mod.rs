@@ -374,11 +374,16 @@ impl Storage for EmbeddedStore {
 
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
         let key = (uaid.as_u128(), channel_id.as_u128());
-        self.write(move |txn| {
-            let mut channels = txn.open_table(CHANNELS).map_err(backend)?;
-            Ok(channels.remove(key).map_err(backend)?.is_some())
-        })
-        .await
+        let removed = self
+            .write(move |txn| {
+                let mut channels = txn.open_table(CHANNELS).map_err(backend)?;
+                Ok(channels.remove(key).map_err(backend)?.is_some())
+            })
+            .await?;
+        if removed && self.retention > 0 {
+            crate::receipt::after_unsubscribe(self, uaid, channel_id).await;
+        }
+        Ok(removed)
     }
 
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
