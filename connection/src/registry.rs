@@ -112,12 +112,14 @@ impl ClientRegistry {
         }
     }
 
-    /// Remove `session` of `uaid` (a newer one that replaced it stays).
-    pub fn disconnect(&self, uaid: &Uuid, session: u64) {
+    /// Remove `session` of `uaid` (a newer one that replaced it stays);
+    /// returns its `connected_at` if it was still the registered one.
+    pub fn disconnect(&self, uaid: &Uuid, session: u64) -> Option<u64> {
         let mut clients = self.write();
         if clients.get(uaid).is_some_and(|c| c.session == session) {
-            clients.remove(uaid);
+            return clients.remove(uaid).map(|c| c.connected_at);
         }
+        None
     }
 
     /// Sessions still running or cleaning up (see [`LiveSession`]).

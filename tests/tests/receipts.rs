@@ -204,6 +204,58 @@ async fn a_pending_message_of_a_removed_registration_is_gone(db: Db) {
         .assert_error(410, 103);
 }
 
+/// A message still pending when the client unsubscribes its channel is
+/// `gone`; another channel's is not touched.
+async fn a_pending_message_of_an_unsubscribed_channel_is_gone(db: Db) {
+    let server = start(db, &[]).await;
+    let mut ws = server.client().await;
+    let (leaving, staying) = (
+        Subscription::new(&mut ws).await,
+        Subscription::new(&mut ws).await,
+    );
+    let uaid = ws.uaid().to_string();
+    ws.close().await;
+    let to_leaving = location(&leaving.push_text("to the leaving channel").await);
+    let to_staying = location(&staying.push_text("to the staying channel").await);
+    let mut ws = server.reconnect(&uaid).await;
+    let got = ws.recv_notifications(2).await;
+    let reply = ws.unregister(&leaving.channel_id, 200).await;
+    assert_eq!(reply["status"], 200, "{reply}");
+    assert_eq!(state_of(&to_leaving).await, "gone");
+    assert_eq!(state_of(&to_staying).await, "sent");
+    let staying_one = got
+        .iter()
+        .find(|n| n["channelID"] == staying.channel_id.as_str())
+        .expect("the staying channel's message");
+    ws.ack_notification(staying_one).await;
+    wait_for_state(&to_staying, "delivered").await;
+    assert_eq!(state_of(&to_leaving).await, "gone");
+}
+
+/// A client that leaves without acking: its messages read `stored` (it
+/// will get them at its next hello), not `sent` to a client that is gone.
+async fn a_client_that_leaves_unacked_turns_sent_back_into_stored(db: Db) {
+    let server = start(db, &[]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let stored = location(&sub.push_text("stored").await);
+    let mut ws = server.reconnect(&uaid).await;
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "stored");
+    let direct = location(&sub.push_text("direct").await);
+    sub.receive(&mut ws).await;
+    assert_eq!(state_of(&stored).await, "sent");
+    assert_eq!(state_of(&direct).await, "sent");
+    ws.close().await;
+    wait_for_state(&stored, "stored").await;
+    wait_for_state(&direct, "stored").await;
+    let mut ws = server.reconnect(&uaid).await;
+    for n in ws.recv_notifications(2).await {
+        ws.ack_notification(&n).await;
+    }
+    wait_for_state(&stored, "delivered").await;
+    wait_for_state(&direct, "delivered").await;
+}
+
 /// A VAPID-restricted subscription's receipts need the push's VAPID key.
 async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
     let server = start(db, &[]).await;
@@ -280,6 +332,8 @@ macro_rules! on_every_backend {
 on_every_backend!(
     each_webpush_state,
     a_pending_message_of_a_removed_registration_is_gone,
+    a_pending_message_of_an_unsubscribed_channel_is_gone,
+    a_client_that_leaves_unacked_turns_sent_back_into_stored,
     a_v2_receipt_needs_the_push_vapid_key,
     a_receipt_is_gone_after_its_retention,
 );

@@ -379,15 +379,31 @@ impl Session {
 
     /// Leave the registry, store what the client never acknowledged, close.
     async fn finish(mut self, outcome: Flow) {
-        self.ctx.registry.disconnect(&self.uaid, self.session);
+        let connected_at = self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
         self.inbox.close();
         while let Ok(notification) = self.inbox.try_recv() {
             self.unacked_direct
                 .insert(notification.version.clone(), *notification);
         }
+        let unacked = !self.unacked_direct.is_empty() || !self.unacked_stored.is_empty();
         if let Err(e) = self.store_unacked_direct().await {
             warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not store unacknowledged notifications");
+        }
+        // Messages it never acked wait in storage now, not at a client:
+        // the record stops naming this node (unless a newer connection
+        // took it over), so their receipts read `stored` again and the
+        // next push goes to storage without a call to this node.
+        if let Some(connected_at) = connected_at.filter(|_| unacked) {
+            let node = self.ctx.node_id();
+            if let Err(e) = self
+                .ctx
+                .storage
+                .remove_node_id(&self.uaid, node, connected_at)
+                .await
+            {
+                warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not clear the node of a client that left");
+            }
         }
         let close_with = outcome.err().unwrap_or_else(Close::gone);
         info!(uaid = %uaid_tag(&self.uaid), code = close_with.code, reason = %close_with.reason, "client disconnected");
