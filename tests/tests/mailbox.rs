@@ -181,7 +181,14 @@ async fn a_full_mailbox_refuses_more() {
     assert!(refused.header("retry-after").is_some(), "{refused:?}");
     assert_eq!(service.double.requests_for(&token).len(), 2);
     assert_eq!(service.ack(&app, id_of(&first)).await.status, 200);
-    location(&app.send(&SendOptions::text("3")).await);
+    let scored = location(&app.send(&SendOptions::text("3").topic("score")).await);
+    // Full again, but a message that only replaces one with its Topic
+    // takes no more room: it is accepted; a new Topic is not.
+    app.send(&SendOptions::text("4").topic("other"))
+        .await
+        .assert_error(429, 201);
+    location(&app.send(&SendOptions::text("4").topic("score")).await);
+    assert_eq!(state_of(&scored).await, "replaced");
     let listed = fetch_all(&service, &app, 10).await;
     assert_eq!(listed.len(), 2);
 }

@@ -4,20 +4,26 @@
 //! upstream coalesces or drops, the app's next fetch gets it; the upstream
 //! push is the wake-up.
 
+use autopush_common::time::now_secs;
 use autopush_common::{ApiError, ApiResult, Notification, User};
+use autopush_storage::StoredMessage;
 use tracing::warn;
 
 use super::EndpointState;
 
-/// Store `notification` in `user`'s mailbox, unless it is full (429).
-/// Costs one more storage request per push (the count) besides the write.
+/// Store `notification` in `user`'s mailbox, unless it is full (429) and
+/// the message would not just replace one with its Topic. Costs one more
+/// storage request per push (the count) besides the write, and a point
+/// read for a Topic message to a full mailbox.
 pub async fn keep(
     state: &EndpointState,
     user: &User,
     notification: &Notification,
 ) -> ApiResult<()> {
     let limit = state.registration.mailbox_limit;
-    if state.storage.count_messages(&user.uaid, limit).await? >= limit {
+    if state.storage.count_messages(&user.uaid, limit).await? >= limit
+        && !replaces_one(state, user, notification).await?
+    {
         return Err(ApiError::MailboxFull(limit));
     }
     state
@@ -25,6 +31,23 @@ pub async fn keep(
         .save_messages(&user.uaid, vec![notification.clone()])
         .await?;
     Ok(())
+}
+
+/// Whether `notification` has a Topic and a pending message with that
+/// Topic is in the mailbox: storing it replaces that one.
+async fn replaces_one(
+    state: &EndpointState,
+    user: &User,
+    notification: &Notification,
+) -> ApiResult<bool> {
+    if notification.topic.is_none() {
+        return Ok(false);
+    }
+    let stored = state
+        .storage
+        .read_message(&user.uaid, &notification.sort_key())
+        .await?;
+    Ok(matches!(stored, Some(StoredMessage::Pending(m)) if !m.is_expired(now_secs())))
 }
 
 /// The upstream refused a message kept in the mailbox: the sender hears an
