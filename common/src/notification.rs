@@ -93,6 +93,21 @@ impl Notification {
     }
 }
 
+/// Where the receipt of message `version`, stored under `sort_key`, is
+/// kept when it is not that row itself: a Topic message's row is taken by
+/// the next message with its Topic, so its receipt gets a row of its own
+/// beside it (`{sort_key}:{hash of version}`; a Topic has no `:`), which
+/// the receipt's reader finds from the message id alone. `None` for any
+/// other message: its receipt stays in its row.
+pub fn receipt_key(sort_key: &str, version: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    sort_key.starts_with("01:").then(|| {
+        let hash = Sha256::digest(version.as_bytes());
+        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{sort_key}:{hex}")
+    })
+}
+
 /// The sort key of a message; see [`Notification::sort_key`].
 pub fn sort_key(channel_id: &Uuid, topic: Option<&str>, sortkey_timestamp: Option<u64>) -> String {
     match topic {
@@ -118,6 +133,19 @@ mod tests {
             urgency: None,
             durable: false,
         }
+    }
+
+    #[test]
+    fn a_topic_receipt_has_a_row_of_its_own_per_version() {
+        let topic = message(Some("score"), 1).sort_key();
+        let (a, b) = (
+            receipt_key(&topic, "va").unwrap(),
+            receipt_key(&topic, "vb").unwrap(),
+        );
+        assert!(a.starts_with(&format!("{topic}:")) && b.starts_with(&format!("{topic}:")));
+        assert_ne!(a, b);
+        assert_eq!(receipt_key(&topic, "va"), Some(a));
+        assert_eq!(receipt_key(&message(None, 1).sort_key(), "va"), None);
     }
 
     #[test]

@@ -43,6 +43,20 @@ impl Receipt {
         }
     }
 
+    /// The receipt of `old`, whose row a newer message with its Topic took
+    /// at `now`: `replaced`, or `expired` if its TTL had run out first.
+    pub fn replaced(old: &Notification, now: u64, retention: u64) -> Receipt {
+        match old.is_expired(now) {
+            true => Receipt {
+                state: MessageState::Expired,
+                version: old.version.clone(),
+                updated: old.expiry(),
+                expiry: old.expiry().saturating_add(retention),
+            },
+            false => Receipt::new(&old.version, MessageState::Replaced, now, retention),
+        }
+    }
+
     /// Whether a JSON row is a receipt rather than a [`Notification`].
     pub fn is_encoded(json: &[u8]) -> bool {
         json.starts_with(br#"{"settled":"#)

@@ -144,6 +144,15 @@ async fn each_webpush_state(db: Db) {
     wait_for_state(&location(&second), "delivered").await;
     ws.assert_nothing_arrives().await;
     assert_eq!(state_of(&expiring).await, "expired");
+    // A newer message with the Topic does not hide what became of the
+    // older ones.
+    let third = location(&sub.send(&SendOptions::text("third").topic("score")).await);
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "third");
+    ws.ack_notification(&n).await;
+    wait_for_state(&third, "delivered").await;
+    assert_eq!(state_of(&location(&second)).await, "delivered");
+    assert_eq!(state_of(&location(&first)).await, "replaced");
 
     // An id this service never gave.
     let unknown = format!("{}/m/not-an-id", server.endpoint_base());

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::{Notification, RouterType, User, time::now_secs};
 use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
@@ -248,6 +249,83 @@ mod suite {
             Some(StoredMessage::Pending(t2.clone()))
         );
         assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![t2]);
+    }
+
+    /// The receipt of message `m`, wherever it is kept: its own row for a
+    /// Topic message, else the message's row.
+    async fn receipt_of(
+        store: &dyn Storage,
+        uaid: &Uuid,
+        m: &Notification,
+    ) -> Option<MessageState> {
+        let key = receipt_key(&m.sort_key(), &m.version).unwrap_or_else(|| m.sort_key());
+        match store.read_message(uaid, &key).await.unwrap() {
+            Some(StoredMessage::Settled(r)) if r.version == m.version => Some(r.state),
+            _ => None,
+        }
+    }
+
+    /// A Topic message's receipt outlives the Topic's row: delivered stays
+    /// delivered after a newer message with the Topic arrives; one replaced
+    /// while pending says replaced (expired, if its TTL ran out first),
+    /// even after the message that replaced it is settled in turn; removal
+    /// and sender deletes keep theirs too.
+    pub async fn topic_receipts_survive_newer_messages(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let topic = |ts, ttl, data| message(chid, Some("score"), ts, ttl, data);
+        let (delivered, replaced, deleted) =
+            (topic(1, 60, "d"), topic(2, 60, "r"), topic(3, 60, "x"));
+        let (lapsed, last) = (topic(4, 0, "l"), topic(5, 60, "g"));
+        let save =
+            async |m: &Notification| store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+        save(&delivered).await;
+        let key = delivered.sort_key();
+        assert!(
+            settle(
+                &*store,
+                &uaid,
+                &key,
+                &delivered.version,
+                MessageState::Delivered
+            )
+            .await
+        );
+        save(&replaced).await;
+        save(&deleted).await;
+        assert!(
+            settle(
+                &*store,
+                &uaid,
+                &key,
+                &deleted.version,
+                MessageState::Deleted
+            )
+            .await
+        );
+        save(&lapsed).await;
+        save(&last).await;
+        let user = User::new_webpush(uaid, "http://a", now_secs() * 1000);
+        store.add_user(&user).await.unwrap();
+        store.remove_user(&uaid).await.unwrap();
+        let states = [
+            receipt_of(&*store, &uaid, &delivered).await,
+            receipt_of(&*store, &uaid, &replaced).await,
+            receipt_of(&*store, &uaid, &deleted).await,
+            receipt_of(&*store, &uaid, &lapsed).await,
+            receipt_of(&*store, &uaid, &last).await,
+        ];
+        use MessageState::*;
+        assert_eq!(
+            states,
+            [
+                Some(Delivered),
+                Some(Replaced),
+                Some(Deleted),
+                Some(Expired),
+                Some(Gone)
+            ]
+        );
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
     }
 
     pub async fn topics_first_then_arrival_order_and_topics_replace(store: Arc<dyn Storage>) {
@@ -734,6 +812,7 @@ macro_rules! receipts_for {
                 settling_leaves_a_receipt_in_the_row,
                 an_expired_message_stays_for_its_receipt,
                 a_topic_message_replaces_a_receipt,
+                topic_receipts_survive_newer_messages,
                 a_removed_users_messages_are_gone,
                 topics_first_then_arrival_order_and_topics_replace,
                 counting_is_bounded_and_skips_expired_messages,

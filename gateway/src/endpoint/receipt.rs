@@ -10,7 +10,9 @@
 //!
 //! Most answers cost one point read of the message's row: a settled message
 //! left a receipt there, an unsettled one is still there (kept past its TTL
-//! for its `expired` answer). A message settled before the sender got its
+//! for its `expired` answer). A settled or replaced Topic message costs a
+//! second: its receipt has a row of its own, since the Topic's row belongs
+//! to the newest message with that Topic. A message settled before the sender got its
 //! id (bridged, dropped) carries its receipt in the id and costs nothing; a
 //! pending one costs one more read, of its user, to tell `sent` (the client
 //! is connected) from `stored`, and a bridged app's mailbox (`bridged`
@@ -19,6 +21,7 @@
 use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, key_hash_in_id};
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, ApiResult, RouterType};
@@ -112,14 +115,43 @@ async fn look_up(
                 _ => (MessageState::Stored, pending.timestamp),
             })
         }
-        // Another message under a Topic's key: a newer one with the same
-        // Topic took this one's place.
-        Some(StoredMessage::Pending(newer)) if message.topic.is_some() => {
-            Some((MessageState::Replaced, newer.timestamp))
-        }
-        Some(StoredMessage::Settled(newer)) if message.topic.is_some() => {
-            Some((MessageState::Replaced, newer.updated))
-        }
-        _ => None,
+        other => match own_receipt(state, message, message_id, now).await? {
+            Some(found) => Some(found),
+            // Another message under a Topic's key and no receipt of this
+            // one's own (kept by stores from before Topic receipts had
+            // rows of their own): a newer one with the same Topic took its
+            // place.
+            None => match other {
+                Some(StoredMessage::Pending(newer)) if message.topic.is_some() => {
+                    Some((MessageState::Replaced, newer.timestamp))
+                }
+                Some(StoredMessage::Settled(newer)) if message.topic.is_some() => {
+                    Some((MessageState::Replaced, newer.updated))
+                }
+                _ => None,
+            },
+        },
     })
+}
+
+/// A Topic message's receipt, in its row of its own (the Topic's row is
+/// the newest message's): settled there, or left there by the message that
+/// replaced it.
+async fn own_receipt(
+    state: &EndpointState,
+    message: &MessageIdInfo,
+    message_id: &str,
+    now: u64,
+) -> ApiResult<Option<(MessageState, u64)>> {
+    let Some(own) = receipt_key(&message.sort_key(), message_id) else {
+        return Ok(None);
+    };
+    Ok(
+        match state.storage.read_message(&message.uaid, &own).await? {
+            Some(StoredMessage::Settled(receipt)) if receipt.version == message_id => {
+                (receipt.expiry > now).then_some((receipt.state, receipt.updated))
+            }
+            _ => None,
+        },
+    )
 }

@@ -34,6 +34,7 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use client::Connection;
 pub use googleapis_tonic_google_bigtable_v2::google::bigtable::v2 as proto;
@@ -215,15 +216,9 @@ impl BigtableStore {
         });
         futures_util::stream::iter(pending)
             .map(|(key, version)| async move {
-                let family = row::family_of_key(self.families(), &key);
                 let gone = Receipt::new(&version, MessageState::Gone, now, self.retention);
-                self.check_and_mutate(
-                    key,
-                    still_pending(family, &version),
-                    row::receipt_mutations(family, &gone),
-                    Vec::new(),
-                )
-                .await
+                let sort_key = row::sort_key_of(&key).to_owned();
+                self.settle_row(uaid, key, &sort_key, &gone).await
             })
             .buffer_unordered(REMOVAL_CONCURRENCY)
             .try_collect::<Vec<_>>()
@@ -296,7 +291,17 @@ impl BigtableStore {
     /// (or was already there).
     async fn save_message(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
         let families = self.families();
-        let key = row::message_key(uaid, &message.sort_key());
+        let sort_key = message.sort_key();
+        let key = row::message_key(uaid, &sort_key);
+        // With receipts on, what a Topic message replaces is read first: a
+        // pending message there gets its `replaced` receipt.
+        let before = match (&message.topic, self.retention) {
+            (Some(_), 1..) => match self.read_row(key.clone(), row::latest()).await? {
+                Some(r) => row::stored_from_row(&r, self.retention)?,
+                None => None,
+            },
+            _ => None,
+        };
         let mutations = row::message_mutations(families, message, self.retention);
         // Matches when what is stored must stay.
         let keep = match message.topic {
@@ -324,7 +329,54 @@ impl BigtableStore {
         let kept = self
             .check_and_mutate(key, keep, Vec::new(), mutations)
             .await?;
+        if !kept
+            && let Some(StoredMessage::Pending(old)) = before
+            && old.version != message.version
+            && let Some(own) = receipt_key(&sort_key, &old.version)
+        {
+            // Unless it was settled between the read and the write: then
+            // its own receipt is there already and stays.
+            let receipt = Receipt::replaced(&old, now_secs(), self.retention);
+            let mutations = row::receipt_mutations(&families.message_topic, &receipt);
+            let own = row::message_key(uaid, &own);
+            self.check_and_mutate(own, row::pass_all(), Vec::new(), mutations)
+                .await?;
+        }
         Ok(!kept)
+    }
+
+    /// Settle the row `key` (our sort key `sort_key`) into `receipt` if it
+    /// is still the pending message `version`: one `CheckAndMutateRow`
+    /// that turns the row into the receipt, or for a Topic message one that
+    /// deletes the row, then the receipt written to a row of its own (see
+    /// [`receipt_key`]), so the next message with that Topic cannot hide it.
+    /// Bigtable has no transaction across rows: a crash between the two
+    /// loses that receipt, not the message (already acked).
+    async fn settle_row(
+        &self,
+        uaid: &Uuid,
+        key: Vec<u8>,
+        sort_key: &str,
+        receipt: &Receipt,
+    ) -> Result<bool> {
+        let family = row::message_family(self.families(), sort_key);
+        let pending = still_pending(family, &receipt.version);
+        let Some(own) = receipt_key(sort_key, &receipt.version) else {
+            let mutations = row::receipt_mutations(family, receipt);
+            return self
+                .check_and_mutate(key, pending, mutations, Vec::new())
+                .await;
+        };
+        let own = row::message_key(uaid, &own);
+        if !self
+            .check_and_mutate(key, pending, vec![row::delete_row()], Vec::new())
+            .await?
+        {
+            return Ok(false);
+        }
+        self.write(own, row::receipt_mutations(family, receipt))
+            .await?;
+        Ok(true)
     }
 }
 
@@ -536,15 +588,9 @@ impl Storage for BigtableStore {
         if self.retention == 0 {
             return self.remove_message(uaid, sort_key, version).await;
         }
-        let family = row::message_family(self.families(), sort_key);
-        let pending = still_pending(family, version);
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
-        let mutations = row::receipt_mutations(family, &receipt);
         for key in row::message_keys(uaid, sort_key) {
-            if self
-                .check_and_mutate(key, pending.clone(), mutations.clone(), Vec::new())
-                .await?
-            {
+            if self.settle_row(uaid, key, sort_key, &receipt).await? {
                 return Ok(true);
             }
         }

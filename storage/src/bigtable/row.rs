@@ -571,8 +571,14 @@ pub fn qualifiers(names: &[&str]) -> RowFilter {
 
 /// The family of message row `key` (`{uaid}#{sort key}`).
 pub fn family_of_key<'a>(families: &'a Families, key: &[u8]) -> &'a str {
+    message_family(families, sort_key_of(key))
+}
+
+/// The part of message row `key` after `{uaid}#`, as our sort keys spell
+/// it for Topic rows (timestamp rows may differ in padding).
+pub fn sort_key_of(key: &[u8]) -> &str {
     let sort_key = key.splitn(2, |&b| b == b'#').nth(1).unwrap_or_default();
-    message_family(families, &String::from_utf8_lossy(sort_key))
+    std::str::from_utf8(sort_key).unwrap_or_default()
 }
 
 /// Message cells not yet expired: a cell's timestamp is its expiry.

@@ -26,11 +26,16 @@ use aws_config::timeout::TimeoutConfig;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, Select, WriteRequest};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, Delete, DeleteRequest, Put, ReturnValue, Select, TransactWriteItem,
+    WriteRequest,
+};
 use futures_util::{StreamExt, TryStreamExt};
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use item::{CHANNELS_ROW, Item, n, s};
 use months::{Home, MonthTables};
@@ -144,6 +149,18 @@ fn first_line(error: &dyn std::error::Error) -> String {
 
 fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
     e.code() == Some("ConditionalCheckFailedException")
+}
+
+/// Whether a transaction was cancelled because one of its conditions did
+/// not hold (rather than a conflict or a failure, which are errors).
+fn condition_failed_in_transaction(e: &SdkError<TransactWriteItemsError>) -> bool {
+    match e.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => cancelled
+            .cancellation_reasons()
+            .iter()
+            .any(|reason| reason.code() == Some("ConditionalCheckFailed")),
+        _ => false,
+    }
 }
 
 /// The outcome of a conditional write `op`: whether its condition held (and
@@ -592,8 +609,12 @@ impl DynamoStore {
         Ok(false)
     }
 
-    /// Write `receipt` under exactly `sort_key` in `table` if the row there
-    /// is still the pending message `version`.
+    /// Settle the row under exactly `sort_key` in `table` into `receipt` if
+    /// it is still the pending message `version`: one conditional write
+    /// that turns the row into the receipt, or for a Topic message one
+    /// transaction that deletes the row and puts the receipt in a row of its
+    /// own (see [`receipt_key`]), so the next message with that Topic
+    /// cannot hide it.
     async fn settle_key(
         &self,
         table: &str,
@@ -602,16 +623,68 @@ impl DynamoStore {
         version: &str,
         receipt: &Receipt,
     ) -> Result<bool> {
+        const PENDING: &str = "updateid = :v AND attribute_not_exists(settled)";
+        let Some(own) = receipt_key(sort_key, version) else {
+            let put = self
+                .client
+                .put_item()
+                .table_name(table)
+                .set_item(Some(item::receipt_to_item(uaid, sort_key, receipt)))
+                .condition_expression(PENDING)
+                .expression_attribute_values(":v", s(version))
+                .send()
+                .await;
+            return condition_held(put, "PutItem");
+        };
+        let build = |e: aws_sdk_dynamodb::error::BuildError| StorageError::Backend(e.to_string());
+        let delete = Delete::builder()
+            .table_name(table)
+            .set_key(Some(item::message_key(uaid, sort_key)))
+            .condition_expression(PENDING)
+            .expression_attribute_values(":v", s(version))
+            .build()
+            .map_err(build)?;
+        let put = Put::builder()
+            .table_name(table)
+            .set_item(Some(item::receipt_to_item(uaid, &own, receipt)))
+            .build()
+            .map_err(build)?;
+        let moved = self
+            .client
+            .transact_write_items()
+            .transact_items(TransactWriteItem::builder().delete(delete).build())
+            .transact_items(TransactWriteItem::builder().put(put).build())
+            .send()
+            .await;
+        match moved {
+            Ok(_) => Ok(true),
+            Err(e) if condition_failed_in_transaction(&e) => Ok(false),
+            Err(e) => Err(backend("TransactWriteItems", e)),
+        }
+    }
+
+    /// After a Topic message replaced `old` under `sort_key` in `table`:
+    /// `old`'s receipt (`replaced`, or `expired`) in its own row.
+    async fn put_replaced_receipt(
+        &self,
+        table: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        old: &Notification,
+    ) -> Result<()> {
+        let Some(own) = receipt_key(sort_key, &old.version) else {
+            return Ok(());
+        };
+        let receipt = Receipt::replaced(old, now_secs(), self.retention);
         let put = self
             .client
             .put_item()
             .table_name(table)
-            .set_item(Some(item::receipt_to_item(uaid, sort_key, receipt)))
-            .condition_expression("updateid = :v AND attribute_not_exists(settled)")
-            .expression_attribute_values(":v", s(version))
+            .set_item(Some(item::receipt_to_item(uaid, &own, &receipt)))
+            .condition_expression("attribute_not_exists(updateid)")
             .send()
             .await;
-        condition_held(put, "PutItem")
+        condition_held(put, "PutItem").map(|_| ())
     }
 
     /// The row under `sort_key` (or the key Python autopush gave it) in `table`.
@@ -895,17 +968,37 @@ impl Storage for DynamoStore {
                 .table_name(&table)
                 .set_item(Some(item::message_to_item(uaid, message, self.retention)));
             let put = match message.topic {
+                // With receipts on, the row it replaces comes back: a
+                // pending message there gets its `replaced` receipt.
                 Some(_) => put
                     .condition_expression(
                         "attribute_not_exists(sortkey_timestamp) OR sortkey_timestamp <= :ts",
                     )
-                    .expression_attribute_values(":ts", n(message.sortkey_timestamp.unwrap_or(0))),
+                    .expression_attribute_values(":ts", n(message.sortkey_timestamp.unwrap_or(0)))
+                    .return_values(match self.retention {
+                        0 => ReturnValue::None,
+                        _ => ReturnValue::AllOld,
+                    }),
                 None => put
                     .condition_expression("attribute_not_exists(updateid) OR updateid = :v")
                     .expression_attribute_values(":v", s(&message.version)),
             };
-            if !condition_held(put.send().await, "PutItem")? && message.topic.is_none() {
-                taken.get_or_insert_with(|| message.sort_key());
+            match put.send().await {
+                Ok(out) => {
+                    let old = out.attributes.as_ref().map(item::stored_from_item);
+                    if let Some(Ok(StoredMessage::Pending(old))) = old
+                        && old.version != message.version
+                    {
+                        self.put_replaced_receipt(&table, uaid, &message.sort_key(), &old)
+                            .await?;
+                    }
+                }
+                Err(e) if is_condition_failed(&e) => {
+                    if message.topic.is_none() {
+                        taken.get_or_insert_with(|| message.sort_key());
+                    }
+                }
+                Err(e) => return Err(backend("PutItem", e)),
             }
         }
         match taken {

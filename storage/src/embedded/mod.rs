@@ -19,6 +19,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use writer::Writer;
 
@@ -181,14 +182,38 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) ->
             && !m.is_expired(now)
         {
             let receipt = Receipt::new(&m.version, MessageState::Gone, now, retention);
-            let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
-            gone.push((key.value().1.to_owned(), json));
+            gone.push((key.value().1.to_owned(), receipt));
         }
     }
-    for (key, json) in gone {
-        messages
-            .insert((uaid, key.as_str()), json.as_slice())
-            .map_err(backend)?;
+    for (key, receipt) in gone {
+        put_receipt(&mut messages, uaid, &key, &receipt)?;
+    }
+    Ok(())
+}
+
+/// Settle the message stored under `key` into `receipt`: the row becomes
+/// the receipt, or for a Topic message it goes and the receipt takes a row
+/// of its own (see [`receipt_key`]), so the next message with that Topic
+/// cannot hide it.
+fn put_receipt(
+    table: &mut redb::Table<(u128, &str), &[u8]>,
+    uaid: u128,
+    key: &str,
+    receipt: &Receipt,
+) -> Result<()> {
+    let json = serde_json::to_vec(receipt).map_err(corrupt)?;
+    match receipt_key(key, &receipt.version) {
+        Some(own) => {
+            table.remove((uaid, key)).map_err(backend)?;
+            table
+                .insert((uaid, own.as_str()), json.as_slice())
+                .map_err(backend)?;
+        }
+        None => {
+            table
+                .insert((uaid, key), json.as_slice())
+                .map_err(backend)?;
+        }
     }
     Ok(())
 }
@@ -390,13 +415,14 @@ impl Storage for EmbeddedStore {
         if messages.is_empty() {
             return Ok(());
         }
-        let uaid = uaid.as_u128();
+        let (uaid, retention) = (uaid.as_u128(), self.retention);
         let taken = self
             .write(move |txn| {
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
                 let mut taken = Vec::new();
                 for message in &messages {
                     let key = message.sort_key();
+                    let mut replaced = None;
                     if let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)? {
                         let stored = decode(stored.value())?;
                         // A receipt under a Topic key is an older message's.
@@ -411,11 +437,26 @@ impl Storage for EmbeddedStore {
                             taken.push(key);
                             continue;
                         }
+                        replaced = match stored {
+                            StoredMessage::Pending(old) if old.version != message.version => {
+                                Some(old)
+                            }
+                            _ => None,
+                        };
                     }
                     let json = serde_json::to_vec(message).map_err(corrupt)?;
                     table
                         .insert((uaid, key.as_str()), json.as_slice())
                         .map_err(backend)?;
+                    if let Some(old) = replaced.filter(|_| retention > 0)
+                        && let Some(own) = receipt_key(&key, &old.version)
+                    {
+                        let receipt = Receipt::replaced(&old, now_secs(), retention);
+                        let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
+                        table
+                            .insert((uaid, own.as_str()), json.as_slice())
+                            .map_err(backend)?;
+                    }
                 }
                 Ok(taken)
             })
@@ -531,8 +572,7 @@ impl Storage for EmbeddedStore {
                 table.remove(key).map_err(backend)?;
             } else {
                 let receipt = Receipt::new(&version, state, now_secs(), retention);
-                let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
-                table.insert(key, json.as_slice()).map_err(backend)?;
+                put_receipt(&mut table, uaid, &sort_key, &receipt)?;
             }
             Ok(true)
         })
