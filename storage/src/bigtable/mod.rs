@@ -347,11 +347,13 @@ impl BigtableStore {
 
     /// Settle the row `key` (our sort key `sort_key`) into `receipt` if it
     /// is still the pending message `version`: one `CheckAndMutateRow`
-    /// that turns the row into the receipt, or for a Topic message one that
-    /// deletes the row, then the receipt written to a row of its own (see
-    /// [`receipt_key`]), so the next message with that Topic cannot hide it.
-    /// Bigtable has no transaction across rows: a crash between the two
-    /// loses that receipt, not the message (already acked).
+    /// that turns the row into the receipt. A Topic message's receipt is
+    /// then also written to a row of its own (see [`receipt_key`]), where
+    /// it outlives the next message with that Topic, which takes the
+    /// Topic's row. The receipt is readable in the Topic's row from the
+    /// first write on; Bigtable has no transaction across rows, so a crash
+    /// before the second loses only the copy that would outlive a newer
+    /// message.
     async fn settle_row(
         &self,
         uaid: &Uuid,
@@ -361,21 +363,16 @@ impl BigtableStore {
     ) -> Result<bool> {
         let family = row::message_family(self.families(), sort_key);
         let pending = still_pending(family, &receipt.version);
-        let Some(own) = receipt_key(sort_key, &receipt.version) else {
-            let mutations = row::receipt_mutations(family, receipt);
-            return self
-                .check_and_mutate(key, pending, mutations, Vec::new())
-                .await;
-        };
-        let own = row::message_key(uaid, &own);
+        let mutations = row::receipt_mutations(family, receipt);
         if !self
-            .check_and_mutate(key, pending, vec![row::delete_row()], Vec::new())
+            .check_and_mutate(key, pending, mutations.clone(), Vec::new())
             .await?
         {
             return Ok(false);
         }
-        self.write(own, row::receipt_mutations(family, receipt))
-            .await?;
+        if let Some(own) = receipt_key(sort_key, &receipt.version) {
+            self.write(row::message_key(uaid, &own), mutations).await?;
+        }
         Ok(true)
     }
 }
