@@ -158,12 +158,14 @@ impl Server {
             child: None,
             starts: 0,
         };
-        // A port picked above can, rarely, be taken by someone else before the
-        // server binds it: pick new ones and try again.
-        for attempt in 1..=3 {
+        // A port picked above can be taken by someone else before the server
+        // binds it (more often on a machine busy with many connections, and
+        // for a listener on 0.0.0.0): pick new ones and try again.
+        const ATTEMPTS: usize = 8;
+        for attempt in 1..=ATTEMPTS {
             match server.spawn_and_wait().await {
                 Ok(()) => return server,
-                Err(msg) if attempt < 3 && msg.to_ascii_lowercase().contains("in use") => {
+                Err(msg) if attempt < ATTEMPTS && msg.to_ascii_lowercase().contains("in use") => {
                     [server.ws_port, server.router_port, server.endpoint_port] = free_ports::<3>();
                 }
                 Err(msg) => panic!("{msg}"),
