@@ -3,8 +3,10 @@
 
 pub mod app_server;
 pub mod client;
+pub mod open_loop;
 pub mod scenario;
 pub mod server;
+pub mod stand_in;
 pub mod stats;
 
 /// The micro-benchmarks' one optional argument: a count above zero, or

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
 use autopush_bench::server::{ServerUnderTest, Target};
+use autopush_bench::stand_in;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -84,41 +85,68 @@ enum Scenario {
         #[arg(long, default_value_t = 32)]
         connections: usize,
     },
-    /// Pushes through the APNs bridge to a double for Apple answering after
-    /// a fixed delay (the service runs in this process): throughput and latency
+    /// Pushes through the APNs bridge to a stand-in for Apple (a process of
+    /// its own) answering after a fixed delay, at fixed rates (open loop):
+    /// throughput, latency, CPU of each process and per push
     Apns {
         #[arg(long, default_value_t = 1000)]
         devices: usize,
-        /// HTTP/1.1 connections the application server pushes over, each
-        /// waiting for its 201 before the next push
-        #[arg(long, default_value_t = 256)]
+        /// HTTP/1.1 connections the application server pushes over, one push
+        /// at a time each: the most pushes in flight
+        #[arg(long, default_value_t = 2000)]
         connections: usize,
-        /// Simulated Apple latencies in milliseconds, one step each
+        /// Simulated Apple latencies in milliseconds, one run each
         #[arg(long, value_delimiter = ',', default_value = "1,50")]
         latencies: Vec<u64>,
-        /// Seconds per step
+        /// Offered pushes per second, in order; `max` is a closed loop
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+        rates: Vec<String>,
+        /// Seconds per rate
         #[arg(long, default_value_t = 5)]
         seconds: u64,
         /// The channel's cap on pushes in flight to Apple
         #[arg(long, default_value_t = 1000)]
         max_in_flight: usize,
     },
-    /// Pushes to FCM devices through a local stand-in for Google: throughput,
-    /// latency, token fetches
+    /// Pushes to FCM devices through a stand-in for Google (a process of its
+    /// own) answering after a fixed delay, at fixed rates (open loop):
+    /// throughput, latency, CPU of each process and per push, token fetches
     Fcm {
         #[arg(long, default_value_t = 1000)]
         devices: usize,
-        #[arg(long, default_value_t = 64)]
+        /// HTTP/1.1 connections the application server pushes over, one push
+        /// at a time each: the most pushes in flight
+        #[arg(long, default_value_t = 2000)]
         connections: usize,
         /// Milliseconds the stand-in takes to answer each message, one run each
         #[arg(long, value_delimiter = ',', default_value = "1,50")]
         delays_ms: Vec<u64>,
         /// Offered pushes per second, in order; `max` is a closed loop
-        #[arg(long, value_delimiter = ',', default_value = "max,500,1000")]
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
         rates: Vec<String>,
         /// Seconds per rate
         #[arg(long, default_value_t = 5)]
         seconds: u64,
+        /// The app's cap on messages in flight to FCM
+        #[arg(long, default_value_t = 1000)]
+        max_in_flight: usize,
+    },
+    /// A stand-in for `google` or `apple` (started by `fcm` and `apns`)
+    #[command(hide = true)]
+    StandIn {
+        which: String,
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
+    /// The service with an APNs channel sending to a stand-in (started by `apns`)
+    #[command(hide = true)]
+    ApnsService {
+        #[arg(long)]
+        apple: String,
+        #[arg(long, default_value_t = 1000)]
+        max_in_flight: usize,
+        #[arg(long, default_value_t = 1024)]
+        max_http_connections: usize,
     },
     /// A worker process of `idle` (not run by hand)
     #[command(hide = true)]
@@ -203,6 +231,7 @@ async fn main() {
             devices,
             connections,
             latencies,
+            rates,
             seconds,
             max_in_flight,
         } => {
@@ -210,11 +239,12 @@ async fn main() {
                 devices,
                 connections,
                 latencies,
+                rates: parse_rates(&rates),
                 seconds,
                 max_in_flight,
             };
-            if !apns::run(&options).await {
-                eprintln!("some pushes were refused or never reached the double");
+            if !apns::run(&options, &cli.server_log).await {
+                eprintln!("some pushes were refused or never reached Apple");
                 std::process::exit(1);
             }
         }
@@ -224,23 +254,15 @@ async fn main() {
             delays_ms,
             rates,
             seconds,
+            max_in_flight,
         } => {
-            let rates = rates
-                .iter()
-                .map(|rate| match rate.as_str() {
-                    "max" => 0,
-                    n => n.parse().unwrap_or_else(|_| {
-                        eprintln!("--rates: {n} is not a number or max");
-                        std::process::exit(2);
-                    }),
-                })
-                .collect();
             let options = fcm::Options {
                 devices,
                 connections,
                 delays_ms,
-                rates,
+                rates: parse_rates(&rates),
                 seconds,
+                max_in_flight,
             };
             if !fcm::run(&options, &cli.server_log).await {
                 eprintln!(
@@ -249,8 +271,30 @@ async fn main() {
                 std::process::exit(1);
             }
         }
+        Scenario::StandIn { which, delay_ms } => {
+            stand_in::serve(&which, Duration::from_millis(delay_ms)).await;
+        }
+        Scenario::ApnsService {
+            apple,
+            max_in_flight,
+            max_http_connections,
+        } => apns::serve(&apple, max_in_flight, max_http_connections).await,
         Scenario::IdleWorker { url, source, count } => idle::worker(url, source, count).await,
     }
+}
+
+/// Offered rates: numbers, or `max` (0: a closed loop).
+fn parse_rates(rates: &[String]) -> Vec<u64> {
+    rates
+        .iter()
+        .map(|rate| match rate.as_str() {
+            "max" => 0,
+            n => n.parse().unwrap_or_else(|_| {
+                eprintln!("--rates: {n} is not a number or max");
+                std::process::exit(2);
+            }),
+        })
+        .collect()
 }
 
 /// As many clients as the server process may hold sockets for: its hard

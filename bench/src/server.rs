@@ -94,12 +94,13 @@ impl Server {
             endpoint_url,
         };
         server.wait_ready(ws).await;
+        server.wait_ready(endpoint).await;
         server
     }
 
-    async fn wait_ready(&self, ws_port: u16) {
+    async fn wait_ready(&self, port: u16) {
         for _ in 0..600 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", ws_port))
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
                 .is_ok()
             {

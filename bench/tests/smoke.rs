@@ -74,7 +74,7 @@ fn drain_stores_and_delivers_every_message() {
 }
 
 #[test]
-fn apns_pushes_reach_the_double_at_each_latency() {
+fn apns_pushes_reach_the_apple_stand_in_at_each_latency_and_rate() {
     let out = bench(&[
         "apns",
         "--devices",
@@ -83,15 +83,17 @@ fn apns_pushes_reach_the_double_at_each_latency() {
         "2",
         "--latencies",
         "1,5",
+        "--rates",
+        "50,max",
         "--seconds",
         "1",
     ]);
-    assert!(out.contains("| 1 |"), "{out}");
-    assert!(out.contains("| 5 |"), "{out}");
+    assert!(out.contains("| 1 | 50 |"), "{out}");
+    assert!(out.contains("| 5 | max |"), "{out}");
 }
 
 #[test]
-fn fcm_reaches_google_with_one_token() {
+fn fcm_reaches_the_google_stand_in_with_one_token() {
     let out = bench(&[
         "fcm",
         "--devices",

@@ -9,6 +9,9 @@
 //!   shape, records what it received, and answers as scripted per device
 //!   token ([`Reply`]), 200 by default.
 //!
+//! * `GET /stats`: `{"received": N, "token_fetches": N}`, for a load
+//!   generator that runs the stand-in in a process of its own.
+//!
 //! The server is configured with [`Google::base_url`] and a service-account
 //! file whose `token_uri` points here ([`Google::write_service_account`]).
 
@@ -183,7 +186,19 @@ impl Google {
                     handle_send(send_state.clone(), path.as_str().to_owned(), headers, body)
                 },
             );
-        let routes = token.or(send).unify().boxed();
+        // What a load generator in another process reads back.
+        let stats_state = state.clone();
+        let stats = warp::get()
+            .and(warp::path("stats"))
+            .and(warp::path::end())
+            .map(move || {
+                warp::reply::json(&json!({
+                    "received": stats_state.received_count.load(Ordering::Relaxed),
+                    "token_fetches": stats_state.token_fetches.load(Ordering::Relaxed),
+                }))
+                .into_response()
+            });
+        let routes = token.or(stats).unify().or(send).unify().boxed();
         let task = tokio::spawn(async move {
             warp::serve(routes).incoming(listener).run().await;
         });

@@ -1,33 +1,45 @@
 //! The APNs bridge: devices registered through `/v1/apns/bench/registration`,
 //! an application server pushing VAPID-signed ~2 KB aes128gcm bodies to
-//! them as fast as its connections go (closed loop), and Apple played by a
-//! double that answers 200 after a fixed delay. Reports pushes per second
-//! and the time from POST to 201, which includes Apple's answer.
+//! them at fixed rates (open loop, see [`crate::open_loop`]), and Apple
+//! played by a stand-in process answering 200 over HTTP/2 after a fixed
+//! delay. Reports pushes per second, the time from a push's due moment to
+//! its 201 (which includes Apple's answer) and the CPU of each process.
 //!
-//! The double lives in the service's process, so the service runs in this
-//! process (the gateway's own start-up and settings, the real a2 clients
-//! built from `certs/`, then the double swapped in for Apple), and "CPU"
-//! counts service and generator together.
+//! a2 talks to Apple only (its hosts and roots are built in), so the service
+//! runs as `autopush-bench apns-service`: the gateway's own start-up and
+//! settings, with the channel's a2 client replaced by [`H2Sender`], which
+//! sends what a2 would (the same path, headers, bearer token and body) over
+//! HTTP/2 to the stand-in, without TLS. Its CPU is the server's.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
 
-use autopush_apns::double::ApnsDouble;
+use async_trait::async_trait;
+use autopush_apns::ApnsRouter;
+use autopush_apns::sender::{ApnsRequest, ApnsResponse, ApnsSender, TransportError};
 use autopush_apns::settings::{ApnsSection, ApnsSettings};
 use autopush_common::RouterType;
 use autopush_common::router::RouterRegistry;
-use autopush_gateway::app::{self, Mode, Running};
+use autopush_gateway::app::{self, Mode};
 use autopush_gateway::bridges::BridgeSettings;
 use autopush_gateway::settings::{Settings, SettingsLayer};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use serde_json::json;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
 
 use crate::app_server::{AppServer, Bodies, Connection};
+use crate::open_loop::{self, Connections, Load, cpu_percent, micros_per_push};
 use crate::server::{cpu_ticks, free_ports};
-use crate::stats::{Latencies, rate, refused_cell};
+use crate::stand_in::StandIn;
+use crate::stats::{offered_cell, rate, refused_cell};
 
 /// A rate limit the bench never reaches (`PER_SECOND,BURST`).
 const OUT_OF_REACH: &str = "1000000000,1000000000";
@@ -35,39 +47,151 @@ const OUT_OF_REACH: &str = "1000000000,1000000000";
 pub struct Options {
     pub devices: usize,
     pub connections: usize,
-    /// Simulated Apple latencies, in milliseconds; one step each.
+    /// Simulated Apple latencies, in milliseconds; one run each.
     pub latencies: Vec<u64>,
+    /// Offered pushes per second, in order; 0 is a closed loop.
+    pub rates: Vec<u64>,
     pub seconds: u64,
     /// The channel's in-flight cap.
     pub max_in_flight: usize,
 }
 
-/// Returns whether every push was accepted and reached the double.
-pub async fn run(options: &Options) -> bool {
+/// Returns whether every push was accepted and reached the stand-in.
+pub async fn run(options: &Options, log: &Path) -> bool {
     println!(
-        "\n{} devices, {} HTTP connections (closed loop), in-flight cap {}\n",
-        options.devices, options.connections, options.max_in_flight
+        "\n{} devices, {} HTTP/1.1 connections (open loop: at most that many pushes in flight), in-flight cap {}, {} s per rate\n",
+        options.devices, options.connections, options.max_in_flight, options.seconds
     );
     println!(
-        "| Apple latency (ms) | pushes/s | p50 (ms) | p99 (ms) | max (ms) | CPU, service + generator (%) | non-201 |"
+        "| Apple latency (ms) | offered (/s) | accepted (/s) | p50 (ms) | p99 (ms) | max (ms) | most in flight | server CPU (%) | server CPU per push (µs) | Apple CPU (%) | generator CPU (%) | non-201 | reached Apple |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     let mut all_good = true;
     for &latency in &options.latencies {
-        all_good &= step(options, Duration::from_millis(latency)).await;
+        all_good &= run_latency(options, Duration::from_millis(latency), log).await;
     }
     all_good
 }
 
-/// The service with an APNs channel `bench` whose Apple answers after `delay`.
-struct Service {
-    double: Arc<ApnsDouble>,
-    endpoint_url: String,
-    _running: Running,
-    _data: tempfile::TempDir,
+async fn run_latency(options: &Options, delay: Duration, log: &Path) -> bool {
+    let apple = StandIn::start("apple", delay);
+    let service = ServiceProcess::start(
+        &apple.base_url,
+        options.max_in_flight,
+        options.connections + 100,
+        log,
+    );
+    let endpoints = Arc::new(register(&service.endpoint_url, options.devices).await);
+    let sender = Arc::new(AppServer::new(&service.endpoint_url));
+    let bodies = Arc::new(Bodies::new(
+        &URL_SAFE_NO_PAD
+            .decode(sender.public_key())
+            .unwrap_or_default(),
+    ));
+    let load = Load {
+        endpoint_url: service.endpoint_url.clone(),
+        sender,
+        bodies,
+        endpoints,
+        connections: options.connections,
+        seconds: options.seconds,
+    };
+    // The first push opens the connection to Apple; the rates measure what follows.
+    open_loop::warm_up(&load).await;
+    let mut connections = Connections::open(&load).await;
+    let me = std::process::id();
+    let mut all_good = true;
+    for &offered in &options.rates {
+        let before = apple.received().await;
+        let cpu_before = (service.cpu_ticks(), apple.cpu_ticks(), cpu_ticks(me));
+        let (step, open) = open_loop::push(&load, connections, offered).await;
+        connections = open;
+        let cpu = (
+            service.cpu_ticks().saturating_sub(cpu_before.0),
+            apple.cpu_ticks().saturating_sub(cpu_before.1),
+            cpu_ticks(me).saturating_sub(cpu_before.2),
+        );
+        let reached = apple.received().await - before;
+        let mut latencies = step.latencies;
+        let (offered, refused) = (offered_cell(offered), refused_cell(&step.refused));
+        println!(
+            "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {refused} | {reached} |",
+            delay.as_millis(),
+            rate(step.accepted, step.elapsed),
+            latencies.percentile_ms(50.0),
+            latencies.percentile_ms(99.0),
+            latencies.percentile_ms(100.0),
+            step.most_in_flight,
+            cpu_percent(cpu.0, step.elapsed),
+            micros_per_push(cpu.0, step.accepted),
+            cpu_percent(cpu.1, step.elapsed),
+            cpu_percent(cpu.2, step.elapsed),
+        );
+        if reached != step.accepted as u64 {
+            eprintln!(
+                "{} pushes accepted but {reached} reached Apple",
+                step.accepted
+            );
+        }
+        all_good &= step.refused.is_empty() && reached == step.accepted as u64;
+    }
+    all_good
 }
 
-async fn start(delay: Duration, max_in_flight: usize) -> Service {
+/// `autopush-bench apns-service` in a child process; killed when dropped.
+struct ServiceProcess {
+    child: Child,
+    endpoint_url: String,
+}
+
+impl ServiceProcess {
+    fn start(apple: &str, max_in_flight: usize, max_http: usize, log: &Path) -> ServiceProcess {
+        let me = std::env::current_exe().expect("the bench binary's path");
+        let log = std::fs::File::create(log).expect("the server log file");
+        // A profiler to run the service under, e.g. `valgrind
+        // --tool=callgrind` (scripts/bench-callgrind-bridges).
+        let wrapper = std::env::var("AUTOPUSH_BENCH_SERVICE_WRAPPER").unwrap_or_default();
+        let mut command: Vec<String> = wrapper.split_whitespace().map(str::to_owned).collect();
+        command.push(me.display().to_string());
+        let mut child = Command::new(&command[0])
+            .args(&command[1..])
+            .args(["apns-service", "--apple", apple, "--max-in-flight"])
+            .arg(max_in_flight.to_string())
+            .arg("--max-http-connections")
+            .arg(max_http.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("the APNs service starts");
+        let mut line = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            use std::io::BufRead;
+            let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        }
+        let info: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("apns-service printed {line:?}: {e}"));
+        ServiceProcess {
+            child,
+            endpoint_url: info["endpoint_url"].as_str().unwrap_or_default().to_owned(),
+        }
+    }
+
+    fn cpu_ticks(&self) -> u64 {
+        cpu_ticks(self.child.id())
+    }
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        crate::stand_in::stop(&mut self.child);
+    }
+}
+
+/// The child's side: the service with an APNs channel `bench` whose
+/// pushes go to the stand-in at `apple`; prints its endpoint URL, serves
+/// until stdin closes.
+pub async fn serve(apple: &str, max_in_flight: usize, max_http_connections: usize) {
     let data = tempfile::TempDir::new().expect("a temporary data directory");
     let [ws, router, endpoint] = free_ports();
     let endpoint_url = format!("http://127.0.0.1:{endpoint}");
@@ -98,117 +222,105 @@ async fn start(delay: Duration, max_in_flight: usize) -> Service {
         registration_limit: Some("0".into()),
         new_uaid_limit: Some("0".into()),
         bridge_app_limit: Some(OUT_OF_REACH.into()),
+        max_http_connections: Some(max_http_connections),
         ..SettingsLayer::default()
     };
     let settings = Settings::resolve(layer, None).expect("settings");
-    let double = ApnsDouble::counting(delay);
-    let router = double
-        .router(
-            &settings.bridges.apns.settings(),
-            &app::bridge_limits(&settings),
-        )
-        .expect("the APNs router");
+    let router = ApnsRouter::with_senders(
+        &settings.bridges.apns.settings(),
+        &app::bridge_limits(&settings),
+        |_, channel| Ok(Arc::new(H2Sender::new(apple, channel.timeout())) as Arc<dyn ApnsSender>),
+    )
+    .expect("the APNs router");
     let bridges = RouterRegistry::default().with(RouterType::Apns, Arc::new(router));
-    let running = app::start(Mode::All, &settings, bridges)
+    let _running = app::start(Mode::All, &settings, bridges)
         .await
         .expect("the service starts");
-    Service {
-        double,
-        endpoint_url,
-        _running: running,
-        _data: data,
+    {
+        use std::io::Write;
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{}", json!({"endpoint_url": endpoint_url}));
+        let _ = stdout.flush();
+    }
+    let mut stdin = tokio::io::stdin();
+    let mut buffer = [0u8; 64];
+    use tokio::io::AsyncReadExt;
+    while matches!(stdin.read(&mut buffer).await, Ok(n) if n > 0) {}
+}
+
+/// What a2 sends for one push, over HTTP/2 without TLS to `base_url`: one
+/// pooled connection, `POST /3/device/{token}` with the `apns-*` headers, a
+/// bearer token (a2 signs one per 55 minutes and reuses it) and the JSON
+/// body, within the request timeout; the reason read from a refusal's body.
+pub struct H2Sender {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base_url: String,
+    authorization: HeaderValue,
+    timeout: Duration,
+}
+
+impl H2Sender {
+    pub fn new(base_url: &str, timeout: Duration) -> H2Sender {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build(connector);
+        H2Sender {
+            client,
+            base_url: base_url.trim_end_matches('/').to_owned(),
+            // The shape of an ES256 JWT as a2 sends it.
+            authorization: HeaderValue::from_static(
+                "Bearer eyJhbGciOiJFUzI1NiIsImtpZCI6IkJFTkNIS0VZMDEifQ.eyJpc3MiOiJCRU5DSFRFQU0xIiwiaWF0IjoxNzAwMDAwMDAwfQ.c2lnbmF0dXJlLXNpZ25hdHVyZS1zaWduYXR1cmUtc2lnbmF0dXJlLXNpZ25hdHVyZS1zaWduYXR1cmU",
+            ),
+            timeout,
+        }
     }
 }
 
-async fn step(options: &Options, delay: Duration) -> bool {
-    let service = start(delay, options.max_in_flight).await;
-    let endpoints = Arc::new(register(&service, options.devices).await);
-    let sender = Arc::new(AppServer::new(&service.endpoint_url));
-    let bodies = Arc::new(Bodies::new(
-        &URL_SAFE_NO_PAD
-            .decode(sender.public_key())
-            .unwrap_or_default(),
-    ));
-    let latencies = Arc::new(Mutex::new(Latencies::default()));
-    let next = Arc::new(AtomicUsize::new(0));
-    let pid = std::process::id();
-    let cpu_before = cpu_ticks(pid);
-    let started = Instant::now();
-    let end = started + Duration::from_secs(options.seconds);
-    let mut senders = Vec::new();
-    for _ in 0..options.connections {
-        let (sender, bodies, endpoints, latencies, next) = (
-            sender.clone(),
-            bodies.clone(),
-            endpoints.clone(),
-            latencies.clone(),
-            next.clone(),
-        );
-        let url = service.endpoint_url.clone();
-        senders.push(tokio::spawn(async move {
-            let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
-            let Ok(mut connection) = Connection::open(&url).await else {
-                *statuses.entry(0).or_default() += 1;
-                return statuses;
-            };
-            let mut mine = Latencies::default();
-            while Instant::now() < end {
-                let target = next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
-                let sent = Instant::now();
-                let status = connection
-                    .push(
-                        &endpoints[target],
-                        sender.authorization(),
-                        bodies.stamped(0),
-                    )
-                    .await
-                    .unwrap_or(0);
-                if status == 201 {
-                    mine.record(sent.elapsed());
-                }
-                *statuses.entry(status).or_default() += 1;
-            }
-            if let Ok(mut all) = latencies.lock() {
-                all.extend(mine);
-            }
-            statuses
-        }));
-    }
-    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
-    for sender in senders {
-        if let Ok(counts) = sender.await {
-            for (status, count) in counts {
-                *statuses.entry(status).or_default() += count;
-            }
+#[async_trait]
+impl ApnsSender for H2Sender {
+    async fn send(&self, request: &ApnsRequest) -> Result<ApnsResponse, TransportError> {
+        let mut builder = hyper::Request::post(format!(
+            "{}/3/device/{}",
+            self.base_url, request.device_token
+        ))
+        .header(CONTENT_TYPE, "application/json")
+        .header(AUTHORIZATION, self.authorization.clone())
+        .header(CONTENT_LENGTH, request.payload.len());
+        for (name, value) in request.headers.pairs() {
+            builder = builder.header(name, value);
         }
+        let http_request = builder
+            .body(Full::new(Bytes::from(request.payload.clone())))
+            .map_err(|e| TransportError::Request(e.to_string()))?;
+        let response =
+            match tokio::time::timeout(self.timeout, self.client.request(http_request)).await {
+                Err(_) => return Err(TransportError::Timeout),
+                Ok(Err(e)) => return Err(TransportError::Connect(e.to_string())),
+                Ok(Ok(response)) => response,
+            };
+        let status = response.status().as_u16();
+        if status == 200 {
+            return Ok(ApnsResponse::accepted());
+        }
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let reason: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        Ok(ApnsResponse {
+            status,
+            reason: reason["reason"].as_str().map(str::to_owned),
+        })
     }
-    let elapsed = started.elapsed();
-    let cpu = cpu_ticks(pid).saturating_sub(cpu_before);
-    let accepted = statuses.remove(&201).unwrap_or(0);
-    let mut latencies = latencies
-        .lock()
-        .map(|mut l| std::mem::take(&mut *l))
-        .unwrap_or_default();
-    let refused = refused_cell(&statuses);
-    println!(
-        "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {refused} |",
-        delay.as_millis(),
-        rate(accepted, elapsed),
-        latencies.percentile_ms(50.0),
-        latencies.percentile_ms(99.0),
-        latencies.percentile_ms(100.0),
-        cpu as f64 / elapsed.as_secs_f64(),
-    );
-    let reached_apple = service.double.count();
-    if reached_apple != accepted {
-        eprintln!("{accepted} pushes accepted but {reached_apple} reached the double");
-    }
-    statuses.is_empty() && reached_apple == accepted
 }
 
 /// Register `count` devices on the `bench` channel; their endpoints.
-async fn register(service: &Service, count: usize) -> Vec<String> {
-    let mut connection = Connection::open(&service.endpoint_url)
+async fn register(endpoint_url: &str, count: usize) -> Vec<String> {
+    let mut connection = Connection::open(endpoint_url)
         .await
         .expect("an HTTP connection");
     let mut endpoints = Vec::with_capacity(count);

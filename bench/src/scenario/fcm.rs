@@ -1,26 +1,27 @@
 //! The FCM bridge: devices registered through `/v1/fcm/...`, an application
-//! server pushing VAPID-signed ~2 KB bodies to them, and the local stand-in
-//! for Google (`autopush_tests::google`) answering `messages:send` after a
-//! fixed delay. Latency is the sender's: from the moment a POST was due
-//! until its 201, which covers the round trip to FCM. Also counted: the
-//! access tokens fetched (one per token lifetime is the goal) and the
-//! messages Google received (every accepted push).
+//! server pushing VAPID-signed ~2 KB bodies to them at fixed rates (open
+//! loop, see [`crate::open_loop`]), and the local stand-in for Google
+//! (`autopush_tests::google`) answering `messages:send` after a fixed delay,
+//! in a process of its own. Latency is the sender's: from the moment a POST
+//! was due until its 201, which covers the round trip to FCM. Reported per
+//! rate: the CPU of the server, of the stand-in and of the generator (each
+//! a process), the server's CPU per push, and the access tokens fetched
+//! (one per token lifetime is the goal) and the messages Google received
+//! (every accepted push).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use autopush_tests::google::Google;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::json;
-use tokio::time::sleep_until;
 
-use crate::app_server::{AppServer, Bodies, Connection};
-use crate::server::Server;
-use crate::stats::{Latencies, offered_cell, rate, refused_cell};
+use crate::app_server::{AppServer, Bodies};
+use crate::open_loop::{self, Connections, Load, cpu_percent, micros_per_push};
+use crate::server::{Server, cpu_ticks};
+use crate::stand_in::StandIn;
+use crate::stats::{offered_cell, rate, refused_cell};
 
 pub struct Options {
     pub devices: usize,
@@ -30,18 +31,20 @@ pub struct Options {
     /// Offered pushes per second, in order; 0 is a closed loop.
     pub rates: Vec<u64>,
     pub seconds: u64,
+    /// The app's cap on messages in flight to FCM.
+    pub max_in_flight: usize,
 }
 
 /// Returns whether every push was accepted and reached Google on one token.
 pub async fn run(options: &Options, log: &Path) -> bool {
     println!(
-        "\n{} FCM devices, {} HTTP connections, {} s per rate\n",
-        options.devices, options.connections, options.seconds
+        "\n{} FCM devices, {} HTTP/1.1 connections (open loop: at most that many pushes in flight), in-flight cap {}, {} s per rate\n",
+        options.devices, options.connections, options.max_in_flight, options.seconds
     );
     println!(
-        "| FCM answers after (ms) | offered (/s) | accepted (/s) | p50 (ms) | p99 (ms) | max (ms) | server CPU (%) | non-201 | reached FCM | token fetches |"
+        "| FCM answers after (ms) | offered (/s) | accepted (/s) | p50 (ms) | p99 (ms) | max (ms) | most in flight | server CPU (%) | server CPU per push (µs) | Google CPU (%) | generator CPU (%) | non-201 | reached FCM | token fetches |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|");
     let mut all_good = true;
     for &delay in &options.delays_ms {
         all_good &= run_delay(options, Duration::from_millis(delay), log).await;
@@ -50,17 +53,27 @@ pub async fn run(options: &Options, log: &Path) -> bool {
 }
 
 async fn run_delay(options: &Options, delay: Duration, log: &Path) -> bool {
-    let google = Google::start().await;
-    google.set_delay(delay);
-    google.count_only();
+    let google = StandIn::start("google", delay);
     let apps = json!({"bench": {
         "project_id": "autopush-bench",
-        "credential": google.service_account().to_string(),
-        "base_url": google.base_url(),
-        "max_in_flight": 100_000,
+        "credential": google.info["service_account"].to_string(),
+        "base_url": google.base_url,
+        "max_in_flight": options.max_in_flight,
     }})
     .to_string();
-    let server = Server::start(&["--fcm-credentials", &apps], log).await;
+    // Room on the endpoint port for every connection of the application
+    // server (the default is 1 024).
+    let max_http = (options.connections + 100).to_string();
+    let server = Server::start(
+        &[
+            "--fcm-credentials",
+            &apps,
+            "--max-http-connections",
+            &max_http,
+        ],
+        log,
+    )
+    .await;
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let bodies = Arc::new(Bodies::new(
         &URL_SAFE_NO_PAD
@@ -68,25 +81,51 @@ async fn run_delay(options: &Options, delay: Duration, log: &Path) -> bool {
             .unwrap_or_default(),
     ));
     let endpoints = Arc::new(register(&server, options.devices).await);
+    let load = Load {
+        endpoint_url: server.endpoint_url.clone(),
+        sender,
+        bodies,
+        endpoints,
+        connections: options.connections,
+        seconds: options.seconds,
+    };
+    // The first push fetches the access token; the rates measure what follows.
+    open_loop::warm_up(&load).await;
+    let mut connections = Connections::open(&load).await;
+    let me = std::process::id();
     let mut all_good = true;
     for &offered in &options.rates {
-        let before = google.received_count();
-        let step = run_step(&server, &sender, &bodies, &endpoints, offered, options).await;
-        let reached = google.received_count() - before;
+        let before = google.received().await;
+        let cpu_before = (server.cpu_ticks(), google.cpu_ticks(), cpu_ticks(me));
+        let (step, open) = open_loop::push(&load, connections, offered).await;
+        connections = open;
+        let cpu = (
+            server.cpu_ticks().saturating_sub(cpu_before.0),
+            google.cpu_ticks().saturating_sub(cpu_before.1),
+            cpu_ticks(me).saturating_sub(cpu_before.2),
+        );
+        let stats = google.stats().await;
+        let reached = stats["received"].as_u64().unwrap_or(0) - before;
+        let token_fetches = stats["token_fetches"].as_u64().unwrap_or(0);
+        let mut latencies = step.latencies;
         let (offered, refused) = (offered_cell(offered), refused_cell(&step.refused));
         println!(
-            "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {refused} | {reached} | {} |",
+            "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {refused} | {reached} | {token_fetches} |",
             delay.as_millis(),
-            step.accepted_per_s,
-            step.p50,
-            step.p99,
-            step.max,
-            step.cpu_percent,
-            google.token_fetches(),
+            rate(step.accepted, step.elapsed),
+            latencies.percentile_ms(50.0),
+            latencies.percentile_ms(99.0),
+            latencies.percentile_ms(100.0),
+            step.most_in_flight,
+            cpu_percent(cpu.0, step.elapsed),
+            micros_per_push(cpu.0, step.accepted),
+            cpu_percent(cpu.1, step.elapsed),
+            cpu_percent(cpu.2, step.elapsed),
         );
-        all_good &= step.refused.is_empty() && reached == step.accepted as u64;
+        all_good &=
+            step.refused.is_empty() && reached == step.accepted as u64 && token_fetches == 1;
     }
-    all_good && google.token_fetches() == 1
+    all_good
 }
 
 /// Register `count` FCM devices; their push endpoints.
@@ -108,103 +147,4 @@ async fn register(server: &Server, count: usize) -> Vec<String> {
         endpoints.push(endpoint.to_owned());
     }
     endpoints
-}
-
-struct Step {
-    accepted: usize,
-    accepted_per_s: f64,
-    p50: f64,
-    p99: f64,
-    max: f64,
-    cpu_percent: f64,
-    refused: BTreeMap<u16, usize>,
-}
-
-/// Push at `offered` per second (0: closed loop) for `options.seconds`.
-async fn run_step(
-    server: &Server,
-    sender: &Arc<AppServer>,
-    bodies: &Arc<Bodies>,
-    endpoints: &Arc<Vec<String>>,
-    offered: u64,
-    options: &Options,
-) -> Step {
-    let started = Instant::now();
-    let cpu_before = server.cpu_ticks();
-    let end = started + Duration::from_secs(options.seconds);
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut senders = Vec::new();
-    for i in 0..options.connections {
-        let period = (offered > 0)
-            .then(|| Duration::from_secs_f64(options.connections as f64 / offered as f64));
-        let first = started
-            + period.map_or(Duration::ZERO, |p| {
-                p.mul_f64(i as f64 / options.connections as f64)
-            });
-        let (sender, bodies, endpoints, next) = (
-            sender.clone(),
-            bodies.clone(),
-            endpoints.clone(),
-            next.clone(),
-        );
-        let url = server.endpoint_url.clone();
-        senders.push(tokio::spawn(async move {
-            let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
-            let mut latencies = Latencies::default();
-            let Ok(mut connection) = Connection::open(&url).await else {
-                *statuses.entry(0).or_default() += 1;
-                return (statuses, latencies);
-            };
-            let mut due = first;
-            loop {
-                if period.is_some() {
-                    sleep_until(due.into()).await;
-                } else {
-                    due = Instant::now();
-                }
-                if due >= end {
-                    break;
-                }
-                let target = next.fetch_add(1, Ordering::Relaxed) % endpoints.len();
-                let status = connection
-                    .push(
-                        &endpoints[target],
-                        sender.authorization(),
-                        bodies.stamped(0),
-                    )
-                    .await
-                    .unwrap_or(0);
-                *statuses.entry(status).or_default() += 1;
-                if status == 201 {
-                    latencies.record(due.elapsed());
-                }
-                if let Some(period) = period {
-                    due += period;
-                }
-            }
-            (statuses, latencies)
-        }));
-    }
-    let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
-    let mut latencies = Latencies::default();
-    for sender in senders {
-        if let Ok((counts, samples)) = sender.await {
-            for (status, count) in counts {
-                *statuses.entry(status).or_default() += count;
-            }
-            latencies.extend(samples);
-        }
-    }
-    let elapsed = started.elapsed();
-    let accepted = statuses.remove(&201).unwrap_or(0);
-    let cpu_ticks = server.cpu_ticks().saturating_sub(cpu_before);
-    Step {
-        accepted,
-        accepted_per_s: rate(accepted, elapsed),
-        p50: latencies.percentile_ms(50.0),
-        p99: latencies.percentile_ms(99.0),
-        max: latencies.percentile_ms(100.0),
-        cpu_percent: cpu_ticks as f64 / elapsed.as_secs_f64(),
-        refused: statuses,
-    }
 }

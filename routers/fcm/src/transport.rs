@@ -11,12 +11,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use autopush_common::bridge::{
     AppLimit, AppLimits, Attempt, CredentialAlarm, InFlight, RetryPolicy,
     UPSTREAM_RETRY_AFTER_RANGE, upstream_too_many, with_retries,
 };
 use autopush_common::router::RouterError;
 use reqwest::StatusCode;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::auth::AccessTokens;
@@ -29,7 +32,11 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// One Firebase project: where to send, with which credentials.
 pub struct Project {
     project_id: String,
-    url: String,
+    /// Parsed once: every push posts to it.
+    url: reqwest::Url,
+    /// HTTP/1.1 with a pool of keep-alive connections, one per request in
+    /// flight, reused from push to push (HTTP/2 was measured and cost more
+    /// per push; see BENCHMARKS.md).
     http: reqwest::Client,
     tokens: AccessTokens,
     in_flight: InFlight,
@@ -63,9 +70,11 @@ impl Project {
             .timeout(deadline)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        let url = format!("{base_url}/v1/projects/{}/messages:send", app.project_id);
+        let url = reqwest::Url::parse(&url).map_err(|e| format!("base_url: {e}"))?;
         Ok(Project {
             project_id: app.project_id.clone(),
-            url: format!("{base_url}/v1/projects/{}/messages:send", app.project_id),
+            url,
             http,
             tokens,
             in_flight: InFlight::new(max_in_flight, DEFAULT_RETRY_AFTER),
@@ -78,14 +87,20 @@ impl Project {
     }
 
     /// Send `message`, retrying what may succeed later, within the deadline.
-    async fn send(&self, message: &Value, alarm: &Alarm<'_>) -> Result<(), RouterError> {
+    async fn send<M: Serialize + Sync>(
+        &self,
+        message: &M,
+        alarm: &Alarm<'_>,
+    ) -> Result<(), RouterError> {
         let _slot = self.in_flight.try_acquire()?;
-        let body = serde_json::to_vec(message)
-            .map_err(|e| RouterError::Upstream(format!("cannot encode the message: {e}")))?;
+        let body = Bytes::from(
+            serde_json::to_vec(message)
+                .map_err(|e| RouterError::Upstream(format!("cannot encode the message: {e}")))?,
+        );
         with_retries(&self.policy, |_| self.attempt(&body, alarm)).await
     }
 
-    async fn attempt(&self, body: &[u8], alarm: &Alarm<'_>) -> Attempt<()> {
+    async fn attempt(&self, body: &Bytes, alarm: &Alarm<'_>) -> Attempt<()> {
         let token = match self.tokens.get().await {
             Ok(token) => token,
             Err(error) => return alarm.token_failed(error),
@@ -111,14 +126,14 @@ impl Project {
     async fn post(
         &self,
         token: &str,
-        body: &[u8],
+        body: &Bytes,
     ) -> Result<(StatusCode, Option<Duration>, Value), reqwest::Error> {
         let response = self
             .http
-            .post(&self.url)
+            .post(self.url.clone())
             .bearer_auth(token)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_vec())
+            .body(body.clone())
             .send()
             .await?;
         let status = response.status();
@@ -130,12 +145,14 @@ impl Project {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(|seconds| Duration::from_secs(seconds).min(UPSTREAM_RETRY_AFTER_RANGE.1));
-        let text = response.text().await?;
-        Ok((
-            status,
-            retry_after,
-            serde_json::from_str(&text).unwrap_or(Value::Null),
-        ))
+        let text = response.bytes().await?;
+        // Only a refusal's body says anything the sender is told.
+        let reply = if status.is_success() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&text).unwrap_or(Value::Null)
+        };
+        Ok((status, retry_after, reply))
     }
 }
 
@@ -206,7 +223,7 @@ impl App {
     }
 
     /// Deliver one `messages:send` body, if the app is within its rate.
-    pub async fn send(&self, message: &Value) -> Result<(), RouterError> {
+    pub async fn send<M: Serialize + Sync>(&self, message: &M) -> Result<(), RouterError> {
         self.limit.check()?;
         let alarm = Alarm { app: self };
         let result = self.project.send(message, &alarm).await;
