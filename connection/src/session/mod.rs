@@ -15,6 +15,7 @@ mod unregister;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -104,40 +105,51 @@ impl Close {
 
 type Flow = Result<(), Close>;
 
-/// Serve one websocket until it closes.
+/// A session past its hello: serving its client until the websocket
+/// closes, then cleaning up.
+///
+/// It is boxed, and everything before it runs in a future of its own: a
+/// task's allocation is as large as the largest state its future can be in,
+/// and an idle session holds it for hours, so its task should hold only the
+/// serving state, not the space the upgrade and the hello needed. The
+/// handlers of client messages and the clean-up are boxed inside it for the
+/// same reason.
+pub type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Wait for the client's `hello` on a new websocket and accept it; the
+/// session to run if it was accepted, `None` when it ended there.
 /// `client` is the address the quota of new UAIDs counts (`None`: unknown,
 /// not counted).
-pub async fn run(ctx: Arc<NodeContext>, socket: Socket, client: Option<IpAddr>) {
+pub async fn hello(
+    ctx: Arc<NodeContext>,
+    socket: Socket,
+    client: Option<IpAddr>,
+) -> Option<Serving> {
     let (mut sink, mut stream) = socket.split();
     let limit = ctx.settings.send_timeout;
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
         Ok(Ok(_)) => {
-            return close(
-                &mut sink,
-                limit,
-                Close::protocol("the first message must be hello"),
-                Some("hello"),
-            )
-            .await;
+            let close_with = Close::protocol("the first message must be hello");
+            close(&mut sink, limit, close_with, Some("hello")).await;
+            return None;
         }
-        Ok(Err(close_with)) => return close(&mut sink, limit, close_with, None).await,
+        Ok(Err(close_with)) => {
+            close(&mut sink, limit, close_with, None).await;
+            return None;
+        }
         Err(_) => {
-            return close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+            close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+            return None;
         }
     };
-    // The hello, the serving loop's handlers and the clean-up are boxed: a
-    // task's allocation is as large as the largest state its future can be
-    // in, and an idle session must not carry the space these need while
-    // they run (3.5 KiB per client before, measured with massif).
-    let mut session = match Box::pin(hello::accept(&ctx, hello.as_deref(), client, sink)).await {
-        Ok(session) => session,
+    match hello::accept(&ctx, hello.as_deref(), client, sink).await {
+        Ok(session) => Some(Box::pin(session.serve_until_closed(stream))),
         Err((mut sink, close_with)) => {
-            return close(&mut sink, limit, close_with, Some("hello")).await;
+            close(&mut sink, limit, close_with, Some("hello")).await;
+            None
         }
-    };
-    let outcome = session.serve(&mut stream).await;
-    Box::pin(session.finish(outcome)).await;
+    }
 }
 
 /// Read until the first text message, which must parse.
@@ -244,6 +256,23 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Serve the client until the session ends, then clean up. Not an
+    /// `async fn`: that would keep a second copy of the session in its
+    /// future (its arguments, and the locals they are moved into).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold the session twice"
+    )]
+    fn serve_until_closed(
+        mut self,
+        mut stream: SplitStream<Socket>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let outcome = self.serve(&mut stream).await;
+            Box::pin(self.finish(outcome)).await;
+        }
+    }
+
     async fn serve(&mut self, stream: &mut SplitStream<Socket>) -> Flow {
         Box::pin(self.check_storage()).await?;
         let ping_every = self.ctx.settings.auto_ping_interval;
