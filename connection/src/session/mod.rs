@@ -225,6 +225,75 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
 
 type Sink = SplitSink<Socket, Message>;
 
+/// The deadlines of a serving session: the next keep-alive ping, the pong
+/// it waits for, and the next refresh of the user's `last_connect`.
+struct Deadlines {
+    ping_every: Duration,
+    pong_within: Duration,
+    refresh_every: Duration,
+    next_ping: Instant,
+    /// Set while a ping waits for its pong.
+    pong_due: Option<Instant>,
+    next_refresh: Instant,
+}
+
+/// Which deadline came.
+#[derive(Debug, PartialEq)]
+enum Due {
+    /// Time to ping the client.
+    Ping,
+    /// The client did not answer the ping.
+    Pong,
+    /// Time to refresh `last_connect`.
+    Refresh,
+}
+
+impl Deadlines {
+    fn new(settings: &crate::ConnectionSettings, now: Instant) -> Self {
+        Deadlines {
+            ping_every: settings.auto_ping_interval,
+            pong_within: settings.auto_ping_timeout,
+            refresh_every: settings.refresh_last_connect,
+            next_ping: now + settings.auto_ping_interval,
+            pong_due: None,
+            next_refresh: now + settings.refresh_last_connect,
+        }
+    }
+
+    /// When the earliest deadline comes.
+    fn next(&self) -> Instant {
+        self.pong_due
+            .unwrap_or(self.next_ping)
+            .min(self.next_refresh)
+    }
+
+    /// The client sent something: no pong is awaited, and the next ping is
+    /// a whole interval away.
+    fn heard_from_client(&mut self, now: Instant) {
+        self.pong_due = None;
+        self.next_ping = now + self.ping_every;
+    }
+
+    /// The deadline that has come by `now`, if any, moved on as if acted
+    /// upon (a ping is taken as sent: its pong is due). A missed pong comes
+    /// first; a refresh that falls due with a ping comes on the next call.
+    fn due(&mut self, now: Instant) -> Option<Due> {
+        match self.pong_due {
+            Some(due) if now >= due => return Some(Due::Pong),
+            None if now >= self.next_ping => {
+                self.pong_due = Some(now + self.pong_within);
+                return Some(Due::Ping);
+            }
+            _ => {}
+        }
+        if now >= self.next_refresh {
+            self.next_refresh = now + self.refresh_every;
+            return Some(Due::Refresh);
+        }
+        None
+    }
+}
+
 pub(crate) struct Session {
     ctx: Arc<NodeContext>,
     sink: Sink,
@@ -275,18 +344,17 @@ impl Session {
 
     async fn serve(&mut self, stream: &mut SplitStream<Socket>) -> Flow {
         Box::pin(self.check_storage()).await?;
-        let ping_every = self.ctx.settings.auto_ping_interval;
-        let mut next_ping = Instant::now() + ping_every;
-        let mut pong_due: Option<Instant> = None;
-        let refresh_every = self.ctx.settings.refresh_last_connect;
-        let mut next_refresh = Instant::now() + refresh_every;
+        let mut deadlines = Deadlines::new(&self.ctx.settings, Instant::now());
+        // One timer for the three deadlines: an idle session holds it for
+        // hours, and each timer is over 100 bytes.
+        let timer = sleep_until(deadlines.next());
+        tokio::pin!(timer);
         loop {
             tokio::select! {
                 frame = stream.next() => {
                     let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
                     // Any traffic proves the client alive.
-                    pong_due = None;
-                    next_ping = Instant::now() + ping_every;
+                    deadlines.heard_from_client(Instant::now());
                     match frame {
                         Message::Close(_) => return Err(Close::gone()),
                         Message::Text(text) => Box::pin(self.on_message(&text)).await?,
@@ -301,17 +369,17 @@ impl Session {
                 _ = self.signals.kick.notified() => {
                     return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
                 }
-                _ = sleep_until(next_ping), if pong_due.is_none() => {
-                    Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
-                    pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
-                }
-                _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
-                    return Err(Close::new(1001, "no pong in time"));
-                }
-                _ = sleep_until(next_refresh) => {
-                    next_refresh = Instant::now() + refresh_every;
-                    Box::pin(self.refresh_last_connect()).await?;
-                }
+                () = &mut timer => match deadlines.due(Instant::now()) {
+                    Some(Due::Ping) => {
+                        Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
+                    }
+                    Some(Due::Pong) => return Err(Close::new(1001, "no pong in time")),
+                    Some(Due::Refresh) => Box::pin(self.refresh_last_connect()).await?,
+                    None => {}
+                },
+            }
+            if timer.deadline() != deadlines.next() {
+                timer.as_mut().reset(deadlines.next());
             }
         }
     }
@@ -427,5 +495,84 @@ impl Session {
             None,
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConnectionSettings;
+
+    fn settings() -> ConnectionSettings {
+        ConnectionSettings {
+            auto_ping_interval: Duration::from_secs(300),
+            auto_ping_timeout: Duration::from_secs(10),
+            refresh_last_connect: Duration::from_secs(1000),
+            ..ConnectionSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_silent_client_is_pinged_then_closed_without_a_pong() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        assert_eq!(deadlines.next(), start + Duration::from_secs(300));
+        assert_eq!(deadlines.due(start + Duration::from_secs(299)), None);
+        let pinged = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
+        assert_eq!(deadlines.next(), pinged + Duration::from_secs(10));
+        assert_eq!(deadlines.due(pinged + Duration::from_secs(9)), None);
+        assert_eq!(
+            deadlines.due(pinged + Duration::from_secs(10)),
+            Some(Due::Pong)
+        );
+    }
+
+    #[test]
+    fn any_frame_answers_the_ping_and_moves_the_next_one() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let pinged = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
+        let pong = pinged + Duration::from_secs(1);
+        deadlines.heard_from_client(pong);
+        assert_eq!(deadlines.next(), pong + Duration::from_secs(300));
+        assert_eq!(deadlines.due(pinged + Duration::from_secs(10)), None);
+    }
+
+    #[test]
+    fn a_refresh_due_with_a_ping_comes_right_after_it() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(
+            &ConnectionSettings {
+                refresh_last_connect: Duration::from_secs(300),
+                ..settings()
+            },
+            start,
+        );
+        let at = start + Duration::from_secs(300);
+        assert_eq!(deadlines.next(), at);
+        assert_eq!(deadlines.due(at), Some(Due::Ping));
+        assert_eq!(deadlines.next(), at);
+        assert_eq!(deadlines.due(at), Some(Due::Refresh));
+        assert_eq!(deadlines.next(), at + Duration::from_secs(10));
+        assert_eq!(deadlines.due(at), None);
+    }
+
+    #[test]
+    fn refreshes_come_while_the_client_keeps_talking() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let mut now = start;
+        let mut refreshes = 0;
+        for _ in 0..100 {
+            now += Duration::from_secs(100);
+            deadlines.heard_from_client(now);
+            while let Some(due) = deadlines.due(now) {
+                assert_eq!(due, Due::Refresh);
+                refreshes += 1;
+            }
+        }
+        assert_eq!(refreshes, 10);
     }
 }
