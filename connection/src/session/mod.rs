@@ -1,8 +1,9 @@
 //! One websocket client, from `hello` to close.
 //!
 //! The session owns the socket. It waits for `hello`, joins the registry,
-//! then serves, in one loop: client messages, direct notifications from the
-//! registry inbox, storage checks, being replaced, and keep-alive pings.
+//! then serves, in one loop: client messages, its inbox in the registry
+//! (direct notifications, storage checks, being replaced), and keep-alive
+//! pings.
 //! Each client message has its own submodule. When the session ends, direct
 //! notifications the client never acknowledged are stored, so none is lost.
 
@@ -17,14 +18,12 @@ use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -33,7 +32,7 @@ use uuid::Uuid;
 
 use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
-use crate::registry::{LiveSession, Signals};
+use crate::registry::{Inbox, Letter, LiveSession};
 use crate::server::Socket;
 
 /// What a client is told when storage failed. The backend's own words
@@ -300,8 +299,7 @@ pub(crate) struct Session {
     uaid: Uuid,
     /// This session's id in the registry.
     session: u64,
-    inbox: mpsc::Receiver<Box<Notification>>,
-    signals: Arc<Signals>,
+    inbox: Arc<Inbox>,
     /// Direct notifications sent and not yet acknowledged, by version.
     unacked_direct: HashMap<String, Notification>,
     /// Stored notifications sent and not yet acknowledged, by version.
@@ -364,11 +362,13 @@ impl Session {
                         _ => {}
                     }
                 }
-                Some(notification) = self.inbox.recv() => Box::pin(self.send_direct(*notification)).await?,
-                _ = self.signals.check_storage.notified() => Box::pin(self.check_storage()).await?,
-                _ = self.signals.kick.notified() => {
-                    return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
-                }
+                letter = self.inbox.next() => match letter {
+                    Letter::Notification(notification) => Box::pin(self.send_direct(*notification)).await?,
+                    Letter::CheckStorage => Box::pin(self.check_storage()).await?,
+                    Letter::Kick => {
+                        return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
+                    }
+                },
                 () = &mut timer => match deadlines.due(Instant::now()) {
                     Some(Due::Ping) => {
                         Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
@@ -446,7 +446,7 @@ impl Session {
             || self.recently_settled.contains(&notification.version)
             || self.skip_stored.contains(&notification.version);
         if expired || sent_from_storage {
-            self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+            self.inbox.settled_direct();
             return Ok(());
         }
         let message = ServerMessage::notification(&notification);
@@ -478,10 +478,9 @@ impl Session {
     async fn finish(mut self, outcome: Flow) {
         self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
-        self.inbox.close();
-        while let Ok(notification) = self.inbox.try_recv() {
+        for notification in self.inbox.close() {
             self.unacked_direct
-                .insert(notification.version.clone(), *notification);
+                .insert(notification.version.clone(), notification);
         }
         if let Err(e) = self.store_unacked_direct().await {
             warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not store unacknowledged notifications");
