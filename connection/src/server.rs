@@ -30,10 +30,13 @@ pub type Socket = WebSocketStream<TokioIo<Upgraded>>;
 /// The subprotocol Firefox offers; echoed when offered, never required.
 const SUBPROTOCOL: &str = "push-notification";
 
-/// Bytes read from a socket at a time. Client messages are small (a hello
-/// with many channel IDs takes a few reads); an idle connection keeps only
-/// this much buffer.
-const READ_BUFFER: usize = 1024;
+/// Bytes read from a socket at a time, and the read buffer an idle
+/// connection keeps (tungstenite never shrinks it). Client messages are
+/// small: a hello, a register, a ping and an ack of one message (about 340
+/// bytes with its version) each fit in one read. A larger one (a hello with
+/// many channel IDs, an ack of many messages) takes a few reads and leaves
+/// the buffer as large as it was.
+const READ_BUFFER: usize = 512;
 
 /// Serve websockets at `/` and health routes (checking storage through
 /// `health`) on `listener`; anything else is 404.
