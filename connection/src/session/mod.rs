@@ -273,6 +273,12 @@ impl Deadlines {
         self.next_ping = now + self.ping_every;
     }
 
+    /// The ping went out at `now` (it may have waited for a slow client):
+    /// its pong is due from then.
+    fn pinged(&mut self, now: Instant) {
+        self.pong_due = Some(now + self.pong_within);
+    }
+
     /// The deadline that has come by `now`, if any, moved on as if acted
     /// upon (a ping is taken as sent: its pong is due). A missed pong comes
     /// first; a refresh that falls due with a ping comes on the next call.
@@ -372,6 +378,7 @@ impl Session {
                 () = &mut timer => match deadlines.due(Instant::now()) {
                     Some(Due::Ping) => {
                         Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
+                        deadlines.pinged(Instant::now());
                     }
                     Some(Due::Pong) => return Err(Close::new(1001, "no pong in time")),
                     Some(Due::Refresh) => Box::pin(self.refresh_last_connect()).await?,
@@ -525,6 +532,18 @@ mod tests {
             deadlines.due(pinged + Duration::from_secs(10)),
             Some(Due::Pong)
         );
+    }
+
+    #[test]
+    fn the_pong_is_due_from_when_the_ping_went_out() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let due = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(due), Some(Due::Ping));
+        let sent = due + Duration::from_secs(3);
+        deadlines.pinged(sent);
+        assert_eq!(deadlines.next(), sent + Duration::from_secs(10));
+        assert_eq!(deadlines.due(due + Duration::from_secs(10)), None);
     }
 
     #[test]
