@@ -30,10 +30,13 @@ pub type Socket = WebSocketStream<TokioIo<Upgraded>>;
 /// The subprotocol Firefox offers; echoed when offered, never required.
 const SUBPROTOCOL: &str = "push-notification";
 
-/// Bytes read from a socket at a time. Client messages are small (a hello
-/// with many channel IDs takes a few reads); an idle connection keeps only
-/// this much buffer.
-const READ_BUFFER: usize = 1024;
+/// Bytes read from a socket at a time, and the read buffer an idle
+/// connection keeps (tungstenite never shrinks it). Client messages are
+/// small: a hello, a register, a ping and an ack of one message (about 340
+/// bytes with its version) each fit in one read. A larger one (a hello with
+/// many channel IDs, an ack of many messages) takes a few reads and leaves
+/// the buffer as large as it was.
+const READ_BUFFER: usize = 512;
 
 /// Serve websockets at `/` and health routes (checking storage through
 /// `health`) on `listener`; anything else is 404.
@@ -126,25 +129,12 @@ fn upgrade(
             .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
         return refused;
     };
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        // Every message is flushed on its own; nothing to gather.
-        .write_buffer_size(0)
-        .max_message_size(Some(ctx.settings.max_message_size))
-        .max_frame_size(Some(ctx.settings.max_message_size));
     tokio::spawn(async move {
         let _slot = slot;
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let socket = WebSocketStream::from_raw_socket(
-                    TokioIo::new(upgraded),
-                    Role::Server,
-                    Some(config),
-                )
-                .await;
-                session::run(ctx, socket, client).await;
-            }
-            Err(e) => debug!(error = %e, "websocket upgrade failed"),
+        // The upgrade and the hello run in a boxed future, freed once done:
+        // the task keeps none of their space while its session idles.
+        if let Some(serving) = Box::pin(open_and_greet(on_upgrade, ctx, client)).await {
+            serving.await;
         }
     });
     let mut response =
@@ -162,6 +152,31 @@ fn upgrade(
         );
     }
     response
+}
+
+/// Once hyper hands the connection over, make it a websocket and wait for
+/// the client's hello; the session to serve, if it was accepted.
+async fn open_and_greet(
+    on_upgrade: OnUpgrade,
+    ctx: Arc<NodeContext>,
+    client: Option<IpAddr>,
+) -> Option<session::Serving> {
+    let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        // Every message is flushed on its own; nothing to gather.
+        .write_buffer_size(0)
+        .max_message_size(Some(ctx.settings.max_message_size))
+        .max_frame_size(Some(ctx.settings.max_message_size));
+    let upgraded = match on_upgrade.await {
+        Ok(upgraded) => upgraded,
+        Err(e) => {
+            debug!(error = %e, "websocket upgrade failed");
+            return None;
+        }
+    };
+    let socket =
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    session::hello(ctx, socket, client).await
 }
 
 /// One of the node's `max_connections` websockets, given back on drop.

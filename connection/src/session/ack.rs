@@ -10,7 +10,6 @@
 //! (a nacked direct one is stored for that, if it was not already).
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
@@ -88,7 +87,7 @@ impl Session {
     /// stored now (unless its TTL is 0 or over). Like those, it is not sent
     /// again in this session.
     async fn keep_nacked_direct(&mut self, direct: Notification) -> Flow {
-        self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+        self.inbox.settled_direct();
         let keep = direct.ttl > 0 && !direct.is_expired(now_secs());
         if keep && !direct.durable {
             let saved = self
@@ -110,7 +109,7 @@ impl Session {
     /// it came from there or has a durable copy there.
     async fn settle(&mut self, version: &str) -> Flow {
         let stored = if let Some(direct) = self.unacked_direct.remove(version) {
-            self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+            self.inbox.settled_direct();
             metrics::ack("direct");
             direct.durable.then_some(direct)
         } else if let Some(stored) = self.unacked_stored.remove(version) {

@@ -197,16 +197,11 @@ async fn replaced_meanwhile(ctx: &Arc<NodeContext>, seen: &User) -> Refused {
 pub(super) async fn leave(ctx: &Arc<NodeContext>, uaid: Uuid, membership: Membership) {
     let Membership {
         session,
-        mut inbox,
+        inbox,
         live,
-        ..
     } = membership;
     ctx.registry.disconnect(&uaid, session);
-    inbox.close();
-    let mut routed = Vec::new();
-    while let Ok(notification) = inbox.try_recv() {
-        routed.push(*notification);
-    }
+    let routed = inbox.close();
     if let Err(e) = store_undelivered(ctx, &uaid, routed).await {
         warn!(uaid = %uaid_tag(&uaid), error = %e, "could not store notifications routed to a failed hello");
     }
@@ -246,7 +241,6 @@ pub(super) async fn accept(
         uaid,
         session: membership.session,
         inbox: membership.inbox,
-        signals: membership.signals,
         _live: membership.live,
         unacked_direct: Default::default(),
         unacked_stored: Default::default(),

@@ -1,8 +1,9 @@
 //! One websocket client, from `hello` to close.
 //!
 //! The session owns the socket. It waits for `hello`, joins the registry,
-//! then serves, in one loop: client messages, direct notifications from the
-//! registry inbox, storage checks, being replaced, and keep-alive pings.
+//! then serves, in one loop: client messages, its inbox in the registry
+//! (direct notifications, storage checks, being replaced), and keep-alive
+//! pings.
 //! Each client message has its own submodule. When the session ends, direct
 //! notifications the client never acknowledged are stored, so none is lost.
 
@@ -15,15 +16,14 @@ mod unregister;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json};
-use crate::registry::{LiveSession, Signals};
+use crate::registry::{Inbox, Letter, LiveSession};
 use crate::server::Socket;
 
 /// What a client is told when storage failed. The backend's own words
@@ -104,40 +104,51 @@ impl Close {
 
 type Flow = Result<(), Close>;
 
-/// Serve one websocket until it closes.
+/// A session past its hello: serving its client until the websocket
+/// closes, then cleaning up.
+///
+/// It is boxed, and everything before it runs in a future of its own: a
+/// task's allocation is as large as the largest state its future can be in,
+/// and an idle session holds it for hours, so its task should hold only the
+/// serving state, not the space the upgrade and the hello needed. The
+/// handlers of client messages and the clean-up are boxed inside it for the
+/// same reason.
+pub type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Wait for the client's `hello` on a new websocket and accept it; the
+/// session to run if it was accepted, `None` when it ended there.
 /// `client` is the address the quota of new UAIDs counts (`None`: unknown,
 /// not counted).
-pub async fn run(ctx: Arc<NodeContext>, socket: Socket, client: Option<IpAddr>) {
+pub async fn hello(
+    ctx: Arc<NodeContext>,
+    socket: Socket,
+    client: Option<IpAddr>,
+) -> Option<Serving> {
     let (mut sink, mut stream) = socket.split();
     let limit = ctx.settings.send_timeout;
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
         Ok(Ok(_)) => {
-            return close(
-                &mut sink,
-                limit,
-                Close::protocol("the first message must be hello"),
-                Some("hello"),
-            )
-            .await;
+            let close_with = Close::protocol("the first message must be hello");
+            close(&mut sink, limit, close_with, Some("hello")).await;
+            return None;
         }
-        Ok(Err(close_with)) => return close(&mut sink, limit, close_with, None).await,
+        Ok(Err(close_with)) => {
+            close(&mut sink, limit, close_with, None).await;
+            return None;
+        }
         Err(_) => {
-            return close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+            close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+            return None;
         }
     };
-    // The hello, the serving loop's handlers and the clean-up are boxed: a
-    // task's allocation is as large as the largest state its future can be
-    // in, and an idle session must not carry the space these need while
-    // they run (3.5 KiB per client before, measured with massif).
-    let mut session = match Box::pin(hello::accept(&ctx, hello.as_deref(), client, sink)).await {
-        Ok(session) => session,
+    match hello::accept(&ctx, hello.as_deref(), client, sink).await {
+        Ok(session) => Some(Box::pin(session.serve_until_closed(stream))),
         Err((mut sink, close_with)) => {
-            return close(&mut sink, limit, close_with, Some("hello")).await;
+            close(&mut sink, limit, close_with, Some("hello")).await;
+            None
         }
-    };
-    let outcome = session.serve(&mut stream).await;
-    Box::pin(session.finish(outcome)).await;
+    }
 }
 
 /// Read until the first text message, which must parse.
@@ -213,14 +224,88 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
 
 type Sink = SplitSink<Socket, Message>;
 
+/// The deadlines of a serving session: the next keep-alive ping, the pong
+/// it waits for, and the next refresh of the user's `last_connect`.
+struct Deadlines {
+    ping_every: Duration,
+    pong_within: Duration,
+    refresh_every: Duration,
+    next_ping: Instant,
+    /// Set while a ping waits for its pong.
+    pong_due: Option<Instant>,
+    next_refresh: Instant,
+}
+
+/// Which deadline came.
+#[derive(Debug, PartialEq)]
+enum Due {
+    /// Time to ping the client.
+    Ping,
+    /// The client did not answer the ping.
+    Pong,
+    /// Time to refresh `last_connect`.
+    Refresh,
+}
+
+impl Deadlines {
+    fn new(settings: &crate::ConnectionSettings, now: Instant) -> Self {
+        Deadlines {
+            ping_every: settings.auto_ping_interval,
+            pong_within: settings.auto_ping_timeout,
+            refresh_every: settings.refresh_last_connect,
+            next_ping: now + settings.auto_ping_interval,
+            pong_due: None,
+            next_refresh: now + settings.refresh_last_connect,
+        }
+    }
+
+    /// When the earliest deadline comes.
+    fn next(&self) -> Instant {
+        self.pong_due
+            .unwrap_or(self.next_ping)
+            .min(self.next_refresh)
+    }
+
+    /// The client sent something: no pong is awaited, and the next ping is
+    /// a whole interval away.
+    fn heard_from_client(&mut self, now: Instant) {
+        self.pong_due = None;
+        self.next_ping = now + self.ping_every;
+    }
+
+    /// The ping went out at `now` (it may have waited for a slow client):
+    /// its pong is due from then.
+    fn pinged(&mut self, now: Instant) {
+        self.pong_due = Some(now + self.pong_within);
+    }
+
+    /// The deadline that has come by `now`, if any, moved on as if acted
+    /// upon (a ping is taken as sent: its pong is due). A missed pong comes
+    /// first; a refresh that falls due with a ping comes on the next call.
+    fn due(&mut self, now: Instant) -> Option<Due> {
+        match self.pong_due {
+            Some(due) if now >= due => return Some(Due::Pong),
+            None if now >= self.next_ping => {
+                self.pong_due = Some(now + self.pong_within);
+                return Some(Due::Ping);
+            }
+            _ => {}
+        }
+        if now >= self.next_refresh {
+            self.next_refresh = now + self.refresh_every;
+            return Some(Due::Refresh);
+        }
+        None
+    }
+}
+
 pub(crate) struct Session {
     ctx: Arc<NodeContext>,
     sink: Sink,
     uaid: Uuid,
     /// This session's id in the registry.
     session: u64,
-    inbox: mpsc::Receiver<Box<Notification>>,
-    signals: Arc<Signals>,
+    inbox: Arc<Inbox>,
     /// Direct notifications sent and not yet acknowledged, by version.
     unacked_direct: HashMap<String, Notification>,
     /// Stored notifications sent and not yet acknowledged, by version.
@@ -244,20 +329,36 @@ pub(crate) struct Session {
 }
 
 impl Session {
+    /// Serve the client until the session ends, then clean up. Not an
+    /// `async fn`: that would keep a second copy of the session in its
+    /// future (its arguments, and the locals they are moved into).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold the session twice"
+    )]
+    fn serve_until_closed(
+        mut self,
+        mut stream: SplitStream<Socket>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        async move {
+            let outcome = self.serve(&mut stream).await;
+            Box::pin(self.finish(outcome)).await;
+        }
+    }
+
     async fn serve(&mut self, stream: &mut SplitStream<Socket>) -> Flow {
         Box::pin(self.check_storage()).await?;
-        let ping_every = self.ctx.settings.auto_ping_interval;
-        let mut next_ping = Instant::now() + ping_every;
-        let mut pong_due: Option<Instant> = None;
-        let refresh_every = self.ctx.settings.refresh_last_connect;
-        let mut next_refresh = Instant::now() + refresh_every;
+        let mut deadlines = Deadlines::new(&self.ctx.settings, Instant::now());
+        // One timer for the three deadlines: an idle session holds it for
+        // hours, and each timer is over 100 bytes.
+        let timer = sleep_until(deadlines.next());
+        tokio::pin!(timer);
         loop {
             tokio::select! {
                 frame = stream.next() => {
                     let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
                     // Any traffic proves the client alive.
-                    pong_due = None;
-                    next_ping = Instant::now() + ping_every;
+                    deadlines.heard_from_client(Instant::now());
                     match frame {
                         Message::Close(_) => return Err(Close::gone()),
                         Message::Text(text) => Box::pin(self.on_message(&text)).await?,
@@ -267,22 +368,25 @@ impl Session {
                         _ => {}
                     }
                 }
-                Some(notification) = self.inbox.recv() => Box::pin(self.send_direct(*notification)).await?,
-                _ = self.signals.check_storage.notified() => Box::pin(self.check_storage()).await?,
-                _ = self.signals.kick.notified() => {
-                    return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
-                }
-                _ = sleep_until(next_ping), if pong_due.is_none() => {
-                    Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
-                    pong_due = Some(Instant::now() + self.ctx.settings.auto_ping_timeout);
-                }
-                _ = sleep_until(pong_due.unwrap_or(next_ping)), if pong_due.is_some() => {
-                    return Err(Close::new(1001, "no pong in time"));
-                }
-                _ = sleep_until(next_refresh) => {
-                    next_refresh = Instant::now() + refresh_every;
-                    Box::pin(self.refresh_last_connect()).await?;
-                }
+                letter = self.inbox.next() => match letter {
+                    Letter::Notification(notification) => Box::pin(self.send_direct(*notification)).await?,
+                    Letter::CheckStorage => Box::pin(self.check_storage()).await?,
+                    Letter::Kick => {
+                        return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
+                    }
+                },
+                () = &mut timer => match deadlines.due(Instant::now()) {
+                    Some(Due::Ping) => {
+                        Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
+                        deadlines.pinged(Instant::now());
+                    }
+                    Some(Due::Pong) => return Err(Close::new(1001, "no pong in time")),
+                    Some(Due::Refresh) => Box::pin(self.refresh_last_connect()).await?,
+                    None => {}
+                },
+            }
+            if timer.deadline() != deadlines.next() {
+                timer.as_mut().reset(deadlines.next());
             }
         }
     }
@@ -349,7 +453,7 @@ impl Session {
             || self.recently_settled.contains(&notification.version)
             || self.skip_stored.contains(&notification.version);
         if expired || sent_from_storage {
-            self.signals.pending_direct.fetch_sub(1, Ordering::AcqRel);
+            self.inbox.settled_direct();
             return Ok(());
         }
         let message = ServerMessage::notification(&notification);
@@ -381,10 +485,9 @@ impl Session {
     async fn finish(mut self, outcome: Flow) {
         let connected_at = self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
-        self.inbox.close();
-        while let Ok(notification) = self.inbox.try_recv() {
+        for notification in self.inbox.close() {
             self.unacked_direct
-                .insert(notification.version.clone(), *notification);
+                .insert(notification.version.clone(), notification);
         }
         let unacked = !self.unacked_direct.is_empty() || !self.unacked_stored.is_empty();
         if let Err(e) = self.store_unacked_direct().await {
@@ -414,5 +517,96 @@ impl Session {
             None,
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ConnectionSettings;
+
+    fn settings() -> ConnectionSettings {
+        ConnectionSettings {
+            auto_ping_interval: Duration::from_secs(300),
+            auto_ping_timeout: Duration::from_secs(10),
+            refresh_last_connect: Duration::from_secs(1000),
+            ..ConnectionSettings::default()
+        }
+    }
+
+    #[test]
+    fn a_silent_client_is_pinged_then_closed_without_a_pong() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        assert_eq!(deadlines.next(), start + Duration::from_secs(300));
+        assert_eq!(deadlines.due(start + Duration::from_secs(299)), None);
+        let pinged = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
+        assert_eq!(deadlines.next(), pinged + Duration::from_secs(10));
+        assert_eq!(deadlines.due(pinged + Duration::from_secs(9)), None);
+        assert_eq!(
+            deadlines.due(pinged + Duration::from_secs(10)),
+            Some(Due::Pong)
+        );
+    }
+
+    #[test]
+    fn the_pong_is_due_from_when_the_ping_went_out() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let due = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(due), Some(Due::Ping));
+        let sent = due + Duration::from_secs(3);
+        deadlines.pinged(sent);
+        assert_eq!(deadlines.next(), sent + Duration::from_secs(10));
+        assert_eq!(deadlines.due(due + Duration::from_secs(10)), None);
+    }
+
+    #[test]
+    fn any_frame_answers_the_ping_and_moves_the_next_one() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let pinged = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
+        let pong = pinged + Duration::from_secs(1);
+        deadlines.heard_from_client(pong);
+        assert_eq!(deadlines.next(), pong + Duration::from_secs(300));
+        assert_eq!(deadlines.due(pinged + Duration::from_secs(10)), None);
+    }
+
+    #[test]
+    fn a_refresh_due_with_a_ping_comes_right_after_it() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(
+            &ConnectionSettings {
+                refresh_last_connect: Duration::from_secs(300),
+                ..settings()
+            },
+            start,
+        );
+        let at = start + Duration::from_secs(300);
+        assert_eq!(deadlines.next(), at);
+        assert_eq!(deadlines.due(at), Some(Due::Ping));
+        assert_eq!(deadlines.next(), at);
+        assert_eq!(deadlines.due(at), Some(Due::Refresh));
+        assert_eq!(deadlines.next(), at + Duration::from_secs(10));
+        assert_eq!(deadlines.due(at), None);
+    }
+
+    #[test]
+    fn refreshes_come_while_the_client_keeps_talking() {
+        let start = Instant::now();
+        let mut deadlines = Deadlines::new(&settings(), start);
+        let mut now = start;
+        let mut refreshes = 0;
+        for _ in 0..100 {
+            now += Duration::from_secs(100);
+            deadlines.heard_from_client(now);
+            while let Some(due) = deadlines.due(now) {
+                assert_eq!(due, Due::Refresh);
+                refreshes += 1;
+            }
+        }
+        assert_eq!(refreshes, 10);
     }
 }
