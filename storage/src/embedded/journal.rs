@@ -51,9 +51,12 @@ use crate::{Receipt, Result, StorageError, StoredMessage};
 /// (Small under test, so that tests rotate.)
 const ROTATE_AT: u64 = if cfg!(test) { 4096 } else { 16 << 20 };
 /// Receipts waiting in memory past this many reach redb at once.
-const FLUSH_AT: usize = 1024;
-/// A receipt waits in memory at most about this long.
-const FLUSH_AFTER: Duration = Duration::from_millis(500);
+/// Receipts of one client's messages often share a B-tree leaf: the more
+/// go in one commit, the fewer pages each costs.
+const FLUSH_AT: usize = 8192;
+/// A receipt waits in memory at most about this long (it is in the file
+/// meanwhile: a restart does not lose it).
+const FLUSH_AFTER: Duration = Duration::from_secs(5);
 /// Most records appended and synced together.
 const MAX_BATCH: usize = 1024;
 
@@ -151,22 +154,80 @@ fn io(what: &str, e: std::io::Error) -> StorageError {
     StorageError::Backend(format!("direct journal: {what}: {e}"))
 }
 
-/// FNV-1a: tells a record torn by a crash from a whole one.
+/// Tells a record torn by a crash from a whole one: a word-at-a-time hash
+/// (cheap next to the message it covers; not a defence against tampering).
 fn checksum(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5, |hash: u32, b| {
-        (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-    })
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut hash = K ^ bytes.len() as u64;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        hash = (hash ^ u64::from_le_bytes(w))
+            .wrapping_mul(K)
+            .rotate_left(31);
+    }
+    for b in words.remainder() {
+        hash = (hash ^ u64::from(*b)).wrapping_mul(K).rotate_left(31);
+    }
+    (hash ^ (hash >> 32)) as u32
 }
 
-fn frame(record: &Record) -> Result<Vec<u8>> {
-    let json = serde_json::to_vec(record).map_err(corrupt)?;
-    let len = u32::try_from(json.len())
-        .map_err(|_| StorageError::Backend("direct journal: record too large".into()))?;
-    let mut out = Vec::with_capacity(json.len() + 8);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(&checksum(&json).to_le_bytes());
-    out.extend_from_slice(&json);
+/// [`Record`] to write, borrowing the message.
+#[derive(Serialize)]
+enum RecordRef<'a> {
+    Put {
+        uaid: Uuid,
+        message: &'a Notification,
+    },
+    Settle {
+        uaid: Uuid,
+        key: &'a str,
+        version: &'a str,
+        receipt: Option<&'a Receipt>,
+    },
+}
+
+/// A record as written: `[length][checksum]` of the body, then the body:
+/// `[JSON length][JSON][0, or 1 and a message's data]`. A message's data
+/// (its encrypted body, most of its size) is kept out of the JSON, which
+/// would scan it for characters to escape; it is base64url, so has none.
+fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
+    let too_large = || StorageError::Backend("direct journal: record too large".into());
+    let tail = data.map_or(0, str::len);
+    let mut out = Vec::with_capacity(tail + 512);
+    out.extend_from_slice(&[0u8; 12]);
+    serde_json::to_writer(&mut out, record).map_err(corrupt)?;
+    let json = u32::try_from(out.len() - 12).map_err(|_| too_large())?;
+    match data {
+        Some(data) => {
+            out.push(1);
+            out.extend_from_slice(data.as_bytes());
+        }
+        None => out.push(0),
+    }
+    out[8..12].copy_from_slice(&json.to_le_bytes());
+    let len = u32::try_from(out.len() - 8).map_err(|_| too_large())?;
+    let sum = checksum(&out[8..]);
+    out[0..4].copy_from_slice(&len.to_le_bytes());
+    out[4..8].copy_from_slice(&sum.to_le_bytes());
     Ok(out)
+}
+
+/// One record's body back (see [`frame`]); `None` if it does not parse.
+fn unframe(body: &[u8]) -> Option<Record> {
+    let json_len = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?) as usize;
+    let json = body.get(4..4 + json_len)?;
+    let mut record: Record = serde_json::from_slice(json).ok()?;
+    let rest = body.get(4 + json_len..)?;
+    match (rest.first()?, &mut record) {
+        (0, _) => {}
+        (1, Record::Put { message, .. }) => {
+            message.data = Some(std::str::from_utf8(&rest[1..]).ok()?.to_owned());
+        }
+        _ => return None,
+    }
+    Some(record)
 }
 
 /// The whole records of the file, in order; stops at the first torn one.
@@ -182,13 +243,13 @@ fn read_records(file: &mut File) -> Result<Vec<Record>> {
         }
         let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
         let sum = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        let mut json = vec![0u8; len.min(64 << 20)];
-        if len > json.len() || reader.read_exact(&mut json).is_err() || checksum(&json) != sum {
+        let mut body = vec![0u8; len.min(64 << 20)];
+        if len > body.len() || reader.read_exact(&mut body).is_err() || checksum(&body) != sum {
             break;
         }
-        match serde_json::from_slice(&json) {
-            Ok(record) => records.push(record),
-            Err(_) => break,
+        match unframe(&body) {
+            Some(record) => records.push(record),
+            None => break,
         }
     }
     Ok(records)
@@ -210,22 +271,24 @@ fn move_message(
     Ok(())
 }
 
-/// Write `receipt` into redb unless its key holds a message.
+/// Write `receipt` into redb unless its key holds a message. Written first
+/// and the message put back if there was one (rare): one B-tree descent
+/// instead of two.
 fn move_receipt(
     table: &mut redb::Table<(u128, &str), &[u8]>,
     uaid: u128,
     key: &str,
     receipt: &Receipt,
 ) -> Result<()> {
-    let free = match table.get((uaid, key)).map_err(backend)? {
-        Some(row) => matches!(decode(row.value())?, StoredMessage::Settled(_)),
-        None => true,
-    };
-    if free {
-        let json = serde_json::to_vec(receipt).map_err(corrupt)?;
-        table
-            .insert((uaid, key), json.as_slice())
-            .map_err(backend)?;
+    let json = serde_json::to_vec(receipt).map_err(corrupt)?;
+    let displaced = table
+        .insert((uaid, key), json.as_slice())
+        .map_err(backend)?
+        .map(|old| old.value().to_vec());
+    if let Some(old) = displaced
+        && let StoredMessage::Pending(_) = decode(&old)?
+    {
+        table.insert((uaid, key), old.as_slice()).map_err(backend)?;
     }
     Ok(())
 }
@@ -253,6 +316,7 @@ impl Journal {
                     state: thread_state,
                     writer,
                     last_flush: Instant::now(),
+                    size: 0,
                 }
                 .run(ops)
             })
@@ -292,10 +356,16 @@ impl Journal {
 
     /// Append `message` and return once it is on disk and in the index.
     pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
-        let record = frame(&Record::Put {
-            uaid: *uaid,
-            message: message.clone(),
-        })?;
+        let mut message = message;
+        let data = message.data.take();
+        let record = frame(
+            &RecordRef::Put {
+                uaid: *uaid,
+                message: &message,
+            },
+            data.as_deref(),
+        )?;
+        message.data = data;
         let (reply, synced) = oneshot::channel();
         self.send(Op::Append {
             record,
@@ -347,12 +417,15 @@ impl Journal {
                 return Ok(Settled::NotHere);
             }
             state.receipts.remove(&(uaid, key.to_owned()));
-            let record = frame(&Record::Settle {
-                uaid: Uuid::from_u128(uaid),
-                key: key.to_owned(),
-                version: version.to_owned(),
-                receipt: None,
-            })?;
+            let record = frame(
+                &RecordRef::Settle {
+                    uaid: Uuid::from_u128(uaid),
+                    key,
+                    version,
+                    receipt: None,
+                },
+                None,
+            )?;
             self.send(Op::Append {
                 record,
                 put: None,
@@ -366,18 +439,19 @@ impl Journal {
         if entry.message.version != version {
             return Ok(Settled::Here(false));
         }
+        let record = frame(
+            &RecordRef::Settle {
+                uaid: Uuid::from_u128(uaid),
+                key,
+                version,
+                receipt: receipt.as_ref(),
+            },
+            None,
+        )?;
         state.remove(uaid, key);
-        if let Some(receipt) = &receipt {
-            state
-                .receipts
-                .insert((uaid, key.to_owned()), receipt.clone());
+        if let Some(receipt) = receipt {
+            state.receipts.insert((uaid, key.to_owned()), receipt);
         }
-        let record = frame(&Record::Settle {
-            uaid: Uuid::from_u128(uaid),
-            key: key.to_owned(),
-            version: version.to_owned(),
-            receipt,
-        })?;
         // Sent under the lock, so the journal thread sees tombstones in the
         // order of the settles.
         self.send(Op::Append {
@@ -504,6 +578,8 @@ struct JournalThread {
     state: Arc<Mutex<State>>,
     writer: Writer,
     last_flush: Instant,
+    /// Bytes in the file.
+    size: u64,
 }
 
 impl JournalThread {
@@ -525,11 +601,8 @@ impl JournalThread {
                 }
             }
             self.append(batch);
-            let (receipts, size) = (
-                lock(&self.state).receipts.len(),
-                self.file.metadata().map(|m| m.len()).unwrap_or(0),
-            );
-            if size >= ROTATE_AT {
+            let receipts = lock(&self.state).receipts.len();
+            if self.size >= ROTATE_AT {
                 self.checkpoint(true);
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
@@ -561,6 +634,7 @@ impl JournalThread {
             .write_all(&bytes)
             .map_err(|e| io("cannot append", e));
         if written.is_ok() {
+            self.size += bytes.len() as u64;
             settles.into_iter().for_each(|settle| {
                 let _ = settle.send(());
             });
@@ -608,19 +682,36 @@ impl JournalThread {
         let state = self.state.clone();
         // Marked inside the transaction, on the writer's thread: a settle
         // that finds a message moving queues its write after this one.
+        // Copied out, so that readers and settles wait for the lock only
+        // while it is copied, not while redb writes it.
         let moved = self.writer.write_blocking(move |txn| {
-            let mut state = lock(&state);
-            if rotate {
-                for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
-                    entry.moving = true;
+            let (live, receipts) = {
+                let mut state = lock(&state);
+                let mut live = Vec::new();
+                if rotate {
+                    for (uaid, keys) in state.live.iter_mut() {
+                        for entry in keys.values_mut() {
+                            entry.moving = true;
+                            live.push((*uaid, entry.message.clone()));
+                        }
+                    }
                 }
+                state.receipts_moving = true;
+                let receipts: Vec<_> = state
+                    .receipts
+                    .iter()
+                    .map(|(key, receipt)| (key.clone(), receipt.clone()))
+                    .collect();
+                (live, receipts)
+            };
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            for ((uaid, key), receipt) in &receipts {
+                move_receipt(&mut table, *uaid, key, receipt)?;
             }
-            state.receipts_moving = true;
-            let receipts: Vec<(u128, String)> = state.receipts.keys().cloned().collect();
-            let empty = HashMap::new();
-            let live = if rotate { &state.live } else { &empty };
-            move_state(txn, live, &state.receipts)?;
-            Ok(receipts)
+            for (uaid, message) in &live {
+                move_message(&mut table, *uaid, message)?;
+            }
+            Ok(receipts.into_iter().map(|(key, _)| key).collect::<Vec<_>>())
         });
         let mut state = lock(&self.state);
         state.receipts_moving = false;
@@ -650,8 +741,9 @@ impl JournalThread {
             .set_len(0)
             .and_then(|()| self.file.sync_all())
             .map_err(|e| io("cannot empty", e));
-        if let Err(e) = emptied {
-            warn!(error = %e, "direct journal rotation failed");
+        match emptied {
+            Ok(()) => self.size = 0,
+            Err(e) => warn!(error = %e, "direct journal rotation failed"),
         }
     }
 }
@@ -692,34 +784,21 @@ mod tests {
         let uaid = Uuid::new_v4();
         let (a, b, c) = (message(1, "a"), message(2, "b"), message(3, "c"));
         let receipt = Receipt::new(&b.version, MessageState::Delivered, now_secs(), 3600);
-        let mut bytes = Vec::new();
-        for record in [
-            Record::Put {
-                uaid,
-                message: a.clone(),
-            },
-            Record::Put {
-                uaid,
-                message: b.clone(),
-            },
-            Record::Put {
-                uaid,
-                message: c.clone(),
-            },
-            Record::Settle {
-                uaid,
-                key: b.sort_key(),
-                version: b.version.clone(),
-                receipt: Some(receipt.clone()),
-            },
-        ] {
-            bytes.extend(frame(&record).unwrap());
-        }
-        let torn = frame(&Record::Put {
+        let put = |m: &Notification| {
+            let mut m = m.clone();
+            let data = m.data.take();
+            let message = &m;
+            frame(&RecordRef::Put { uaid, message }, data.as_deref()).unwrap()
+        };
+        let mut bytes = [put(&a), put(&b), put(&c)].concat();
+        let settle = RecordRef::Settle {
             uaid,
-            message: message(4, "torn"),
-        })
-        .unwrap();
+            key: &b.sort_key(),
+            version: &b.version,
+            receipt: Some(&receipt),
+        };
+        bytes.extend(frame(&settle, None).unwrap());
+        let torn = put(&message(4, "torn"));
         bytes.extend_from_slice(&torn[..torn.len() - 3]);
         let path = dir.path().join("direct.journal");
         std::fs::write(&path, bytes).unwrap();
