@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -115,12 +116,8 @@ pub(super) enum Settled {
 enum Op {
     Append {
         record: Vec<u8>,
-        /// For a `Put`: the message to index once synced, and who waits.
-        put: Option<(u128, Notification, oneshot::Sender<Result<()>>)>,
-        /// For a `Settle`: who waits for the record to reach the file (not
-        /// the disk: that survives `kill -9`, and a tombstone lost with the
-        /// machine only means a delivery again).
-        written: Option<oneshot::Sender<()>>,
+        /// The message to index once synced, and who waits.
+        put: (u128, Notification, oneshot::Sender<Result<()>>),
     },
 }
 
@@ -131,6 +128,14 @@ pub(super) struct Journal {
 
 struct Shared {
     state: Arc<Mutex<State>>,
+    /// The file, for tombstones: each is one `write` to a file opened for
+    /// appending, so it lands whole after what is there, without waiting
+    /// for the thread (busy syncing messages). Written, not synced: that
+    /// survives `kill -9`, and a tombstone lost with the machine only means
+    /// a delivery again.
+    file: File,
+    /// Bytes in the file, roughly (reset by a rotation).
+    size: Arc<AtomicU64>,
     queue: Mutex<Option<Sender<Op>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -305,6 +310,9 @@ impl Journal {
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
         replay(&mut file, db)?;
+        let tombstones = file.try_clone().map_err(|e| io("cannot open", e))?;
+        let size = Arc::new(AtomicU64::new(0));
+        let thread_size = size.clone();
         let state = Arc::new(Mutex::new(State::default()));
         let (queue, ops) = channel();
         let thread_state = state.clone();
@@ -316,7 +324,7 @@ impl Journal {
                     state: thread_state,
                     writer,
                     last_flush: Instant::now(),
-                    size: 0,
+                    size: thread_size,
                 }
                 .run(ops)
             })
@@ -324,6 +332,8 @@ impl Journal {
         Ok(Journal {
             shared: Arc::new(Shared {
                 state,
+                file: tombstones,
+                size,
                 queue: Mutex::new(Some(queue)),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -369,8 +379,7 @@ impl Journal {
         let (reply, synced) = oneshot::channel();
         self.send(Op::Append {
             record,
-            put: Some((uaid.as_u128(), message, reply)),
-            written: None,
+            put: (uaid.as_u128(), message, reply),
         })?;
         synced
             .await
@@ -380,30 +389,12 @@ impl Journal {
     /// Settle the journaled message under `key` if it is still `version`:
     /// drop it from the index, append a tombstone, keep its receipt (if
     /// any) for the next checkpoint. Returns once the tombstone is written.
-    pub(super) async fn settle(
+    pub(super) fn settle(
         &self,
         uaid: u128,
         key: &str,
         version: &str,
         receipt: Option<Receipt>,
-    ) -> Result<Settled> {
-        let (written, wait) = oneshot::channel();
-        let settled = self.settle_now(uaid, key, version, receipt, written)?;
-        if let Settled::Here(true) = settled {
-            // The thread answers after writing, or drops `written` if the
-            // write failed: then the next start-up delivers the message again.
-            let _ = wait.await;
-        }
-        Ok(settled)
-    }
-
-    fn settle_now(
-        &self,
-        uaid: u128,
-        key: &str,
-        version: &str,
-        receipt: Option<Receipt>,
-        written: oneshot::Sender<()>,
     ) -> Result<Settled> {
         let mut state = lock(&self.shared.state);
         let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) else {
@@ -426,11 +417,7 @@ impl Journal {
                 },
                 None,
             )?;
-            self.send(Op::Append {
-                record,
-                put: None,
-                written: Some(written),
-            })?;
+            self.tombstone(&record);
             return Ok(Settled::Here(true));
         };
         if entry.moving {
@@ -452,14 +439,22 @@ impl Journal {
         if let Some(receipt) = receipt {
             state.receipts.insert((uaid, key.to_owned()), receipt);
         }
-        // Sent under the lock, so the journal thread sees tombstones in the
-        // order of the settles.
-        self.send(Op::Append {
-            record,
-            put: None,
-            written: Some(written),
-        })?;
+        // Written under the lock: tombstones of one key land in the order
+        // of its settles.
+        self.tombstone(&record);
         Ok(Settled::Here(true))
+    }
+
+    fn tombstone(&self, record: &[u8]) {
+        match (&self.shared.file).write_all(record) {
+            Ok(()) => {
+                self.shared
+                    .size
+                    .fetch_add(record.len() as u64, Ordering::Relaxed);
+            }
+            // The next start-up delivers the message again.
+            Err(e) => warn!(error = %e, "direct journal: cannot write a tombstone"),
+        }
     }
 
     /// The row the journal holds under `key`: an unsettled message, or a
@@ -578,8 +573,8 @@ struct JournalThread {
     state: Arc<Mutex<State>>,
     writer: Writer,
     last_flush: Instant,
-    /// Bytes in the file.
-    size: u64,
+    /// Bytes in the file, roughly (tombstones are added by their writers).
+    size: Arc<AtomicU64>,
 }
 
 impl JournalThread {
@@ -602,7 +597,7 @@ impl JournalThread {
             }
             self.append(batch);
             let receipts = lock(&self.state).receipts.len();
-            if self.size >= ROTATE_AT {
+            if self.size.load(Ordering::Relaxed) >= ROTATE_AT {
                 self.checkpoint(true);
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
@@ -614,47 +609,36 @@ impl JournalThread {
         self.checkpoint(true);
     }
 
-    /// Write the batch's records, sync them if a writer waits, then index
-    /// the messages and answer.
+    /// Write the batch's messages, sync them, then index them and answer.
     fn append(&mut self, batch: Vec<Op>) {
         let mut bytes = Vec::new();
-        let (mut puts, mut settles) = (Vec::new(), Vec::new());
-        for Op::Append {
-            record,
-            put,
-            written,
-        } in batch
-        {
+        let mut puts = Vec::with_capacity(batch.len());
+        for Op::Append { record, put } in batch {
             bytes.extend_from_slice(&record);
-            puts.extend(put);
-            settles.extend(written);
+            puts.push(put);
         }
-        let mut written = self
+        let written = self
             .file
             .write_all(&bytes)
+            .and_then(|()| self.file.sync_data())
             .map_err(|e| io("cannot append", e));
-        if written.is_ok() {
-            self.size += bytes.len() as u64;
-            settles.into_iter().for_each(|settle| {
-                let _ = settle.send(());
-            });
-        }
-        if written.is_ok() && !puts.is_empty() {
-            written = self.file.sync_data().map_err(|e| io("cannot sync", e));
-        }
-        if written.is_ok() {
+        self.size.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let mut replies = Vec::with_capacity(puts.len());
+        {
             let mut state = lock(&self.state);
-            for (uaid, message, _) in &puts {
-                state.live.entry(*uaid).or_default().insert(
-                    message.sort_key(),
-                    Entry {
-                        message: message.clone(),
+            for (uaid, message, reply) in puts {
+                if written.is_ok() {
+                    let entry = Entry {
+                        message,
                         moving: false,
-                    },
-                );
+                    };
+                    let key = entry.message.sort_key();
+                    state.live.entry(uaid).or_default().insert(key, entry);
+                }
+                replies.push(reply);
             }
         }
-        for (_, _, reply) in puts {
+        for reply in replies {
             let _ = reply.send(match &written {
                 Ok(()) => Ok(()),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
@@ -742,7 +726,7 @@ impl JournalThread {
             .and_then(|()| self.file.sync_all())
             .map_err(|e| io("cannot empty", e));
         match emptied {
-            Ok(()) => self.size = 0,
+            Ok(()) => self.size.store(0, Ordering::Relaxed),
             Err(e) => warn!(error = %e, "direct journal rotation failed"),
         }
     }

@@ -574,10 +574,9 @@ impl Storage for EmbeddedStore {
     }
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
-        if let Settled::Here(removed) = self
-            .journal
-            .settle(uaid.as_u128(), sort_key, version, None)
-            .await?
+        if let Settled::Here(removed) =
+            self.journal
+                .settle(uaid.as_u128(), sort_key, version, None)?
         {
             return Ok(removed);
         }
@@ -599,11 +598,7 @@ impl Storage for EmbeddedStore {
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         let retention = self.retention;
         let receipt = (retention > 0).then(|| Receipt::new(&version, state, now_secs(), retention));
-        if let Settled::Here(settled) = self
-            .journal
-            .settle(uaid, &sort_key, &version, receipt)
-            .await?
-        {
+        if let Settled::Here(settled) = self.journal.settle(uaid, &sort_key, &version, receipt)? {
             return Ok(settled);
         }
         self.write(move |txn| {
