@@ -545,7 +545,7 @@ impl Storage for EmbeddedStore {
         let journaled = self.journal.messages(uaid);
         let now = now_secs();
         let journaled = journaled.iter().filter(|m| !m.is_expired(now)).count();
-        let up_to = up_to.saturating_sub(journaled);
+        let (limit, up_to) = (up_to, up_to.saturating_sub(journaled));
         // Up to `up_to` rows (msg_limit at hello): a scan, not a point read.
         let stored = self
             .run(move |db| {
@@ -570,7 +570,7 @@ impl Storage for EmbeddedStore {
                 Ok(count)
             })
             .await?;
-        Ok(stored + journaled)
+        Ok((stored + journaled).min(limit))
     }
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
