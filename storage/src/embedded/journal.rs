@@ -349,6 +349,14 @@ impl Journal {
             .map_err(|_| stopped())
     }
 
+    /// Whether the journal thread still takes messages (it stops only if
+    /// it panicked).
+    pub(super) fn is_running(&self) -> bool {
+        lock(&self.shared.thread)
+            .as_ref()
+            .is_some_and(|thread| !thread.is_finished())
+    }
+
     /// Whether `message` can be journaled (see the module's notes).
     pub(super) fn takes(message: &Notification) -> bool {
         message.topic.is_none()
