@@ -119,6 +119,15 @@ pub trait Storage: Send + Sync {
     /// overwrote another. Writing the same message again is fine.
     async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()>;
 
+    /// Store one message about to be delivered directly (durable direct
+    /// delivery), with [`Storage::save_messages`]'s rules. The session
+    /// settles it on the ack, usually within milliseconds, so a backend may
+    /// keep it somewhere cheaper to write and delete than its message table,
+    /// as long as it is durable on return and every read and settle sees it.
+    async fn save_direct(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+        self.save_messages(uaid, vec![message]).await
+    }
+
     /// Up to `limit` unexpired messages: topic messages first, then the rest
     /// in arrival order. Expired messages are never returned; a backend
     /// either deletes those it finds, each on the condition that it is still

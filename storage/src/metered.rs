@@ -104,6 +104,11 @@ impl Storage for MeteredStorage {
         self.timed("save_messages", call).await
     }
 
+    async fn save_direct(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+        let call = self.inner.save_direct(uaid, message);
+        self.timed("save_direct", call).await
+    }
+
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
         let call = self.inner.fetch_messages(uaid, limit);
         self.timed("fetch_messages", call).await

@@ -232,6 +232,41 @@ async fn direct_messages_in_flight_survive_kill9() {
     nothing_left(&server, ws, &uaid).await;
 }
 
+/// Acked durable direct messages stay acked across `kill -9`: start-up
+/// brings back only those not acked.
+#[tokio::test]
+async fn after_kill9_only_unacked_direct_messages_come_back() {
+    let mut server = Server::start().await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    for i in 0..4 {
+        sub.push_text(&format!("message {i}")).await;
+        let (notif, text) = next_text(&mut ws, &sub).await;
+        assert_eq!(text, format!("message {i}"));
+        if i % 2 == 0 {
+            ws.ack_notification(&notif).await;
+        }
+    }
+    // A ping answered means the acks before it were handled.
+    ws.ping().await;
+    ws.recv().await;
+    server.kill9();
+    ws.expect_closed().await;
+    server.restart().await;
+
+    let mut ws = server.reconnect(&uaid).await;
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let (notif, text) = next_text(&mut ws, &sub).await;
+        ws.ack_notification(&notif).await;
+        got.push(text);
+    }
+    got.sort();
+    assert_eq!(got, ["message 1", "message 3"]);
+    nothing_left(&server, ws, &uaid).await;
+}
+
 /// With durable direct delivery off, the README's promise is narrower: a
 /// direct message not yet acked lives in memory, and `kill -9` loses it.
 #[tokio::test]

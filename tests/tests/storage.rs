@@ -234,6 +234,107 @@ mod suite {
         assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
     }
 
+    /// A message saved for direct delivery (`save_direct`, which a backend
+    /// may keep apart from its message table) reads, counts, fetches in
+    /// key order among stored ones, and settles like a stored one, only
+    /// for its version and only once.
+    pub async fn direct_messages_read_and_settle_like_stored_ones(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (first, direct, last) = (
+            message(chid, None, 1, 60, "first"),
+            message(chid, None, 2, 60, "direct"),
+            message(chid, None, 3, 60, "last"),
+        );
+        store
+            .save_messages(&uaid, vec![first.clone()])
+            .await
+            .unwrap();
+        store.save_direct(&uaid, direct.clone()).await.unwrap();
+        store
+            .save_messages(&uaid, vec![last.clone()])
+            .await
+            .unwrap();
+        let key = direct.sort_key();
+        assert_eq!(
+            store.read_message(&uaid, &key).await.unwrap(),
+            Some(StoredMessage::Pending(direct.clone()))
+        );
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["first", "direct", "last"]
+        );
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 2).await.unwrap()),
+            ["first", "direct"]
+        );
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 3);
+        assert_eq!(store.count_messages(&uaid, 2).await.unwrap(), 2);
+        let delivered = MessageState::Delivered;
+        assert!(!settle(&*store, &uaid, &key, "another version", delivered).await);
+        assert!(settle(&*store, &uaid, &key, &direct.version, delivered).await);
+        assert!(!settle(&*store, &uaid, &key, &direct.version, delivered).await);
+        assert!(matches!(
+            store.read_message(&uaid, &key).await.unwrap(),
+            None | Some(StoredMessage::Settled(_))
+        ));
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["first", "last"]
+        );
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 2);
+        // A sender's DELETE of a direct message removes it, on its version.
+        let deleted = message(chid, None, 4, 60, "deleted");
+        store.save_direct(&uaid, deleted.clone()).await.unwrap();
+        let key = deleted.sort_key();
+        assert!(
+            !store
+                .remove_message(&uaid, &key, "another version")
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .remove_message(&uaid, &key, &deleted.version)
+                .await
+                .unwrap()
+        );
+        assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 2);
+    }
+
+    /// With receipts on, an acked direct message leaves its receipt, and a
+    /// removed user's unacked direct messages leave `gone` receipts.
+    pub async fn direct_messages_leave_receipts(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let user = User::new_webpush(uaid, "http://a", now_secs() * 1000);
+        store.add_user(&user).await.unwrap();
+        let (acked, pending) = (
+            message(chid, None, 1, 60, "acked"),
+            message(chid, None, 2, 60, "pending"),
+        );
+        store.save_direct(&uaid, acked.clone()).await.unwrap();
+        store.save_direct(&uaid, pending.clone()).await.unwrap();
+        let delivered = MessageState::Delivered;
+        assert!(settle(&*store, &uaid, &acked.sort_key(), &acked.version, delivered).await);
+        let state = async |m: &Notification| match store
+            .read_message(&uaid, &m.sort_key())
+            .await
+            .unwrap()
+        {
+            Some(StoredMessage::Settled(r)) => {
+                assert_eq!(r.version, m.version);
+                Some(r.state)
+            }
+            Some(StoredMessage::Pending(_)) => None,
+            None => panic!("{:?} left nothing", m.data),
+        };
+        assert_eq!(state(&acked).await, Some(MessageState::Delivered));
+        assert_eq!(state(&pending).await, None);
+        store.remove_user(&uaid).await.unwrap();
+        assert_eq!(state(&pending).await, Some(MessageState::Gone));
+        assert_eq!(state(&acked).await, Some(MessageState::Delivered));
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    }
+
     /// A newer message with the same Topic takes the place of an older
     /// one's receipt, and is delivered.
     pub async fn a_topic_message_replaces_a_receipt(store: Arc<dyn Storage>) {
@@ -798,6 +899,7 @@ macro_rules! suite_for {
                 users_round_trip,
                 channels_and_user_removal,
                 without_receipts_settling_deletes,
+                direct_messages_read_and_settle_like_stored_ones,
             );
         )*
     };
@@ -818,6 +920,8 @@ macro_rules! receipts_for {
                 counting_is_bounded_and_skips_expired_messages,
                 acking_a_replaced_topic_message_keeps_the_newer_one,
                 channels_and_user_removal,
+                direct_messages_read_and_settle_like_stored_ones,
+                direct_messages_leave_receipts,
             );
         )*
     };

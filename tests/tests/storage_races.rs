@@ -155,10 +155,15 @@ impl World {
         let chid = channels[rng.usize(..2)];
         let store = &self.store;
         match rng.u8(..12) {
-            // An endpoint stores a plain message.
+            // An endpoint stores a plain message, or saves one for direct
+            // delivery (which a backend may keep apart from the others).
             0 => {
                 let m = self.message(chid, None, false);
-                store.save_messages(&uaid, vec![m.clone()]).await?;
+                if rng.bool() {
+                    store.save_direct(&uaid, m.clone()).await?;
+                } else {
+                    store.save_messages(&uaid, vec![m.clone()]).await?;
+                }
                 self.note(|o| o.accepted.insert(m.version.clone(), m));
             }
             // An endpoint stores a Topic message over another (some have

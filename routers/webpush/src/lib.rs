@@ -141,7 +141,7 @@ impl Router for WebPushRouter {
         let durable = stores_direct(self.durable_direct, notification.ttl);
         if durable {
             self.storage
-                .save_messages(&uaid, vec![notification.clone()])
+                .save_direct(&uaid, notification.clone())
                 .await?;
             notification.durable = true;
         }

@@ -7,6 +7,7 @@
 //! blocking pool would cost more than the read. Scans run on the blocking
 //! pool.
 
+mod journal;
 mod writer;
 
 use std::collections::HashSet;
@@ -21,6 +22,7 @@ use uuid::Uuid;
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
+use journal::{Journal, Settled};
 use writer::Writer;
 
 /// uaid -> JSON router record.
@@ -58,6 +60,8 @@ fn decode(json: &[u8]) -> Result<StoredMessage> {
 pub struct EmbeddedStore {
     db: Arc<Database>,
     writer: Writer,
+    /// Durable copies of direct messages in flight ([`journal`]).
+    journal: Journal,
     /// Where the next housekeeping step over messages starts (exclusive).
     message_cursor: Arc<Mutex<Option<(u128, String)>>>,
     /// Where the next housekeeping step over users starts (exclusive).
@@ -85,9 +89,11 @@ impl EmbeddedStore {
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
+        let journal = Journal::open(dir, &db, writer.clone())?;
         Ok(EmbeddedStore {
             db,
             writer,
+            journal,
             message_cursor: Default::default(),
             user_cursor: Default::default(),
             retention: 0,
@@ -145,6 +151,21 @@ impl EmbeddedStore {
         F: FnMut(&redb::WriteTransaction) -> Result<T> + Send + 'static,
     {
         self.writer.write(f).await
+    }
+
+    /// After a user's removal: its journaled messages go as its stored ones
+    /// did (`gone` receipts with receipts on), each on its version.
+    async fn remove_journaled(&self, uaid: u128) -> Result<()> {
+        let uaid = Uuid::from_u128(uaid);
+        for (key, version) in self.journal.versions(uaid.as_u128()) {
+            if self.retention > 0 {
+                self.settle_message(&uaid, &key, &version, MessageState::Gone)
+                    .await?;
+            } else {
+                self.remove_message(&uaid, &key, &version).await?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -235,6 +256,28 @@ fn remove_version(
     Ok(is_version)
 }
 
+/// The first `limit` of the messages read from redb and the journal's
+/// unexpired ones, in key order; a key in both is the same message, its
+/// journal copy moving into redb.
+fn merge_journaled(
+    stored: Vec<Notification>,
+    journaled: Vec<Notification>,
+    limit: usize,
+) -> Vec<Notification> {
+    if journaled.is_empty() {
+        return stored;
+    }
+    let now = now_secs();
+    let mut merged: std::collections::BTreeMap<String, Notification> =
+        stored.into_iter().map(|m| (m.sort_key(), m)).collect();
+    for message in journaled {
+        if !message.is_expired(now) {
+            merged.insert(message.sort_key(), message);
+        }
+    }
+    merged.into_values().take(limit).collect()
+}
+
 /// A webpush user that has not said hello since `before` (ms).
 fn is_idle(user: &User, before: u64) -> bool {
     user.router_type == RouterType::WebPush && user.last_connect < before
@@ -317,7 +360,8 @@ impl Storage for EmbeddedStore {
         let uaid = uaid.as_u128();
         let retention = self.retention;
         self.write(move |txn| remove_user_rows(txn, uaid, retention))
-            .await
+            .await?;
+        self.remove_journaled(uaid).await
     }
 
     async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
@@ -327,14 +371,21 @@ impl Storage for EmbeddedStore {
             seen.connected_at,
             seen.router_data.clone(),
         );
-        self.write(move |txn| match read_user(txn, uaid)? {
-            Some(user) if user.connected_at == connected_at && user.router_data == router_data => {
-                remove_user_rows(txn, uaid, retention)?;
-                Ok(true)
-            }
-            _ => Ok(false),
-        })
-        .await
+        let removed = self
+            .write(move |txn| match read_user(txn, uaid)? {
+                Some(user)
+                    if user.connected_at == connected_at && user.router_data == router_data =>
+                {
+                    remove_user_rows(txn, uaid, retention)?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            })
+            .await?;
+        if removed {
+            self.remove_journaled(uaid).await?;
+        }
+        Ok(removed)
     }
 
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
@@ -467,8 +518,24 @@ impl Storage for EmbeddedStore {
         }
     }
 
+    async fn save_direct(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+        if !Journal::takes(&message) {
+            return self.save_messages(uaid, vec![message]).await;
+        }
+        let key = message.sort_key();
+        if self
+            .journal
+            .holds_other(uaid.as_u128(), &key, &message.version)
+        {
+            return Err(StorageError::KeyTaken(key));
+        }
+        self.journal.put(uaid, message).await
+    }
+
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
         let (uaid, retention) = (uaid.as_u128(), self.retention);
+        // Read before redb: see `Journal::messages`.
+        let journaled = self.journal.messages(uaid);
         let (messages, expired) = self
             .run(move |db| {
                 let now = now_secs();
@@ -498,6 +565,7 @@ impl Storage for EmbeddedStore {
                 Ok((messages, expired))
             })
             .await?;
+        let messages = merge_journaled(messages, journaled, limit);
         if !expired.is_empty() {
             // A sender may have stored a new message under an expired one's
             // Topic since it was read: delete only the version read.
@@ -515,32 +583,44 @@ impl Storage for EmbeddedStore {
 
     async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
         let uaid = uaid.as_u128();
+        let journaled = self.journal.messages(uaid);
+        let now = now_secs();
+        let journaled = journaled.iter().filter(|m| !m.is_expired(now)).count();
+        let (limit, up_to) = (up_to, up_to.saturating_sub(journaled));
         // Up to `up_to` rows (msg_limit at hello): a scan, not a point read.
-        self.run(move |db| {
-            let now = now_secs();
-            let txn = db.begin_read().map_err(backend)?;
-            let table = txn.open_table(MESSAGES).map_err(backend)?;
-            let mut count = 0;
-            for entry in table
-                .range((uaid, "")..=(uaid, SORT_KEY_MAX))
-                .map_err(backend)?
-            {
-                if count >= up_to {
-                    break;
-                }
-                let (_, value) = entry.map_err(backend)?;
-                if let StoredMessage::Pending(m) = decode(value.value())?
-                    && !m.is_expired(now)
+        let stored = self
+            .run(move |db| {
+                let now = now_secs();
+                let txn = db.begin_read().map_err(backend)?;
+                let table = txn.open_table(MESSAGES).map_err(backend)?;
+                let mut count = 0;
+                for entry in table
+                    .range((uaid, "")..=(uaid, SORT_KEY_MAX))
+                    .map_err(backend)?
                 {
-                    count += 1;
+                    if count >= up_to {
+                        break;
+                    }
+                    let (_, value) = entry.map_err(backend)?;
+                    if let StoredMessage::Pending(m) = decode(value.value())?
+                        && !m.is_expired(now)
+                    {
+                        count += 1;
+                    }
                 }
-            }
-            Ok(count)
-        })
-        .await
+                Ok(count)
+            })
+            .await?;
+        Ok((stored + journaled).min(limit))
     }
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        if let Settled::Here(removed) =
+            self.journal
+                .settle(uaid.as_u128(), sort_key, version, None)?
+        {
+            return Ok(removed);
+        }
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
@@ -558,6 +638,10 @@ impl Storage for EmbeddedStore {
     ) -> Result<bool> {
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         let retention = self.retention;
+        let receipt = (retention > 0).then(|| Receipt::new(&version, state, now_secs(), retention));
+        if let Settled::Here(settled) = self.journal.settle(uaid, &sort_key, &version, receipt)? {
+            return Ok(settled);
+        }
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             let key = (uaid, sort_key.as_str());
@@ -580,6 +664,9 @@ impl Storage for EmbeddedStore {
     }
 
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        if let Some(row) = self.journal.read(uaid.as_u128(), sort_key) {
+            return Ok(Some(row));
+        }
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
@@ -705,6 +792,9 @@ impl Storage for EmbeddedStore {
                     _ => Ok(false),
                 })
                 .await?;
+            if gone {
+                self.remove_journaled(uaid).await?;
+            }
             removed += usize::from(gone);
         }
         Ok(SweepStep {
@@ -717,6 +807,11 @@ impl Storage for EmbeddedStore {
         if !self.writer.is_running() {
             return Err(StorageError::Backend(
                 "the embedded store's writer thread has stopped".into(),
+            ));
+        }
+        if !self.journal.is_running() {
+            return Err(StorageError::Backend(
+                "the embedded store's direct journal thread has stopped".into(),
             ));
         }
         self.read(|db| {

@@ -120,6 +120,25 @@ impl Writer {
         queue.send(pending).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
+
+    /// [`Writer::write`] for a thread outside the runtime: blocks it until
+    /// the transaction holding `write` is durable.
+    pub(super) fn write_blocking<T, F>(&self, write: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let pending = Box::new(Write {
+            write,
+            output: None,
+            reply,
+        });
+        let stopped = || StorageError::Backend("the writer thread has stopped".into());
+        let queue = self.thread.queue.as_ref().ok_or_else(stopped)?;
+        queue.blocking_send(pending).map_err(|_| stopped())?;
+        answer.blocking_recv().map_err(|_| stopped())?
+    }
 }
 
 fn commit_loop(db: &Database, mut pending: mpsc::Receiver<Box<dyn PendingWrite>>) {

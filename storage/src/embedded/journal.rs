@@ -1,0 +1,875 @@
+//! The direct journal: durable copies of messages delivered directly, kept
+//! out of redb's B-tree while they are in flight.
+//!
+//! A direct message is usually acked within milliseconds of its write. In
+//! redb that costs two commits and two copy-on-write B-tree updates (the
+//! write, then the delete or the receipt on the ack), each far dearer than
+//! the push itself. Here the message is appended to a file instead, and the
+//! appends waiting at the same moment share one `fdatasync` (group commit):
+//! the sender hears 201 only once its message is on disk. The ack appends a
+//! small tombstone that needs no sync of its own (a tombstone lost to a crash
+//! only means the message is delivered again). Readers see the journal's
+//! messages through an in-memory index of the unsettled ones; with receipts
+//! on, a settled message's receipt waits in memory and reaches redb with
+//! many others in one commit (a checkpoint), at most [`FLUSH_AFTER`] later.
+//!
+//! When the file outgrows [`ROTATE_AT`], a checkpoint moves every message
+//! still in the index into redb as a stored message, and the file starts
+//! over; so memory and disk stay bounded by the file's size. At start-up the
+//! file is replayed the same way: unsettled messages become stored messages,
+//! receipts are written, and the file is emptied. Every move into redb is
+//! conditional: a message is written only where its key is free, a receipt
+//! only where its key is free or holds another receipt, so a replay never
+//! resurrects a settled message whose receipt reached redb, nor overwrites
+//! a newer message.
+//!
+//! Only messages without a topic are journaled: their key holds a unique
+//! timestamp, so two of them never compete for a key. A topic message
+//! replaces an older one under its key, which redb's conditional write does.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use autopush_common::Notification;
+use redb::{Database, ReadableTable, WriteTransaction};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tracing::warn;
+use uuid::Uuid;
+
+use super::writer::Writer;
+use super::{MESSAGES, backend, corrupt, decode};
+use crate::{Receipt, Result, StorageError, StoredMessage};
+
+/// The file outgrows this: its unsettled messages move to redb and it starts over.
+/// (Small under test, so that tests rotate.)
+const ROTATE_AT: u64 = if cfg!(test) { 4096 } else { 16 << 20 };
+/// Receipts waiting in memory past this many reach redb at once.
+/// Receipts of one client's messages often share a B-tree leaf: the more
+/// go in one commit, the fewer pages each costs.
+const FLUSH_AT: usize = 8192;
+/// A receipt waits in memory at most about this long (it is in the file
+/// meanwhile: a restart does not lose it).
+const FLUSH_AFTER: Duration = Duration::from_secs(5);
+/// Most records appended and synced together.
+const MAX_BATCH: usize = 1024;
+
+/// One journal record.
+#[derive(Serialize, Deserialize)]
+enum Record {
+    /// A message accepted for direct delivery.
+    Put { uaid: Uuid, message: Notification },
+    /// The message under `key` was settled, if it is still `version`; its
+    /// receipt, with receipts on.
+    Settle {
+        uaid: Uuid,
+        key: String,
+        version: String,
+        receipt: Option<Receipt>,
+    },
+}
+
+/// What the journal knows: unsettled messages and receipts not in redb yet.
+#[derive(Default)]
+struct State {
+    /// uaid -> sort key -> message.
+    live: HashMap<u128, BTreeMap<String, Entry>>,
+    /// Receipts of settled journal messages, until a checkpoint commits them.
+    receipts: HashMap<(u128, String), Receipt>,
+    /// The receipts are being committed by the transaction running now.
+    receipts_moving: bool,
+}
+
+struct Entry {
+    message: Notification,
+    /// Being moved into redb by the transaction running now: a settle must
+    /// go to redb, after that transaction.
+    moving: bool,
+}
+
+impl State {
+    fn remove(&mut self, uaid: u128, key: &str) {
+        if let Some(keys) = self.live.get_mut(&uaid) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.live.remove(&uaid);
+            }
+        }
+    }
+}
+
+/// What the journal did with a settle or a delete.
+pub(super) enum Settled {
+    /// Settled (or, with `false`, the key holds another version).
+    Here(bool),
+    /// Not in the journal: ask redb.
+    NotHere,
+}
+
+enum Op {
+    Append {
+        record: Vec<u8>,
+        /// The message to index once synced, and who waits.
+        put: (u128, Notification, oneshot::Sender<Result<()>>),
+    },
+}
+
+#[derive(Clone)]
+pub(super) struct Journal {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Arc<Mutex<State>>,
+    /// The file, for tombstones: each is one `write` to a file opened for
+    /// appending, so it lands whole after what is there, without waiting
+    /// for the thread (busy syncing messages). Written, not synced: that
+    /// survives `kill -9`, and a tombstone lost with the machine only means
+    /// a delivery again.
+    file: File,
+    /// Bytes in the file, roughly (reset by a rotation).
+    size: Arc<AtomicU64>,
+    queue: Mutex<Option<Sender<Op>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        drop(lock(&self.queue).take());
+        if let Some(thread) = lock(&self.thread).take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn io(what: &str, e: std::io::Error) -> StorageError {
+    StorageError::Backend(format!("direct journal: {what}: {e}"))
+}
+
+/// Tells a record torn by a crash from a whole one: a word-at-a-time hash
+/// (cheap next to the message it covers; not a defence against tampering).
+fn checksum(bytes: &[u8]) -> u32 {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut hash = K ^ bytes.len() as u64;
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(word);
+        hash = (hash ^ u64::from_le_bytes(w))
+            .wrapping_mul(K)
+            .rotate_left(31);
+    }
+    for b in words.remainder() {
+        hash = (hash ^ u64::from(*b)).wrapping_mul(K).rotate_left(31);
+    }
+    (hash ^ (hash >> 32)) as u32
+}
+
+/// [`Record`] to write, borrowing the message.
+#[derive(Serialize)]
+enum RecordRef<'a> {
+    Put {
+        uaid: Uuid,
+        message: &'a Notification,
+    },
+    Settle {
+        uaid: Uuid,
+        key: &'a str,
+        version: &'a str,
+        receipt: Option<&'a Receipt>,
+    },
+}
+
+/// A record as written: `[length][checksum]` of the body, then the body:
+/// `[JSON length][JSON][0, or 1 and a message's data]`. A message's data
+/// (its encrypted body, most of its size) is kept out of the JSON, which
+/// would scan it for characters to escape; it is base64url, so has none.
+fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
+    let too_large = || StorageError::Backend("direct journal: record too large".into());
+    let tail = data.map_or(0, str::len);
+    let mut out = Vec::with_capacity(tail + 512);
+    out.extend_from_slice(&[0u8; 12]);
+    serde_json::to_writer(&mut out, record).map_err(corrupt)?;
+    let json = u32::try_from(out.len() - 12).map_err(|_| too_large())?;
+    match data {
+        Some(data) => {
+            out.push(1);
+            out.extend_from_slice(data.as_bytes());
+        }
+        None => out.push(0),
+    }
+    out[8..12].copy_from_slice(&json.to_le_bytes());
+    let len = u32::try_from(out.len() - 8).map_err(|_| too_large())?;
+    let sum = checksum(&out[8..]);
+    out[0..4].copy_from_slice(&len.to_le_bytes());
+    out[4..8].copy_from_slice(&sum.to_le_bytes());
+    Ok(out)
+}
+
+/// One record's body back (see [`frame`]); `None` if it does not parse.
+fn unframe(body: &[u8]) -> Option<Record> {
+    let json_len = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?) as usize;
+    let json = body.get(4..4 + json_len)?;
+    let mut record: Record = serde_json::from_slice(json).ok()?;
+    let rest = body.get(4 + json_len..)?;
+    match (rest.first()?, &mut record) {
+        (0, _) => {}
+        (1, Record::Put { message, .. }) => {
+            message.data = Some(std::str::from_utf8(&rest[1..]).ok()?.to_owned());
+        }
+        _ => return None,
+    }
+    Some(record)
+}
+
+/// The whole records of the file, in order; stops at the first torn one.
+fn read_records(file: &mut File) -> Result<Vec<Record>> {
+    file.seek(SeekFrom::Start(0))
+        .map_err(|e| io("cannot read", e))?;
+    let mut reader = BufReader::new(file);
+    let mut records = Vec::new();
+    loop {
+        let mut head = [0u8; 8];
+        if reader.read_exact(&mut head).is_err() {
+            break;
+        }
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let sum = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        let mut body = vec![0u8; len.min(64 << 20)];
+        if len > body.len() || reader.read_exact(&mut body).is_err() || checksum(&body) != sum {
+            break;
+        }
+        match unframe(&body) {
+            Some(record) => records.push(record),
+            None => break,
+        }
+    }
+    Ok(records)
+}
+
+/// Write `message` into redb unless its key holds something already.
+fn move_message(
+    table: &mut redb::Table<(u128, &str), &[u8]>,
+    uaid: u128,
+    message: &Notification,
+) -> Result<()> {
+    let key = message.sort_key();
+    if table.get((uaid, key.as_str())).map_err(backend)?.is_none() {
+        let json = serde_json::to_vec(message).map_err(corrupt)?;
+        table
+            .insert((uaid, key.as_str()), json.as_slice())
+            .map_err(backend)?;
+    }
+    Ok(())
+}
+
+/// Write `receipt` into redb unless its key holds a message. Written first
+/// and the message put back if there was one (rare): one B-tree descent
+/// instead of two.
+fn move_receipt(
+    table: &mut redb::Table<(u128, &str), &[u8]>,
+    uaid: u128,
+    key: &str,
+    receipt: &Receipt,
+) -> Result<()> {
+    let json = serde_json::to_vec(receipt).map_err(corrupt)?;
+    let displaced = table
+        .insert((uaid, key), json.as_slice())
+        .map_err(backend)?
+        .map(|old| old.value().to_vec());
+    if let Some(old) = displaced
+        && let StoredMessage::Pending(_) = decode(&old)?
+    {
+        table.insert((uaid, key), old.as_slice()).map_err(backend)?;
+    }
+    Ok(())
+}
+
+impl Journal {
+    /// Open the journal in `dir`: replay what a previous run left into `db`
+    /// (before anything else writes to it), then start the journal thread.
+    pub(super) fn open(dir: &Path, db: &Database, writer: Writer) -> Result<Journal> {
+        let path = dir.join("direct.journal");
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|e| io("cannot open", e))?;
+        replay(&mut file, db)?;
+        let tombstones = file.try_clone().map_err(|e| io("cannot open", e))?;
+        let size = Arc::new(AtomicU64::new(0));
+        let thread_size = size.clone();
+        let state = Arc::new(Mutex::new(State::default()));
+        let (queue, ops) = channel();
+        let thread_state = state.clone();
+        let thread = std::thread::Builder::new()
+            .name("direct-journal".into())
+            .spawn(move || {
+                JournalThread {
+                    file,
+                    state: thread_state,
+                    writer,
+                    last_flush: Instant::now(),
+                    size: thread_size,
+                }
+                .run(ops)
+            })
+            .map_err(|e| io("cannot start its thread", e))?;
+        Ok(Journal {
+            shared: Arc::new(Shared {
+                state,
+                file: tombstones,
+                size,
+                queue: Mutex::new(Some(queue)),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    fn send(&self, op: Op) -> Result<()> {
+        let stopped = || StorageError::Backend("the direct journal has stopped".into());
+        lock(&self.shared.queue)
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(op)
+            .map_err(|_| stopped())
+    }
+
+    /// Whether the journal thread still takes messages (it stops only if
+    /// it panicked).
+    pub(super) fn is_running(&self) -> bool {
+        lock(&self.shared.thread)
+            .as_ref()
+            .is_some_and(|thread| !thread.is_finished())
+    }
+
+    /// Whether `message` can be journaled (see the module's notes).
+    pub(super) fn takes(message: &Notification) -> bool {
+        message.topic.is_none()
+    }
+
+    /// Whether the index holds another message under `key`.
+    pub(super) fn holds_other(&self, uaid: u128, key: &str, version: &str) -> bool {
+        let state = lock(&self.shared.state);
+        state
+            .live
+            .get(&uaid)
+            .and_then(|keys| keys.get(key))
+            .is_some_and(|entry| entry.message.version != version)
+    }
+
+    /// Append `message` and return once it is on disk and in the index.
+    pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+        let mut message = message;
+        let data = message.data.take();
+        let record = frame(
+            &RecordRef::Put {
+                uaid: *uaid,
+                message: &message,
+            },
+            data.as_deref(),
+        )?;
+        message.data = data;
+        let (reply, synced) = oneshot::channel();
+        self.send(Op::Append {
+            record,
+            put: (uaid.as_u128(), message, reply),
+        })?;
+        synced
+            .await
+            .map_err(|_| StorageError::Backend("the direct journal has stopped".into()))?
+    }
+
+    /// Settle the journaled message under `key` if it is still `version`:
+    /// drop it from the index, append a tombstone, keep its receipt (if
+    /// any) for the next checkpoint. Returns once the tombstone is written.
+    pub(super) fn settle(
+        &self,
+        uaid: u128,
+        key: &str,
+        version: &str,
+        receipt: Option<Receipt>,
+    ) -> Result<Settled> {
+        let mut state = lock(&self.shared.state);
+        let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) else {
+            // A sender's delete of a settled message takes its receipt
+            // (as a redb row's would go); a second settle changes nothing.
+            let held = state.receipts.get(&(uaid, key.to_owned()));
+            if receipt.is_some()
+                || state.receipts_moving
+                || held.is_none_or(|held| held.version != version)
+            {
+                return Ok(Settled::NotHere);
+            }
+            state.receipts.remove(&(uaid, key.to_owned()));
+            let record = frame(
+                &RecordRef::Settle {
+                    uaid: Uuid::from_u128(uaid),
+                    key,
+                    version,
+                    receipt: None,
+                },
+                None,
+            )?;
+            self.tombstone(&record);
+            return Ok(Settled::Here(true));
+        };
+        if entry.moving {
+            return Ok(Settled::NotHere);
+        }
+        if entry.message.version != version {
+            return Ok(Settled::Here(false));
+        }
+        let record = frame(
+            &RecordRef::Settle {
+                uaid: Uuid::from_u128(uaid),
+                key,
+                version,
+                receipt: receipt.as_ref(),
+            },
+            None,
+        )?;
+        state.remove(uaid, key);
+        if let Some(receipt) = receipt {
+            state.receipts.insert((uaid, key.to_owned()), receipt);
+        }
+        // Written under the lock: tombstones of one key land in the order
+        // of its settles.
+        self.tombstone(&record);
+        Ok(Settled::Here(true))
+    }
+
+    fn tombstone(&self, record: &[u8]) {
+        match (&self.shared.file).write_all(record) {
+            Ok(()) => {
+                self.shared
+                    .size
+                    .fetch_add(record.len() as u64, Ordering::Relaxed);
+            }
+            // The next start-up delivers the message again.
+            Err(e) => warn!(error = %e, "direct journal: cannot write a tombstone"),
+        }
+    }
+
+    /// The row the journal holds under `key`: an unsettled message, or a
+    /// receipt not in redb yet.
+    pub(super) fn read(&self, uaid: u128, key: &str) -> Option<StoredMessage> {
+        let state = lock(&self.shared.state);
+        if let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) {
+            return Some(StoredMessage::Pending(entry.message.clone()));
+        }
+        state
+            .receipts
+            .get(&(uaid, key.to_owned()))
+            .map(|receipt| StoredMessage::Settled(receipt.clone()))
+    }
+
+    /// The unsettled messages of `uaid`, in key order. Read this before
+    /// redb: a message moving into redb meanwhile is then seen in one or
+    /// the other.
+    pub(super) fn messages(&self, uaid: u128) -> Vec<Notification> {
+        let state = lock(&self.shared.state);
+        state
+            .live
+            .get(&uaid)
+            .map(|keys| keys.values().map(|e| e.message.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The keys and versions of `uaid`'s unsettled messages.
+    pub(super) fn versions(&self, uaid: u128) -> Vec<(String, String)> {
+        let state = lock(&self.shared.state);
+        state
+            .live
+            .get(&uaid)
+            .map(|keys| {
+                keys.iter()
+                    .map(|(k, e)| (k.clone(), e.message.version.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Move what the file holds into redb and empty it.
+fn replay(file: &mut File, db: &Database) -> Result<()> {
+    let records = read_records(file)?;
+    if records.is_empty() {
+        return file.set_len(0).map_err(|e| io("cannot empty", e));
+    }
+    let mut state = State::default();
+    for record in records {
+        match record {
+            Record::Put { uaid, message } => {
+                state.live.entry(uaid.as_u128()).or_default().insert(
+                    message.sort_key(),
+                    Entry {
+                        message,
+                        moving: false,
+                    },
+                );
+            }
+            Record::Settle {
+                uaid,
+                key,
+                version,
+                receipt,
+            } => {
+                let uaid = uaid.as_u128();
+                let is_version = state
+                    .live
+                    .get(&uaid)
+                    .and_then(|keys| keys.get(&key))
+                    .is_some_and(|e| e.message.version == version);
+                if is_version {
+                    state.remove(uaid, &key);
+                }
+                match receipt {
+                    Some(receipt) => {
+                        state.receipts.insert((uaid, key), receipt);
+                    }
+                    None => {
+                        let held = state.receipts.get(&(uaid, key.clone()));
+                        if held.is_some_and(|held| held.version == version) {
+                            state.receipts.remove(&(uaid, key));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let txn = db.begin_write().map_err(backend)?;
+    move_state(&txn, &state.live, &state.receipts)?;
+    txn.commit().map_err(backend)?;
+    file.set_len(0).map_err(|e| io("cannot empty", e))?;
+    file.sync_all().map_err(|e| io("cannot sync", e))
+}
+
+fn move_state(
+    txn: &WriteTransaction,
+    live: &HashMap<u128, BTreeMap<String, Entry>>,
+    receipts: &HashMap<(u128, String), Receipt>,
+) -> Result<()> {
+    let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+    for ((uaid, key), receipt) in receipts {
+        move_receipt(&mut table, *uaid, key, receipt)?;
+    }
+    for (uaid, keys) in live {
+        for entry in keys.values() {
+            move_message(&mut table, *uaid, &entry.message)?;
+        }
+    }
+    Ok(())
+}
+
+struct JournalThread {
+    file: File,
+    state: Arc<Mutex<State>>,
+    writer: Writer,
+    last_flush: Instant,
+    /// Bytes in the file, roughly (tombstones are added by their writers).
+    size: Arc<AtomicU64>,
+}
+
+impl JournalThread {
+    fn run(mut self, ops: Receiver<Op>) {
+        loop {
+            let first = match ops.recv_timeout(FLUSH_AFTER) {
+                Ok(op) => op,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.checkpoint(false);
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match ops.try_recv() {
+                    Ok(op) => batch.push(op),
+                    Err(_) => break,
+                }
+            }
+            self.append(batch);
+            let receipts = lock(&self.state).receipts.len();
+            if self.size.load(Ordering::Relaxed) >= ROTATE_AT {
+                self.checkpoint(true);
+            } else if receipts >= FLUSH_AT
+                || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
+            {
+                self.checkpoint(false);
+            }
+        }
+        // Closing: leave nothing for the next start-up to replay.
+        self.checkpoint(true);
+    }
+
+    /// Write the batch's messages, sync them, then index them and answer.
+    fn append(&mut self, batch: Vec<Op>) {
+        let mut bytes = Vec::new();
+        let mut puts = Vec::with_capacity(batch.len());
+        for Op::Append { record, put } in batch {
+            bytes.extend_from_slice(&record);
+            puts.push(put);
+        }
+        let written = self
+            .file
+            .write_all(&bytes)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| io("cannot append", e));
+        self.size.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let mut replies = Vec::with_capacity(puts.len());
+        {
+            let mut state = lock(&self.state);
+            for (uaid, message, reply) in puts {
+                if written.is_ok() {
+                    let entry = Entry {
+                        message,
+                        moving: false,
+                    };
+                    let key = entry.message.sort_key();
+                    state.live.entry(uaid).or_default().insert(key, entry);
+                }
+                replies.push(reply);
+            }
+        }
+        for reply in replies {
+            let _ = reply.send(match &written {
+                Ok(()) => Ok(()),
+                Err(e) => Err(StorageError::Backend(e.to_string())),
+            });
+        }
+        if let Err(e) = written {
+            warn!(error = %e, "direct journal append failed");
+        }
+    }
+
+    /// Commit the waiting receipts to redb, and with `rotate` every
+    /// unsettled message too, then empty the file.
+    fn checkpoint(&mut self, rotate: bool) {
+        self.last_flush = Instant::now();
+        {
+            let state = lock(&self.state);
+            if state.receipts.is_empty() && (!rotate || state.live.is_empty()) {
+                drop(state);
+                if rotate {
+                    self.truncate();
+                }
+                return;
+            }
+        }
+        let state = self.state.clone();
+        // Marked inside the transaction, on the writer's thread: a settle
+        // that finds a message moving queues its write after this one.
+        // Copied out, so that readers and settles wait for the lock only
+        // while it is copied, not while redb writes it.
+        let moved = self.writer.write_blocking(move |txn| {
+            let (live, receipts) = {
+                let mut state = lock(&state);
+                let mut live = Vec::new();
+                if rotate {
+                    for (uaid, keys) in state.live.iter_mut() {
+                        for entry in keys.values_mut() {
+                            entry.moving = true;
+                            live.push((*uaid, entry.message.clone()));
+                        }
+                    }
+                }
+                state.receipts_moving = true;
+                let receipts: Vec<_> = state
+                    .receipts
+                    .iter()
+                    .map(|(key, receipt)| (key.clone(), receipt.clone()))
+                    .collect();
+                (live, receipts)
+            };
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            for ((uaid, key), receipt) in &receipts {
+                move_receipt(&mut table, *uaid, key, receipt)?;
+            }
+            for (uaid, message) in &live {
+                move_message(&mut table, *uaid, message)?;
+            }
+            Ok(receipts.into_iter().map(|(key, _)| key).collect::<Vec<_>>())
+        });
+        let mut state = lock(&self.state);
+        state.receipts_moving = false;
+        match moved {
+            Ok(receipts) => {
+                for key in receipts {
+                    state.receipts.remove(&key);
+                }
+                if rotate {
+                    state.live.clear();
+                    drop(state);
+                    self.truncate();
+                }
+            }
+            Err(e) => {
+                for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
+                    entry.moving = false;
+                }
+                warn!(error = %e, "direct journal checkpoint failed; will try again");
+            }
+        }
+    }
+
+    fn truncate(&mut self) {
+        let emptied = self
+            .file
+            .set_len(0)
+            .and_then(|()| self.file.sync_all())
+            .map_err(|e| io("cannot empty", e));
+        match emptied {
+            Ok(()) => self.size.store(0, Ordering::Relaxed),
+            Err(e) => warn!(error = %e, "direct journal rotation failed"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Storage;
+    use crate::embedded::EmbeddedStore;
+    use autopush_common::receipt::MessageState;
+    use autopush_common::time::now_secs;
+
+    fn message(ts: u64, data: &str) -> Notification {
+        Notification {
+            channel_id: Uuid::from_u128(7),
+            version: format!("v-{data}"),
+            ttl: 60,
+            timestamp: now_secs(),
+            topic: None,
+            sortkey_timestamp: Some(ts),
+            data: Some(data.to_owned()),
+            headers: None,
+            urgency: None,
+            durable: false,
+        }
+    }
+
+    fn data(messages: &[Notification]) -> Vec<String> {
+        messages.iter().map(|m| m.data.clone().unwrap()).collect()
+    }
+
+    /// What a node killed mid-run leaves: unsettled messages, a settled
+    /// one with its receipt, and a record torn by the kill. Start-up moves
+    /// the first two into redb and drops the torn one.
+    #[tokio::test]
+    async fn start_up_replays_what_a_killed_node_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let (a, b, c) = (message(1, "a"), message(2, "b"), message(3, "c"));
+        let receipt = Receipt::new(&b.version, MessageState::Delivered, now_secs(), 3600);
+        let put = |m: &Notification| {
+            let mut m = m.clone();
+            let data = m.data.take();
+            let message = &m;
+            frame(&RecordRef::Put { uaid, message }, data.as_deref()).unwrap()
+        };
+        let mut bytes = [put(&a), put(&b), put(&c)].concat();
+        let settle = RecordRef::Settle {
+            uaid,
+            key: &b.sort_key(),
+            version: &b.version,
+            receipt: Some(&receipt),
+        };
+        bytes.extend(frame(&settle, None).unwrap());
+        let torn = put(&message(4, "torn"));
+        bytes.extend_from_slice(&torn[..torn.len() - 3]);
+        let path = dir.path().join("direct.journal");
+        std::fs::write(&path, bytes).unwrap();
+
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["a", "c"]
+        );
+        assert_eq!(
+            store.read_message(&uaid, &b.sort_key()).await.unwrap(),
+            Some(StoredMessage::Settled(receipt))
+        );
+        // Replayed messages are stored ones now: they settle in redb.
+        let key = a.sort_key();
+        let delivered = MessageState::Delivered;
+        assert!(
+            store
+                .settle_message(&uaid, &key, &a.version, delivered)
+                .await
+                .unwrap()
+        );
+        assert_eq!(data(&store.fetch_messages(&uaid, 10).await.unwrap()), ["c"]);
+    }
+
+    /// Past the rotation size, unsettled messages move into redb and the
+    /// file starts over; every message stays readable and settles once,
+    /// wherever it is; closing the store leaves nothing to replay.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rotation_and_closing_keep_every_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let messages: Vec<_> = (0..100).map(|i| message(i, &format!("m{i:03}"))).collect();
+        for (i, m) in messages.iter().enumerate() {
+            store.save_direct(&uaid, m.clone()).await.unwrap();
+            if i % 2 == 0 {
+                let delivered = MessageState::Delivered;
+                let key = m.sort_key();
+                assert!(
+                    store
+                        .settle_message(&uaid, &key, &m.version, delivered)
+                        .await
+                        .unwrap()
+                );
+            }
+        }
+        let odd: Vec<String> = messages
+            .iter()
+            .skip(1)
+            .step_by(2)
+            .map(|m| m.data.clone().unwrap())
+            .collect();
+        assert_eq!(data(&store.fetch_messages(&uaid, 100).await.unwrap()), odd);
+        let path = dir.path().join("direct.journal");
+        assert!(std::fs::metadata(&path).unwrap().len() < ROTATE_AT + 4096);
+        let m = &messages[1];
+        let deleted = MessageState::Deleted;
+        assert!(
+            store
+                .settle_message(&uaid, &m.sort_key(), &m.version, deleted)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .settle_message(&uaid, &m.sort_key(), &m.version, deleted)
+                .await
+                .unwrap()
+        );
+        drop(store);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 100).await.unwrap()),
+            odd[1..]
+        );
+    }
+}
