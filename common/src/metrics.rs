@@ -92,6 +92,17 @@ pub fn final_state(router_type: RouterType, state: MessageState) {
         .increment(1);
 }
 
+/// `count` messages the store itself settled in `state`: `gone` at a
+/// removal or an unsubscribe, `replaced` by a newer message with the
+/// Topic. The store does not know the subscription's router type, so they
+/// count under `router_type` `unknown`.
+pub fn final_states_in_store(state: MessageState, count: usize) {
+    if count > 0 {
+        counter!(FINAL_STATES, "router_type" => "unknown", "state" => state.as_str())
+            .increment(count as u64);
+    }
+}
+
 pub fn stored_sent(count: usize) {
     counter!(STORED_SENT).increment(count as u64);
 }

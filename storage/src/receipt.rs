@@ -121,15 +121,18 @@ async fn settle_channel_gone<S: Storage + ?Sized>(
     channel_id: &Uuid,
 ) -> Result<()> {
     let pending = store.fetch_messages(uaid, UNSUBSCRIBE_SCAN).await?;
-    futures_util::stream::iter(pending.into_iter().filter(|m| m.channel_id == *channel_id))
-        .map(|m| async move {
-            let key = m.sort_key();
-            store
-                .settle_message(uaid, &key, &m.version, MessageState::Gone)
-                .await
-        })
-        .buffer_unordered(UNSUBSCRIBE_CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await?;
+    let settled =
+        futures_util::stream::iter(pending.into_iter().filter(|m| m.channel_id == *channel_id))
+            .map(|m| async move {
+                let key = m.sort_key();
+                store
+                    .settle_message(uaid, &key, &m.version, MessageState::Gone)
+                    .await
+            })
+            .buffer_unordered(UNSUBSCRIBE_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+    let gone = settled.into_iter().filter(|settled| *settled).count();
+    autopush_common::metrics::final_states_in_store(MessageState::Gone, gone);
     Ok(())
 }

@@ -362,13 +362,15 @@ async fn receipts_can_be_turned_off() {
 }
 
 /// Operators see what the 201s became: `notification.final` by state and
-/// router type.
+/// router type; what the store settles itself (`replaced`, `gone`) under
+/// router type `unknown`.
 #[tokio::test]
 async fn final_states_are_counted() {
     let [metrics_port] = free_ports::<1>();
     let server = start(Db::Embedded, &["--metrics-port", &metrics_port.to_string()]).await;
     let mut ws = server.client().await;
     let sub = Subscription::new(&mut ws).await;
+    let uaid = ws.uaid().to_string();
     sub.push_text("delivered").await;
     let (n, _) = sub.receive(&mut ws).await;
     ws.ack_notification(&n).await;
@@ -378,12 +380,30 @@ async fn final_states_are_counted() {
     sub.send(&SendOptions::text("dropped").ttl(0))
         .await
         .assert_created();
-    let want = [("delivered", 1.0), ("deleted", 1.0), ("dropped", 1.0)];
+    // Replaced by a newer message with its Topic, which is then gone with
+    // its channel, as is a plain one.
+    sub.send(&SendOptions::text("replaced").topic("t"))
+        .await
+        .assert_created();
+    sub.send(&SendOptions::text("gone").topic("t"))
+        .await
+        .assert_created();
+    sub.push_text("gone too").await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.recv_notifications(2).await;
+    ws.unregister(&sub.channel_id, 200).await;
+    let want = [
+        ("webpush", "delivered", 1.0),
+        ("webpush", "deleted", 1.0),
+        ("webpush", "dropped", 1.0),
+        ("unknown", "replaced", 1.0),
+        ("unknown", "gone", 2.0),
+    ];
     let counted = async || {
         let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
         let scrape = Scrape::parse(&reply.text);
-        want.iter().all(|(state, n)| {
-            let labels = [("router_type", "webpush"), ("state", *state)];
+        want.iter().all(|(router_type, state, n)| {
+            let labels = [("router_type", *router_type), ("state", *state)];
             scrape.value("notification_final", &labels) == *n
         })
     };

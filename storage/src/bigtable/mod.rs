@@ -34,6 +34,7 @@ use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use client::Connection;
@@ -214,7 +215,7 @@ impl BigtableStore {
             let version = String::from_utf8_lossy(version).into_owned();
             Some((r.key, version))
         });
-        futures_util::stream::iter(pending)
+        let settled = futures_util::stream::iter(pending)
             .map(|(key, version)| async move {
                 let gone = Receipt::new(&version, MessageState::Gone, now, self.retention);
                 let sort_key = row::sort_key_of(&key).to_owned();
@@ -223,6 +224,8 @@ impl BigtableStore {
             .buffer_unordered(REMOVAL_CONCURRENCY)
             .try_collect::<Vec<_>>()
             .await?;
+        let gone = settled.into_iter().filter(|settled| *settled).count();
+        final_states_in_store(MessageState::Gone, gone);
         Ok(())
     }
 
@@ -339,8 +342,12 @@ impl BigtableStore {
             let receipt = Receipt::replaced(&old, now_secs(), self.retention);
             let mutations = row::receipt_mutations(&families.message_topic, &receipt);
             let own = row::message_key(uaid, &own);
-            self.check_and_mutate(own, row::pass_all(), Vec::new(), mutations)
+            let settled_meanwhile = self
+                .check_and_mutate(own, row::pass_all(), Vec::new(), mutations)
                 .await?;
+            if !settled_meanwhile && receipt.state == MessageState::Replaced {
+                final_states_in_store(MessageState::Replaced, 1);
+            }
         }
         Ok(!kept)
     }

@@ -35,6 +35,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage};
+use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use item::{CHANNELS_ROW, Item, n, s};
@@ -418,7 +419,7 @@ impl DynamoStore {
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|e| StorageError::Backend(e.to_string()))?;
             self.batch_write(table, deletes).await?;
-            futures_util::stream::iter(gone)
+            let settled = futures_util::stream::iter(gone)
                 .map(|(key, receipt)| async move {
                     let version = receipt.version.clone();
                     self.settle_key(table, uaid, &key, &version, &receipt).await
@@ -426,6 +427,8 @@ impl DynamoStore {
                 .buffer_unordered(REMOVAL_CONCURRENCY)
                 .try_collect::<Vec<_>>()
                 .await?;
+            let gone = settled.into_iter().filter(|settled| *settled).count();
+            final_states_in_store(MessageState::Gone, gone);
         }
         Ok(())
     }
@@ -684,7 +687,10 @@ impl DynamoStore {
             .condition_expression("attribute_not_exists(updateid)")
             .send()
             .await;
-        condition_held(put, "PutItem").map(|_| ())
+        if condition_held(put, "PutItem")? && receipt.state == MessageState::Replaced {
+            final_states_in_store(MessageState::Replaced, 1);
+        }
+        Ok(())
     }
 
     /// The row under `sort_key` (or the key Python autopush gave it) in `table`.

@@ -20,6 +20,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
+use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use journal::{Journal, Settled};
@@ -159,8 +160,10 @@ impl EmbeddedStore {
         let uaid = Uuid::from_u128(uaid);
         for (key, version) in self.journal.versions(uaid.as_u128()) {
             if self.retention > 0 {
-                self.settle_message(&uaid, &key, &version, MessageState::Gone)
+                let gone = self
+                    .settle_message(&uaid, &key, &version, MessageState::Gone)
                     .await?;
+                final_states_in_store(MessageState::Gone, usize::from(gone));
             } else {
                 self.remove_message(&uaid, &key, &version).await?;
             }
@@ -180,7 +183,7 @@ fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
 /// Remove a user's record, channels and messages. With receipts on
 /// (`retention` seconds), its pending messages leave `gone` receipts instead,
 /// and its receipts and expired messages stay until their own expiry.
-fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) -> Result<()> {
+fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) -> Result<usize> {
     txn.open_table(USERS)
         .map_err(backend)?
         .remove(uaid)
@@ -193,7 +196,7 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) ->
     let range = (uaid, "")..=(uaid, SORT_KEY_MAX);
     if retention == 0 {
         messages.retain_in(range, |_, _| false).map_err(backend)?;
-        return Ok(());
+        return Ok(0);
     }
     let now = now_secs();
     let mut gone = Vec::new();
@@ -206,10 +209,10 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) ->
             gone.push((key.value().1.to_owned(), receipt));
         }
     }
-    for (key, receipt) in gone {
-        put_receipt(&mut messages, uaid, &key, &receipt)?;
+    for (key, receipt) in &gone {
+        put_receipt(&mut messages, uaid, key, receipt)?;
     }
-    Ok(())
+    Ok(gone.len())
 }
 
 /// Settle the message stored under `key` into `receipt`: the row becomes
@@ -359,8 +362,10 @@ impl Storage for EmbeddedStore {
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
         let uaid = uaid.as_u128();
         let retention = self.retention;
-        self.write(move |txn| remove_user_rows(txn, uaid, retention))
+        let gone = self
+            .write(move |txn| remove_user_rows(txn, uaid, retention))
             .await?;
+        final_states_in_store(MessageState::Gone, gone);
         self.remove_journaled(uaid).await
     }
 
@@ -371,21 +376,22 @@ impl Storage for EmbeddedStore {
             seen.connected_at,
             seen.router_data.clone(),
         );
-        let removed = self
+        let gone = self
             .write(move |txn| match read_user(txn, uaid)? {
                 Some(user)
                     if user.connected_at == connected_at && user.router_data == router_data =>
                 {
-                    remove_user_rows(txn, uaid, retention)?;
-                    Ok(true)
+                    remove_user_rows(txn, uaid, retention).map(Some)
                 }
-                _ => Ok(false),
+                _ => Ok(None),
             })
             .await?;
-        if removed {
-            self.remove_journaled(uaid).await?;
-        }
-        Ok(removed)
+        let Some(gone) = gone else {
+            return Ok(false);
+        };
+        final_states_in_store(MessageState::Gone, gone);
+        self.remove_journaled(uaid).await?;
+        Ok(true)
     }
 
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
@@ -467,10 +473,10 @@ impl Storage for EmbeddedStore {
             return Ok(());
         }
         let (uaid, retention) = (uaid.as_u128(), self.retention);
-        let taken = self
+        let (taken, replaced) = self
             .write(move |txn| {
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-                let mut taken = Vec::new();
+                let (mut taken, mut replacements) = (Vec::new(), 0);
                 for message in &messages {
                     let key = message.sort_key();
                     let mut replaced = None;
@@ -503,15 +509,17 @@ impl Storage for EmbeddedStore {
                         && let Some(own) = receipt_key(&key, &old.version)
                     {
                         let receipt = Receipt::replaced(&old, now_secs(), retention);
+                        replacements += usize::from(receipt.state == MessageState::Replaced);
                         let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
                         table
                             .insert((uaid, own.as_str()), json.as_slice())
                             .map_err(backend)?;
                     }
                 }
-                Ok(taken)
+                Ok((taken, replacements))
             })
             .await?;
+        final_states_in_store(MessageState::Replaced, replaced);
         match taken.first() {
             Some(key) => Err(StorageError::KeyTaken(key.clone())),
             None => Ok(()),
@@ -786,16 +794,16 @@ impl Storage for EmbeddedStore {
                 .write(move |txn| match read_user(txn, uaid)? {
                     // Looked again under the write lock: it may have said hello.
                     Some(user) if is_idle(&user, last_connect_before) => {
-                        remove_user_rows(txn, uaid, retention)?;
-                        Ok(true)
+                        remove_user_rows(txn, uaid, retention).map(Some)
                     }
-                    _ => Ok(false),
+                    _ => Ok(None),
                 })
                 .await?;
-            if gone {
+            if let Some(gone) = gone {
+                final_states_in_store(MessageState::Gone, gone);
                 self.remove_journaled(uaid).await?;
+                removed += 1;
             }
-            removed += usize::from(gone);
         }
         Ok(SweepStep {
             removed,
