@@ -132,7 +132,13 @@ async fn settle_channel_gone<S: Storage + ?Sized>(
             .buffer_unordered(UNSUBSCRIBE_CONCURRENCY)
             .try_collect::<Vec<_>>()
             .await?;
-    let gone = settled.into_iter().filter(|settled| *settled).count();
-    autopush_common::metrics::final_states_in_store(MessageState::Gone, gone);
+    count_gone(&settled);
     Ok(())
+}
+
+/// Count the `gone` receipts of conditional writes that each say whether
+/// they settled their message.
+pub(crate) fn count_gone(settled: &[bool]) {
+    let gone = settled.iter().filter(|settled| **settled).count();
+    autopush_common::metrics::final_states_in_store(MessageState::Gone, gone);
 }

@@ -224,8 +224,7 @@ impl BigtableStore {
             .buffer_unordered(REMOVAL_CONCURRENCY)
             .try_collect::<Vec<_>>()
             .await?;
-        let gone = settled.into_iter().filter(|settled| *settled).count();
-        final_states_in_store(MessageState::Gone, gone);
+        crate::receipt::count_gone(&settled);
         Ok(())
     }
 
