@@ -16,8 +16,12 @@ use std::time::{Duration, Instant};
 
 use tokio::time::sleep_until;
 
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+
 use crate::app_server::{AppServer, Bodies, Connection};
-use crate::stats::Latencies;
+use crate::server::cpu_ticks;
+use crate::stats::{Latencies, offered_cell, rate, refused_cell};
 
 /// Who pushes, to what, over how many connections.
 pub struct Load {
@@ -27,6 +31,32 @@ pub struct Load {
     pub endpoints: Arc<Vec<String>>,
     pub connections: usize,
     pub seconds: u64,
+}
+
+impl Load {
+    /// VAPID-signed pushes from one application server to `endpoints`
+    /// behind `endpoint_url`.
+    pub fn new(
+        endpoint_url: &str,
+        endpoints: Vec<String>,
+        connections: usize,
+        seconds: u64,
+    ) -> Load {
+        let sender = Arc::new(AppServer::new(endpoint_url));
+        let bodies = Arc::new(Bodies::new(
+            &URL_SAFE_NO_PAD
+                .decode(sender.public_key())
+                .unwrap_or_default(),
+        ));
+        Load {
+            endpoint_url: endpoint_url.to_owned(),
+            sender,
+            bodies,
+            endpoints: Arc::new(endpoints),
+            connections,
+            seconds,
+        }
+    }
 }
 
 /// What one rate gave.
@@ -186,6 +216,61 @@ pub async fn warm_up(load: &Load) {
         .await
         .unwrap_or_else(|e| panic!("the first push failed: {e}"));
     assert_eq!(status, 201, "the first push was answered {status}");
+}
+
+/// One rate of a bridge scenario, with the CPU (clock ticks) the server,
+/// the upstream's stand-in and this generator each spent on it.
+pub struct Measured {
+    pub offered: u64,
+    pub outcome: Outcome,
+    pub server_cpu: u64,
+    pub stand_in_cpu: u64,
+    pub generator_cpu: u64,
+}
+
+/// Push at `offered` per second as [`push`] does, measuring the CPU of the
+/// server and of the stand-in with `server_ticks` and `stand_in_ticks`.
+pub async fn push_measured(
+    load: &Load,
+    connections: Connections,
+    offered: u64,
+    server_ticks: impl Fn() -> u64,
+    stand_in_ticks: impl Fn() -> u64,
+) -> (Measured, Connections) {
+    let me = std::process::id();
+    let before = (server_ticks(), stand_in_ticks(), cpu_ticks(me));
+    let (outcome, connections) = push(load, connections, offered).await;
+    let measured = Measured {
+        offered,
+        outcome,
+        server_cpu: server_ticks().saturating_sub(before.0),
+        stand_in_cpu: stand_in_ticks().saturating_sub(before.1),
+        generator_cpu: cpu_ticks(me).saturating_sub(before.2),
+    };
+    (measured, connections)
+}
+
+impl Measured {
+    /// The table cells every bridge scenario prints, from offered to
+    /// non-201: offered, accepted, p50, p99, max, most in flight, server CPU,
+    /// server CPU per push, stand-in CPU, generator CPU, non-201.
+    pub fn cells(&mut self) -> String {
+        let step = &mut self.outcome;
+        format!(
+            "{} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {}",
+            offered_cell(self.offered),
+            rate(step.accepted, step.elapsed),
+            step.latencies.percentile_ms(50.0),
+            step.latencies.percentile_ms(99.0),
+            step.latencies.percentile_ms(100.0),
+            step.most_in_flight,
+            cpu_percent(self.server_cpu, step.elapsed),
+            micros_per_push(self.server_cpu, step.accepted),
+            cpu_percent(self.stand_in_cpu, step.elapsed),
+            cpu_percent(self.generator_cpu, step.elapsed),
+            refused_cell(&step.refused),
+        )
+    }
 }
 
 /// Microseconds of one core per push, from clock ticks (1/100 s).

@@ -25,8 +25,6 @@ use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::bridges::BridgeSettings;
 use autopush_gateway::settings::{Settings, SettingsLayer};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -35,11 +33,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use crate::app_server::{AppServer, Bodies, Connection};
-use crate::open_loop::{self, Connections, Load, cpu_percent, micros_per_push};
+use crate::app_server::Connection;
+use crate::open_loop::{self, Connections, Load};
 use crate::server::{cpu_ticks, free_ports};
 use crate::stand_in::StandIn;
-use crate::stats::{offered_cell, rate, refused_cell};
 
 /// A rate limit the bench never reaches (`PER_SECOND,BURST`).
 const OUT_OF_REACH: &str = "1000000000,1000000000";
@@ -81,52 +78,35 @@ async fn run_latency(options: &Options, delay: Duration, log: &Path) -> bool {
         options.connections + 100,
         log,
     );
-    let endpoints = Arc::new(register(&service.endpoint_url, options.devices).await);
-    let sender = Arc::new(AppServer::new(&service.endpoint_url));
-    let bodies = Arc::new(Bodies::new(
-        &URL_SAFE_NO_PAD
-            .decode(sender.public_key())
-            .unwrap_or_default(),
-    ));
-    let load = Load {
-        endpoint_url: service.endpoint_url.clone(),
-        sender,
-        bodies,
+    let endpoints = register(&service.endpoint_url, options.devices).await;
+    let load = Load::new(
+        &service.endpoint_url,
         endpoints,
-        connections: options.connections,
-        seconds: options.seconds,
-    };
+        options.connections,
+        options.seconds,
+    );
     // The first push opens the connection to Apple; the rates measure what follows.
     open_loop::warm_up(&load).await;
     let mut connections = Connections::open(&load).await;
-    let me = std::process::id();
     let mut all_good = true;
     for &offered in &options.rates {
         let before = apple.received().await;
-        let cpu_before = (service.cpu_ticks(), apple.cpu_ticks(), cpu_ticks(me));
-        let (step, open) = open_loop::push(&load, connections, offered).await;
+        let (mut measured, open) = open_loop::push_measured(
+            &load,
+            connections,
+            offered,
+            || service.cpu_ticks(),
+            || apple.cpu_ticks(),
+        )
+        .await;
         connections = open;
-        let cpu = (
-            service.cpu_ticks().saturating_sub(cpu_before.0),
-            apple.cpu_ticks().saturating_sub(cpu_before.1),
-            cpu_ticks(me).saturating_sub(cpu_before.2),
-        );
         let reached = apple.received().await - before;
-        let mut latencies = step.latencies;
-        let (offered, refused) = (offered_cell(offered), refused_cell(&step.refused));
         println!(
-            "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {refused} | {reached} |",
+            "| {} | {} | {reached} |",
             delay.as_millis(),
-            rate(step.accepted, step.elapsed),
-            latencies.percentile_ms(50.0),
-            latencies.percentile_ms(99.0),
-            latencies.percentile_ms(100.0),
-            step.most_in_flight,
-            cpu_percent(cpu.0, step.elapsed),
-            micros_per_push(cpu.0, step.accepted),
-            cpu_percent(cpu.1, step.elapsed),
-            cpu_percent(cpu.2, step.elapsed),
+            measured.cells()
         );
+        let step = &measured.outcome;
         if reached != step.accepted as u64 {
             eprintln!(
                 "{} pushes accepted but {reached} reached Apple",

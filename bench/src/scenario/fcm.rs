@@ -10,18 +10,13 @@
 //! (every accepted push).
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::json;
 
-use crate::app_server::{AppServer, Bodies};
-use crate::open_loop::{self, Connections, Load, cpu_percent, micros_per_push};
-use crate::server::{Server, cpu_ticks};
+use crate::open_loop::{self, Connections, Load};
+use crate::server::Server;
 use crate::stand_in::StandIn;
-use crate::stats::{offered_cell, rate, refused_cell};
 
 pub struct Options {
     pub devices: usize,
@@ -74,54 +69,37 @@ async fn run_delay(options: &Options, delay: Duration, log: &Path) -> bool {
         log,
     )
     .await;
-    let sender = Arc::new(AppServer::new(&server.endpoint_url));
-    let bodies = Arc::new(Bodies::new(
-        &URL_SAFE_NO_PAD
-            .decode(sender.public_key())
-            .unwrap_or_default(),
-    ));
-    let endpoints = Arc::new(register(&server, options.devices).await);
-    let load = Load {
-        endpoint_url: server.endpoint_url.clone(),
-        sender,
-        bodies,
+    let endpoints = register(&server, options.devices).await;
+    let load = Load::new(
+        &server.endpoint_url,
         endpoints,
-        connections: options.connections,
-        seconds: options.seconds,
-    };
+        options.connections,
+        options.seconds,
+    );
     // The first push fetches the access token; the rates measure what follows.
     open_loop::warm_up(&load).await;
     let mut connections = Connections::open(&load).await;
-    let me = std::process::id();
     let mut all_good = true;
     for &offered in &options.rates {
         let before = google.received().await;
-        let cpu_before = (server.cpu_ticks(), google.cpu_ticks(), cpu_ticks(me));
-        let (step, open) = open_loop::push(&load, connections, offered).await;
+        let (mut measured, open) = open_loop::push_measured(
+            &load,
+            connections,
+            offered,
+            || server.cpu_ticks(),
+            || google.cpu_ticks(),
+        )
+        .await;
         connections = open;
-        let cpu = (
-            server.cpu_ticks().saturating_sub(cpu_before.0),
-            google.cpu_ticks().saturating_sub(cpu_before.1),
-            cpu_ticks(me).saturating_sub(cpu_before.2),
-        );
         let stats = google.stats().await;
         let reached = stats["received"].as_u64().unwrap_or(0) - before;
         let token_fetches = stats["token_fetches"].as_u64().unwrap_or(0);
-        let mut latencies = step.latencies;
-        let (offered, refused) = (offered_cell(offered), refused_cell(&step.refused));
         println!(
-            "| {} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {refused} | {reached} | {token_fetches} |",
+            "| {} | {} | {reached} | {token_fetches} |",
             delay.as_millis(),
-            rate(step.accepted, step.elapsed),
-            latencies.percentile_ms(50.0),
-            latencies.percentile_ms(99.0),
-            latencies.percentile_ms(100.0),
-            step.most_in_flight,
-            cpu_percent(cpu.0, step.elapsed),
-            micros_per_push(cpu.0, step.accepted),
-            cpu_percent(cpu.1, step.elapsed),
-            cpu_percent(cpu.2, step.elapsed),
+            measured.cells()
         );
+        let step = &measured.outcome;
         all_good &=
             step.refused.is_empty() && reached == step.accepted as u64 && token_fetches == 1;
     }
