@@ -35,6 +35,25 @@ struct Write<T, F> {
     reply: oneshot::Sender<Result<T>>,
 }
 
+/// `write` as a pending write, and where its answer will come.
+fn pending<T, F>(write: F) -> (Box<dyn PendingWrite>, oneshot::Receiver<Result<T>>)
+where
+    T: Send + 'static,
+    F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
+{
+    let (reply, answer) = oneshot::channel();
+    let pending = Box::new(Write {
+        write,
+        output: None,
+        reply,
+    });
+    (pending, answer)
+}
+
+fn stopped() -> StorageError {
+    StorageError::Backend("the writer thread has stopped".into())
+}
+
 impl<T, F> PendingWrite for Write<T, F>
 where
     T: Send,
@@ -109,15 +128,8 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let pending = Box::new(Write {
-            write,
-            output: None,
-            reply,
-        });
-        let stopped = || StorageError::Backend("the writer thread has stopped".into());
-        let queue = self.thread.queue.as_ref().ok_or_else(stopped)?;
-        queue.send(pending).await.map_err(|_| stopped())?;
+        let (pending, answer) = pending(write);
+        self.queue()?.send(pending).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 
@@ -128,16 +140,15 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let pending = Box::new(Write {
-            write,
-            output: None,
-            reply,
-        });
-        let stopped = || StorageError::Backend("the writer thread has stopped".into());
-        let queue = self.thread.queue.as_ref().ok_or_else(stopped)?;
-        queue.blocking_send(pending).map_err(|_| stopped())?;
+        let (pending, answer) = pending(write);
+        self.queue()?
+            .blocking_send(pending)
+            .map_err(|_| stopped())?;
         answer.blocking_recv().map_err(|_| stopped())?
+    }
+
+    fn queue(&self) -> Result<&mpsc::Sender<Box<dyn PendingWrite>>> {
+        self.thread.queue.as_ref().ok_or_else(stopped)
     }
 }
 
