@@ -23,6 +23,7 @@
 //! Firefox.
 
 pub mod apns;
+pub mod backend;
 pub mod bigtable;
 pub mod bridge;
 pub mod dynamo;

@@ -3,88 +3,15 @@
 //! (Google's emulator).
 
 use autopush_crypto::vapid::VapidKey as SigningKey;
+use autopush_tests::backend::{Db, start};
 use autopush_tests::http;
+use autopush_tests::on_every_backend;
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::receipt::{
     location, state, state_of, wait_for_404, wait_for_state, wait_until,
 };
-use autopush_tests::server::{Node, free_ports};
+use autopush_tests::server::free_ports;
 use autopush_tests::*;
-
-#[derive(Clone, Copy, Debug)]
-enum Db {
-    Embedded,
-    Dynamo,
-    Bigtable,
-}
-
-/// A server on `db` (fresh tables for DynamoDB) with extra `args`.
-async fn start(db: Db, args: &[&str]) -> Server {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    match db {
-        Db::Embedded => {
-            Server::start_node(Node {
-                args,
-                ..Node::default()
-            })
-            .await
-        }
-        Db::Dynamo => {
-            let tables = dynamo::tables();
-            let endpoint = &dynamo::local().await.endpoint;
-            dynamo::connect(endpoint, tables.clone())
-                .await
-                .create_tables()
-                .await
-                .expect("create tables");
-            let key = autopush_common::endpoint::generate_key;
-            let mut shared = vec![
-                format!("--router-table={}", tables.router),
-                format!("--message-table={}", tables.message),
-                format!("--crypto-key={}", key()),
-                format!("--auth-key={}", key()),
-                format!("--router-key={}", key()),
-            ];
-            shared.extend(args);
-            Server::start_node(Node {
-                db: Some("dynamodb".into()),
-                env: dynamo::aws_env(endpoint)
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v))
-                    .collect(),
-                args: shared,
-                ..Node::default()
-            })
-            .await
-        }
-        Db::Bigtable => {
-            let store = autopush_tests::bigtable::fresh_store().await;
-            let emulator = autopush_tests::bigtable::local().await;
-            let key = autopush_common::endpoint::generate_key;
-            let mut shared = vec![
-                format!(
-                    "--db-settings={}",
-                    autopush_tests::bigtable::db_settings(&store.settings().table_name)
-                ),
-                format!("--crypto-key={}", key()),
-                format!("--auth-key={}", key()),
-                format!("--router-key={}", key()),
-            ];
-            // Receipts are off by default on Bigtable (autopush-rs cannot
-            // read their rows): these tests turn them on unless they say.
-            if !args.iter().any(|a| a.starts_with("--receipt-retention")) {
-                shared.push("--receipt-retention=86400".into());
-            }
-            shared.extend(args);
-            Server::start_node(Node {
-                db: Some(emulator.dsn()),
-                args: shared,
-                ..Node::default()
-            })
-            .await
-        }
-    }
-}
 
 /// Every webpush state: stored, sent, delivered, deleted, dropped,
 /// replaced, expired, and an unknown id.
@@ -304,35 +231,6 @@ async fn a_receipt_is_gone_after_its_retention(db: Db) {
     let dropped = location(&sub.send(&SendOptions::text("dropped").ttl(0)).await);
     wait_for_404(&delivered).await;
     wait_for_404(&dropped).await;
-}
-
-macro_rules! on_every_backend {
-    ($($test:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::$test(super::Db::Embedded).await;
-                }
-            )*
-        }
-        mod dynamodb {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::$test(super::Db::Dynamo).await;
-                }
-            )*
-        }
-        mod bigtable {
-            $(
-                #[tokio::test]
-                async fn $test() {
-                    super::$test(super::Db::Bigtable).await;
-                }
-            )*
-        }
-    };
 }
 
 on_every_backend!(

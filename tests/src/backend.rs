@@ -1,0 +1,114 @@
+//! The three storage backends the binary runs on, for tests that must hold
+//! on each: the embedded store, DynamoDB (moto, see [`crate::dynamo`]) and
+//! Bigtable (Google's emulator, see [`crate::bigtable`]).
+
+use crate::server::{Node, Server};
+use crate::{bigtable, dynamo};
+
+#[derive(Clone, Copy, Debug)]
+pub enum Db {
+    Embedded,
+    Dynamo,
+    Bigtable,
+}
+
+/// A node on `db` (fresh tables for DynamoDB, a fresh table for Bigtable,
+/// with keys the server would otherwise keep in its data dir) with extra
+/// `args`. Receipts are off by default on Bigtable (autopush-rs cannot read
+/// their rows): this turns them on unless `args` set a retention.
+pub async fn node(db: Db, args: &[&str]) -> Node {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let key = autopush_common::endpoint::generate_key;
+    let keys = || {
+        [
+            format!("--crypto-key={}", key()),
+            format!("--auth-key={}", key()),
+            format!("--router-key={}", key()),
+        ]
+    };
+    match db {
+        Db::Embedded => Node {
+            args,
+            ..Node::default()
+        },
+        Db::Dynamo => {
+            let tables = dynamo::tables();
+            let endpoint = &dynamo::local().await.endpoint;
+            dynamo::connect(endpoint, tables.clone())
+                .await
+                .create_tables()
+                .await
+                .expect("create tables");
+            let mut shared = vec![
+                format!("--router-table={}", tables.router),
+                format!("--message-table={}", tables.message),
+            ];
+            shared.extend(keys());
+            shared.extend(args);
+            Node {
+                db: Some("dynamodb".into()),
+                env: dynamo::aws_env(endpoint)
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v))
+                    .collect(),
+                args: shared,
+                ..Node::default()
+            }
+        }
+        Db::Bigtable => {
+            let store = bigtable::fresh_store().await;
+            let emulator = bigtable::local().await;
+            let mut shared = vec![format!(
+                "--db-settings={}",
+                bigtable::db_settings(&store.settings().table_name)
+            )];
+            shared.extend(keys());
+            if !args.iter().any(|a| a.starts_with("--receipt-retention")) {
+                shared.push("--receipt-retention=86400".into());
+            }
+            shared.extend(args);
+            Node {
+                db: Some(emulator.dsn()),
+                args: shared,
+                ..Node::default()
+            }
+        }
+    }
+}
+
+/// A server on `db` with extra `args` (see [`node`]).
+pub async fn start(db: Db, args: &[&str]) -> Server {
+    Server::start_node(node(db, args).await).await
+}
+
+/// Tests `async fn test(db: Db)` of the calling module, run on every
+/// backend: `embedded::test`, `dynamodb::test` and `bigtable::test`.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($($test:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::backend::Db::Embedded).await;
+                }
+            )*
+        }
+        mod dynamodb {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::backend::Db::Dynamo).await;
+                }
+            )*
+        }
+        mod bigtable {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::backend::Db::Bigtable).await;
+                }
+            )*
+        }
+    };
+}
