@@ -30,6 +30,7 @@ pub mod dynamo;
 pub mod firefox;
 pub mod google;
 pub mod http;
+pub mod mailbox;
 pub mod node;
 pub mod prometheus;
 pub mod py;

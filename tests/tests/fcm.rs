@@ -6,11 +6,12 @@
 
 use std::time::Duration;
 
+use autopush_tests::backend::{self, Db};
 use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
-use autopush_tests::{Server, new_channel_id, receipt, server};
+use autopush_tests::{Server, new_channel_id, server};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -41,6 +42,11 @@ impl Bridge {
 
     /// [`Bridge::start`] with more command-line arguments.
     async fn start_with(args: &[&str]) -> Bridge {
+        Bridge::start_on(Db::Embedded, args).await
+    }
+
+    /// [`Bridge::start_with`] on the storage backend `db`.
+    async fn start_on(db: Db, args: &[&str]) -> Bridge {
         let google = Google::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let key_file = google.write_service_account(dir.path(), "service-account.json");
@@ -80,7 +86,7 @@ impl Bridge {
         let config = config.display().to_string();
         let mut all_args = vec!["--config", &config, "--gcm-credentials", &gcm];
         all_args.extend_from_slice(args);
-        let server = Server::start_with(&all_args).await;
+        let server = backend::start(db, &all_args).await;
         let keys = Keys::generate().await;
         Bridge {
             google,
@@ -119,8 +125,19 @@ impl Bridge {
 
     /// `METHOD .../registration/{uaid}{path}` with the registration's secret.
     async fn call(&self, method: Method, r: &Registration, path: &str) -> HttpReply {
+        self.call_as(method, r, &r.secret, path).await
+    }
+
+    /// [`Bridge::call`] with `secret` as the bearer token.
+    async fn call_as(
+        &self,
+        method: Method,
+        r: &Registration,
+        secret: &str,
+        path: &str,
+    ) -> HttpReply {
         let url = self.registration_url(&r.router_type, &r.app_id, &format!("/{}{path}", r.uaid));
-        let auth = format!("Bearer {}", r.secret);
+        let auth = format!("Bearer {secret}");
         http::request(method, &url, &[("authorization", &auth)], None).await
     }
 
@@ -792,55 +809,196 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
     }
 }
 
-/// What a push to an Android app became: `bridged` once Google took it
-/// (the id Google carried as `ver` is the one in `Location`); with a
-/// mailbox, the app also fetches every message (whatever FCM did with its
-/// backlog) and acks each: `fetched`.
-#[tokio::test]
-async fn fcm_receipts_and_the_mailbox() {
-    let bridge = Bridge::start().await;
-    let state_of = async |sent: &SendResult| receipt::state_of(&receipt::location(sent)).await;
-    let plain = bridge.register("fcm", "app1", "fcm-token-plain").await;
-    let sent = bridge.push(&plain, &SendOptions::text("plain")).await;
-    sent.assert_created();
-    assert_eq!(state_of(&sent).await, "bridged");
-    let received = bridge.google.wait_for("fcm-token-plain", 1).await;
-    assert_eq!(received[0].data()["ver"], Registration::message_id(&sent));
+/// Receipts of pushes to an Android app, and the mailbox of a registration
+/// that asked for one, on every storage backend.
+mod mailbox {
+    use autopush_tests::mailbox::fetch_all;
+    use autopush_tests::on_every_backend;
+    use autopush_tests::receipt::{id_of, location, state_of, wait_for_state};
 
-    let reply = bridge
-        .register_body(
-            "fcm",
-            "app1",
-            json!({"token": "fcm-token-box", "mailbox": true}),
-        )
-        .await;
-    let boxed = Registration::from_reply("fcm", "app1", &reply);
-    let texts = ["first", "second", "third"];
-    let mut sent = Vec::new();
-    for text in texts {
-        let result = bridge.push(&boxed, &SendOptions::text(text)).await;
-        result.assert_created();
-        assert_eq!(state_of(&result).await, "bridged");
-        sent.push(result);
+    use super::*;
+
+    impl Bridge {
+        /// An `app1` registration with a mailbox.
+        async fn register_mailbox(&self, token: &str) -> Registration {
+            let body = json!({"token": token, "mailbox": true});
+            let reply = self.register_body("fcm", "app1", body).await;
+            Registration::from_reply("fcm", "app1", &reply)
+        }
+
+        /// Every message in `r`'s mailbox, `limit` a page.
+        async fn fetch_all(&self, r: &Registration, limit: usize) -> Vec<Value> {
+            fetch_all(limit, async |query| {
+                self.call(Method::GET, r, &format!("/messages?{query}"))
+                    .await
+            })
+            .await
+        }
+
+        /// The app acks message `id` of its mailbox.
+        async fn ack(&self, r: &Registration, id: &str) -> HttpReply {
+            self.call(Method::DELETE, r, &format!("/messages/{id}"))
+                .await
+        }
+
+        /// The texts of `messages`, decrypted as the app does.
+        async fn texts(&self, messages: &[Value]) -> Vec<String> {
+            let mut texts = Vec::new();
+            for message in messages {
+                texts.push(self.decrypt(message).await);
+            }
+            texts
+        }
     }
-    bridge.google.wait_for("fcm-token-box", texts.len()).await;
-    let listed = bridge.call(Method::GET, &boxed, "/messages").await;
-    assert_eq!(listed.status, 200, "{}", listed.text);
-    let messages = listed.json["messages"]
-        .as_array()
-        .expect("messages")
-        .clone();
-    assert_eq!(messages.len(), texts.len(), "{}", listed.text);
-    for ((message, text), result) in messages.iter().zip(texts).zip(&sent) {
-        assert_eq!(bridge.decrypt(message).await, text);
-        let id = Registration::message_id(result);
-        assert_eq!(message["ver"], id.as_str());
-        let acked = bridge
-            .call(Method::DELETE, &boxed, &format!("/messages/{id}"))
-            .await;
-        assert_eq!(acked.status, 200, "{}", acked.text);
-        assert_eq!(state_of(result).await, "fetched");
+
+    /// What a push to an Android app became: `bridged` once Google took it
+    /// (the id Google carried as `ver` is the one in `Location`). With a
+    /// mailbox, whatever FCM does with its backlog, the app fetches every
+    /// message, oldest first in pages, and acks each: `fetched`, and a
+    /// second ack is 404. One FCM refused (the sender heard an error) is
+    /// not kept.
+    async fn the_mailbox_keeps_every_message(db: Db) {
+        let bridge = Bridge::start_on(db, &[]).await;
+        let plain = bridge.register("fcm", "app1", "fcm-token-plain").await;
+        let sent = bridge.push(&plain, &SendOptions::text("plain")).await;
+        assert_eq!(state_of(&location(&sent)).await, "bridged");
+        let received = bridge.google.wait_for("fcm-token-plain", 1).await;
+        assert_eq!(received[0].data()["ver"], Registration::message_id(&sent));
+
+        let token = "fcm-token-box";
+        let boxed = bridge.register_mailbox(token).await;
+        let texts = ["one", "two", "three", "four", "five"];
+        let mut receipts = Vec::new();
+        for text in texts {
+            let sent = location(&bridge.push(&boxed, &SendOptions::text(text)).await);
+            assert_eq!(state_of(&sent).await, "bridged");
+            receipts.push(sent);
+        }
+        bridge.google.script(
+            token,
+            &[Reply::InvalidArgument("Invalid value at 'message'".into())],
+        );
+        bridge
+            .push(&boxed, &SendOptions::text("refused"))
+            .await
+            .assert_error(400, 110);
+        assert_eq!(bridge.google.wait_for(token, 6).await.len(), 6);
+
+        let listed = bridge.fetch_all(&boxed, 2).await;
+        assert_eq!(bridge.texts(&listed).await, texts, "{listed:?}");
+        for (message, receipt) in listed.iter().zip(&receipts) {
+            assert_eq!(message["ver"], id_of(receipt), "{message}");
+            assert_eq!(message["chid"], boxed.channel_id.as_str(), "{message}");
+        }
+        for receipt in &receipts {
+            let acked = bridge.ack(&boxed, id_of(receipt)).await;
+            assert_eq!(acked.status, 200, "{}", acked.text);
+            assert_eq!(state_of(receipt).await, "fetched");
+            bridge
+                .ack(&boxed, id_of(receipt))
+                .await
+                .assert_error(404, 102);
+        }
+        assert!(bridge.fetch_all(&boxed, 10).await.is_empty());
     }
-    let listed = bridge.call(Method::GET, &boxed, "/messages").await;
-    assert_eq!(listed.json["messages"], json!([]), "{}", listed.text);
+
+    /// The mailbox keeps the usual rules: a newer message with the same
+    /// Topic replaces an older one, an expired one is not listed, the
+    /// sender may delete one, and a removed registration leaves the rest
+    /// `gone`.
+    async fn the_mailbox_keeps_topic_ttl_and_delete_rules(db: Db) {
+        let bridge = Bridge::start_on(db, &[]).await;
+        let r = bridge.register_mailbox("fcm-token-rules").await;
+        let push = async |options: SendOptions| location(&bridge.push(&r, &options).await);
+        let first = push(SendOptions::text("first").topic("score")).await;
+        let second = push(SendOptions::text("second").topic("score")).await;
+        let expiring = push(SendOptions::text("expiring").ttl(1)).await;
+        let deleted = push(SendOptions::text("deleted")).await;
+        let pending = push(SendOptions::text("pending")).await;
+        assert_eq!(http::delete(&deleted).await.status, 204);
+        assert_eq!(state_of(&first).await, "replaced");
+        assert_eq!(state_of(&deleted).await, "deleted");
+        wait_for_state(&expiring, "expired").await;
+        let listed = bridge.fetch_all(&r, 10).await;
+        assert_eq!(bridge.texts(&listed).await, ["second", "pending"]);
+        assert_eq!(listed[0]["topic"], "score");
+
+        let removed = bridge.call(Method::DELETE, &r, "").await;
+        assert_eq!(removed.status, 200, "{}", removed.text);
+        assert_eq!(state_of(&second).await, "gone");
+        assert_eq!(state_of(&pending).await, "gone");
+        assert_eq!(state_of(&deleted).await, "deleted");
+        assert_eq!(state_of(&expiring).await, "expired");
+    }
+
+    /// A mailbox holds at most `--msg-limit` messages: past it the sender
+    /// gets 429 with Retry-After and nothing goes to FCM; an ack makes
+    /// room, and a message that only replaces one with its Topic takes no
+    /// more.
+    async fn a_full_mailbox_refuses_more(db: Db) {
+        let bridge = Bridge::start_on(db, &["--msg-limit", "2"]).await;
+        let token = "fcm-token-full";
+        let r = bridge.register_mailbox(token).await;
+        let first = location(&bridge.push(&r, &SendOptions::text("1")).await);
+        location(&bridge.push(&r, &SendOptions::text("2")).await);
+        let refused = bridge.push(&r, &SendOptions::text("3")).await;
+        refused.assert_error(429, 201);
+        assert!(refused.header("retry-after").is_some(), "{refused:?}");
+        assert_eq!(bridge.google.received_for(token).len(), 2);
+
+        assert_eq!(bridge.ack(&r, id_of(&first)).await.status, 200);
+        let scored = location(
+            &bridge
+                .push(&r, &SendOptions::text("3").topic("score"))
+                .await,
+        );
+        bridge
+            .push(&r, &SendOptions::text("4").topic("other"))
+            .await
+            .assert_error(429, 201);
+        location(
+            &bridge
+                .push(&r, &SendOptions::text("4").topic("score"))
+                .await,
+        );
+        assert_eq!(state_of(&scored).await, "replaced");
+        assert_eq!(bridge.google.received_for(token).len(), 4);
+        let listed = bridge.fetch_all(&r, 10).await;
+        let mut texts = bridge.texts(&listed).await;
+        texts.sort();
+        assert_eq!(texts, ["2", "4"], "{listed:?}");
+    }
+
+    /// Only the registration's own secret reads or acks its mailbox.
+    async fn the_mailbox_needs_the_registration_secret(db: Db) {
+        let bridge = Bridge::start_on(db, &[]).await;
+        let mine = bridge.register_mailbox("fcm-token-mine").await;
+        let other = bridge.register_mailbox("fcm-token-other").await;
+        let sent = location(&bridge.push(&mine, &SendOptions::text("mine")).await);
+        for secret in [other.secret.as_str(), "not-a-secret"] {
+            bridge
+                .call_as(Method::GET, &mine, secret, "/messages")
+                .await
+                .assert_error(401, 109);
+            let ack = format!("/messages/{}", id_of(&sent));
+            bridge
+                .call_as(Method::DELETE, &mine, secret, &ack)
+                .await
+                .assert_error(401, 109);
+        }
+        // Another registration cannot ack it, even with its own secret.
+        bridge
+            .ack(&other, id_of(&sent))
+            .await
+            .assert_error(404, 102);
+        assert_eq!(bridge.fetch_all(&mine, 10).await.len(), 1);
+        assert_eq!(state_of(&sent).await, "bridged");
+    }
+
+    on_every_backend!(
+        the_mailbox_keeps_every_message,
+        the_mailbox_keeps_topic_ttl_and_delete_rules,
+        a_full_mailbox_refuses_more,
+        the_mailbox_needs_the_registration_secret,
+    );
 }

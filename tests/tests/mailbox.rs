@@ -5,24 +5,17 @@
 use autopush_apns::double::{ApnsDouble, Outcome};
 use autopush_tests::apns::{ApnsService, FIREFOX, IosApp, device_token};
 use autopush_tests::http::{self, HttpReply};
+use autopush_tests::mailbox;
 use autopush_tests::receipt::{id_of, location, state_of, wait_for_state};
 use autopush_tests::*;
 use serde_json::{Value, json};
 
 /// Every message in `app`'s mailbox, page by page (`limit` a page).
 async fn fetch_all(service: &ApnsService, app: &IosApp, limit: usize) -> Vec<Value> {
-    let (mut messages, mut query) = (Vec::new(), format!("limit={limit}"));
-    loop {
-        let page = service.mailbox(app, &app.secret, &query).await;
-        assert_eq!(page.status, 200, "{}", page.text);
-        let listed = page.json["messages"].as_array().expect("messages").clone();
-        assert!(listed.len() <= limit, "{}", page.text);
-        messages.extend(listed);
-        match page.json["next"].as_str() {
-            Some(next) => query = format!("limit={limit}&after={next}"),
-            None => return messages,
-        }
-    }
+    mailbox::fetch_all(limit, async |query| {
+        service.mailbox(app, &app.secret, query).await
+    })
+    .await
 }
 
 /// Without a mailbox, a push Apple accepted is `bridged` for good: a
