@@ -854,7 +854,7 @@ mod mailbox {
     /// What a push to an Android app became: `bridged` once Google took it
     /// (the id Google carried as `ver` is the one in `Location`). With a
     /// mailbox, whatever FCM does with its backlog, the app fetches every
-    /// message, oldest first in pages, and acks each: `fetched`, and a
+    /// message, oldest first in pages whatever their Topic, and acks each: `fetched`, and a
     /// second ack is 404. One FCM refused (the sender heard an error) is
     /// not kept.
     async fn the_mailbox_keeps_every_message(db: Db) {
@@ -867,10 +867,16 @@ mod mailbox {
 
         let token = "fcm-token-box";
         let boxed = bridge.register_mailbox(token).await;
+        // Topic messages among them: listed in their place too.
         let texts = ["one", "two", "three", "four", "five"];
+        let topics = [None, Some("a"), Some("b"), None, Some("c")];
         let mut receipts = Vec::new();
-        for text in texts {
-            let sent = location(&bridge.push(&boxed, &SendOptions::text(text)).await);
+        for (text, topic) in texts.into_iter().zip(topics) {
+            let options = match topic {
+                Some(topic) => SendOptions::text(text).topic(topic),
+                None => SendOptions::text(text),
+            };
+            let sent = location(&bridge.push(&boxed, &options).await);
             assert_eq!(state_of(&sent).await, "bridged");
             receipts.push(sent);
         }
