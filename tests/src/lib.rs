@@ -9,7 +9,8 @@
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
 //! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]); Bigtable tests
-//! on Google's emulator ([`bigtable`]).
+//! on Google's emulator ([`bigtable`]). A test that must hold on every
+//! backend runs once on each ([`backend`], `on_every_backend!`).
 //!
 //! Environment:
 //! * `AUTOPUSH_BIN`: the binary under test (default `<workspace>/target/debug/autopush`).
