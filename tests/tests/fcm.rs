@@ -909,7 +909,8 @@ mod mailbox {
     }
 
     /// The mailbox keeps the usual rules: a newer message with the same
-    /// Topic replaces an older one, an expired one is not listed, the
+    /// Topic replaces an older one (an ack of the older one, listed before
+    /// the newer came, leaves the newer), an expired one is not listed, the
     /// sender may delete one, and a removed registration leaves the rest
     /// `gone`.
     async fn the_mailbox_keeps_topic_ttl_and_delete_rules(db: Db) {
@@ -928,11 +929,19 @@ mod mailbox {
         let listed = bridge.fetch_all(&r, 10).await;
         assert_eq!(bridge.texts(&listed).await, ["second", "pending"]);
         assert_eq!(listed[0]["topic"], "score");
+        // A newer message with the Topic arrives after the listing: the
+        // app's ack of the one it listed leaves the newer one pending.
+        let third = push(SendOptions::text("third").topic("score")).await;
+        bridge.ack(&r, id_of(&second)).await.assert_error(404, 102);
+        assert_eq!(state_of(&second).await, "replaced");
+        let listed = bridge.fetch_all(&r, 10).await;
+        assert_eq!(bridge.texts(&listed).await, ["pending", "third"]);
 
         let removed = bridge.call(Method::DELETE, &r, "").await;
         assert_eq!(removed.status, 200, "{}", removed.text);
-        assert_eq!(state_of(&second).await, "gone");
+        assert_eq!(state_of(&third).await, "gone");
         assert_eq!(state_of(&pending).await, "gone");
+        assert_eq!(state_of(&second).await, "replaced");
         assert_eq!(state_of(&deleted).await, "deleted");
         assert_eq!(state_of(&expiring).await, "expired");
     }
