@@ -1010,8 +1010,31 @@ mod mailbox {
         assert_eq!(state_of(&sent).await, "bridged");
     }
 
+    /// A new device token (`PUT` without `mailbox`) keeps the mailbox and
+    /// what it holds; the next wake-up goes to the new token.
+    async fn a_new_token_keeps_the_mailbox(db: Db) {
+        let bridge = Bridge::start_on(db, &[]).await;
+        let r = bridge.register_mailbox("fcm-token-old").await;
+        location(&bridge.push(&r, &SendOptions::text("before")).await);
+        let url = bridge.registration_url("fcm", "app1", &format!("/{}", r.uaid));
+        let auth = format!("Bearer {}", r.secret);
+        let headers = [
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let body = json!({"token": "fcm-token-new"}).to_string().into_bytes();
+        let updated = http::request(Method::PUT, &url, &headers, Some(body)).await;
+        assert_eq!(updated.status, 200, "{}", updated.text);
+        location(&bridge.push(&r, &SendOptions::text("after")).await);
+        bridge.google.wait_for("fcm-token-new", 1).await;
+        assert_eq!(bridge.google.received_for("fcm-token-old").len(), 1);
+        let listed = bridge.fetch_all(&r, 10).await;
+        assert_eq!(bridge.texts(&listed).await, ["before", "after"]);
+    }
+
     on_every_backend!(
         the_mailbox_keeps_every_message,
+        a_new_token_keeps_the_mailbox,
         the_mailbox_keeps_topic_ttl_and_delete_rules,
         a_full_mailbox_refuses_more,
         the_mailbox_needs_the_registration_secret,
