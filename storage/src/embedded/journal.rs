@@ -4,9 +4,9 @@
 //! A direct message is usually acked within milliseconds of its write. In
 //! redb that costs two commits and two copy-on-write B-tree updates (the
 //! write, then the delete or the receipt on the ack), each far dearer than
-//! the push itself. Here the message is appended to a file instead, and the
-//! appends waiting at the same moment share one `fdatasync` (group commit):
-//! the sender hears 201 only once its message is on disk. The ack appends a
+//! the push itself. Here the message is written to a file instead, and the
+//! writes waiting at the same moment share one `fdatasync` (group commit):
+//! the sender hears 201 only once its message is on disk. The ack writes a
 //! small tombstone that needs no sync of its own (a tombstone lost to a crash
 //! only means the message is delivered again). Readers see the journal's
 //! messages through an in-memory index of the unsettled ones; with receipts
@@ -69,7 +69,7 @@ const FLUSH_AT: usize = 8192;
 /// A receipt waits in memory at most about this long (it is in the file
 /// meanwhile: a restart does not lose it).
 const FLUSH_AFTER: Duration = Duration::from_secs(5);
-/// Most records appended and synced together.
+/// Most records written and synced together.
 const MAX_BATCH: usize = 1024;
 /// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
 /// second inverted) whose records are current. Records start after it.
@@ -471,7 +471,7 @@ impl Journal {
     }
 
     /// Settle the journaled message under `key` if it is still `version`:
-    /// drop it from the index, append a tombstone, keep its receipt (if
+    /// drop it from the index, write a tombstone, keep its receipt (if
     /// any) for the next checkpoint. Returns once the tombstone is written.
     pub(super) fn settle(
         &self,
