@@ -4,9 +4,9 @@
 //! A direct message is usually acked within milliseconds of its write. In
 //! redb that costs two commits and two copy-on-write B-tree updates (the
 //! write, then the delete or the receipt on the ack), each far dearer than
-//! the push itself. Here the message is appended to a file instead, and the
-//! appends waiting at the same moment share one `fdatasync` (group commit):
-//! the sender hears 201 only once its message is on disk. The ack appends a
+//! the push itself. Here the message is written to a file instead, and the
+//! writes waiting at the same moment share one `fdatasync` (group commit):
+//! the sender hears 201 only once its message is on disk. The ack writes a
 //! small tombstone that needs no sync of its own (a tombstone lost to a crash
 //! only means the message is delivered again). Readers see the journal's
 //! messages through an in-memory index of the unsettled ones; with receipts
@@ -17,7 +17,17 @@
 //! still in the index into redb as a stored message, and the file starts
 //! over; so memory and disk stay bounded by the file's size. At start-up the
 //! file is replayed the same way: unsettled messages become stored messages,
-//! receipts are written, and the file is emptied. Every move into redb is
+//! receipts are written, and the file starts over.
+//!
+//! The file is written in place, never appended to: it is filled with zeros
+//! once ([`PREALLOCATE`]), and starting over means a new epoch in its first
+//! page, not a shorter file. An `fdatasync` of blocks the file already has
+//! writes the data and nothing else; one that grows the file also commits
+//! the file system's journal (its size and blocks changed), about twice the
+//! time on ext4, and the pushes waiting for it wait that much longer. Each
+//! record carries the epoch, so records of earlier epochs that are still in
+//! the file are not read again, and a space reserved by a writer that died
+//! before writing it (zeros, or an older record) is skipped. Every move into redb is
 //! conditional: a message is written only where its key is free, a receipt
 //! only where its key is free or holds another receipt, so a replay never
 //! resurrects a settled message whose receipt reached redb, nor overwrites
@@ -29,7 +39,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Seek, SeekFrom, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
@@ -58,8 +69,21 @@ const FLUSH_AT: usize = 8192;
 /// A receipt waits in memory at most about this long (it is in the file
 /// meanwhile: a restart does not lose it).
 const FLUSH_AFTER: Duration = Duration::from_secs(5);
-/// Most records appended and synced together.
+/// Most records written and synced together.
 const MAX_BATCH: usize = 1024;
+/// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
+/// second inverted) whose records are current. Records start after it.
+const HEADER: u64 = 4096;
+const FILE_MAGIC: &[u8; 8] = b"APJRNL01";
+/// Starts every record: bytes that JSON and base64url text never hold, so
+/// that a record is not seen where another's body is.
+const RECORD_MAGIC: [u8; 4] = [0xa7, 0x4a, 0x9c, 0xf1];
+/// A record's head: magic, epoch, body length, body checksum.
+const RECORD_HEAD: usize = 16;
+/// Bytes of zeros the file is given once, so that records overwrite
+/// blocks it has (see the module's notes); past it (a burst before a
+/// rotation) it grows.
+const PREALLOCATE: u64 = HEADER + ROTATE_AT + ROTATE_AT / 2;
 
 /// One journal record.
 #[derive(Serialize, Deserialize)]
@@ -79,6 +103,8 @@ enum Record {
 /// What the journal knows: unsettled messages and receipts not in redb yet.
 #[derive(Default)]
 struct State {
+    /// The epoch records are written with now (see [`HEADER`]).
+    epoch: u32,
     /// uaid -> sort key -> message.
     live: HashMap<u128, BTreeMap<String, Entry>>,
     /// Receipts of settled journal messages, until a checkpoint commits them.
@@ -128,14 +154,13 @@ pub(super) struct Journal {
 
 struct Shared {
     state: Arc<Mutex<State>>,
-    /// The file, for tombstones: each is one `write` to a file opened for
-    /// appending, so it lands whole after what is there, without waiting
-    /// for the thread (busy syncing messages). Written, not synced: that
-    /// survives `kill -9`, and a tombstone lost with the machine only means
-    /// a delivery again.
+    /// The file, for tombstones: each is one `write` at the offset it
+    /// reserved, without waiting for the thread (busy syncing messages).
+    /// Written, not synced: that survives `kill -9`, and a tombstone lost
+    /// with the machine only means a delivery again.
     file: File,
-    /// Bytes in the file, roughly (reset by a rotation).
-    size: Arc<AtomicU64>,
+    /// Where the next record goes (reset by a rotation).
+    next: Arc<AtomicU64>,
     queue: Mutex<Option<Sender<Op>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -193,17 +218,19 @@ enum RecordRef<'a> {
     },
 }
 
-/// A record as written: `[length][checksum]` of the body, then the body:
-/// `[JSON length][JSON][0, or 1 and a message's data]`. A message's data
-/// (its encrypted body, most of its size) is kept out of the JSON, which
-/// would scan it for characters to escape; it is base64url, so has none.
+/// A record as written: `[magic][epoch][length][checksum]` (see
+/// [`RECORD_HEAD`]; the epoch is [`stamp`]ed when the record is written),
+/// then the body: `[JSON length][JSON][0, or 1 and a message's data]`,
+/// zero-padded to 8 bytes. A message's data (its encrypted body, most of
+/// its size) is kept out of the JSON, which would scan it for characters
+/// to escape; it is base64url, so has none.
 fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
     let too_large = || StorageError::Backend("direct journal: record too large".into());
     let tail = data.map_or(0, str::len);
     let mut out = Vec::with_capacity(tail + 512);
-    out.extend_from_slice(&[0u8; 12]);
+    out.extend_from_slice(&[0u8; RECORD_HEAD + 4]);
     serde_json::to_writer(&mut out, record).map_err(corrupt)?;
-    let json = u32::try_from(out.len() - 12).map_err(|_| too_large())?;
+    let json = u32::try_from(out.len() - RECORD_HEAD - 4).map_err(|_| too_large())?;
     match data {
         Some(data) => {
             out.push(1);
@@ -211,12 +238,82 @@ fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
         }
         None => out.push(0),
     }
-    out[8..12].copy_from_slice(&json.to_le_bytes());
-    let len = u32::try_from(out.len() - 8).map_err(|_| too_large())?;
-    let sum = checksum(&out[8..]);
-    out[0..4].copy_from_slice(&len.to_le_bytes());
-    out[4..8].copy_from_slice(&sum.to_le_bytes());
+    out[RECORD_HEAD..RECORD_HEAD + 4].copy_from_slice(&json.to_le_bytes());
+    let len = u32::try_from(out.len() - RECORD_HEAD).map_err(|_| too_large())?;
+    let sum = checksum(&out[RECORD_HEAD..]);
+    out[0..4].copy_from_slice(&RECORD_MAGIC);
+    out[8..12].copy_from_slice(&len.to_le_bytes());
+    out[12..16].copy_from_slice(&sum.to_le_bytes());
+    out.resize(out.len().next_multiple_of(8), 0);
     Ok(out)
+}
+
+/// Mark a framed record as written in `epoch`.
+fn stamp(record: &mut [u8], epoch: u32) {
+    record[4..8].copy_from_slice(&epoch.to_le_bytes());
+}
+
+/// The record of `epoch` at the start of `bytes` and its framed size, if
+/// one is there whole.
+fn record_at(bytes: &[u8], epoch: u32) -> Option<(Record, usize)> {
+    let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
+    if bytes.get(0..4)? != RECORD_MAGIC || word(4)? != epoch {
+        return None;
+    }
+    let len = word(8)? as usize;
+    let body = bytes.get(RECORD_HEAD..RECORD_HEAD.checked_add(len)?)?;
+    if checksum(body) != word(12)? {
+        return None;
+    }
+    Some((unframe(body)?, (RECORD_HEAD + len).next_multiple_of(8)))
+}
+
+/// The records of `epoch` in a journal file's `bytes`, in order. What is
+/// not one (a record torn by a crash, zeros a writer reserved but never
+/// wrote, an earlier epoch's record) is stepped over 8 bytes at a time.
+fn read_records(bytes: &[u8], epoch: u32) -> Vec<Record> {
+    let mut records = Vec::new();
+    let mut at = HEADER as usize;
+    while at < bytes.len() {
+        match record_at(&bytes[at..], epoch) {
+            Some((record, size)) => {
+                records.push(record);
+                at += size;
+            }
+            None => at += 8,
+        }
+    }
+    records
+}
+
+/// The file's first page for `epoch`.
+fn header(epoch: u32) -> [u8; 16] {
+    let mut page = [0u8; 16];
+    page[..8].copy_from_slice(FILE_MAGIC);
+    page[8..12].copy_from_slice(&epoch.to_le_bytes());
+    page[12..].copy_from_slice(&(!epoch).to_le_bytes());
+    page
+}
+
+/// The epoch in a journal file's first page: `None` for a new file (its
+/// first page never written: nothing was journaled in it).
+fn epoch_of(bytes: &[u8]) -> Result<Option<u32>> {
+    let page = &bytes[..bytes.len().min(16)];
+    if page.iter().all(|b| *b == 0) {
+        return Ok(None);
+    }
+    let word = |at: usize| page.get(at..at + 4).map(|w| [w[0], w[1], w[2], w[3]]);
+    match (page.get(..8), word(8), word(12)) {
+        (Some(magic), Some(epoch), Some(check))
+            if magic == FILE_MAGIC && u32::from_le_bytes(epoch) == !u32::from_le_bytes(check) =>
+        {
+            Ok(Some(u32::from_le_bytes(epoch)))
+        }
+        _ => Err(StorageError::Backend(
+            "direct journal: its first page is not a journal's; move the file aside to start"
+                .into(),
+        )),
+    }
 }
 
 /// One record's body back (see [`frame`]); `None` if it does not parse.
@@ -233,31 +330,6 @@ fn unframe(body: &[u8]) -> Option<Record> {
         _ => return None,
     }
     Some(record)
-}
-
-/// The whole records of the file, in order; stops at the first torn one.
-fn read_records(file: &mut File) -> Result<Vec<Record>> {
-    file.seek(SeekFrom::Start(0))
-        .map_err(|e| io("cannot read", e))?;
-    let mut reader = BufReader::new(file);
-    let mut records = Vec::new();
-    loop {
-        let mut head = [0u8; 8];
-        if reader.read_exact(&mut head).is_err() {
-            break;
-        }
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let sum = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
-        let mut body = vec![0u8; len.min(64 << 20)];
-        if len > body.len() || reader.read_exact(&mut body).is_err() || checksum(&body) != sum {
-            break;
-        }
-        match unframe(&body) {
-            Some(record) => records.push(record),
-            None => break,
-        }
-    }
-    Ok(records)
 }
 
 /// Write `message` into redb unless its key holds something already.
@@ -305,15 +377,19 @@ impl Journal {
         let path = dir.join("direct.journal");
         let mut file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .create(true)
+            .truncate(false)
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
-        replay(&mut file, db)?;
+        let epoch = replay(&mut file, db)?;
         let tombstones = file.try_clone().map_err(|e| io("cannot open", e))?;
-        let size = Arc::new(AtomicU64::new(0));
-        let thread_size = size.clone();
-        let state = Arc::new(Mutex::new(State::default()));
+        let next = Arc::new(AtomicU64::new(HEADER));
+        let thread_next = next.clone();
+        let state = Arc::new(Mutex::new(State {
+            epoch,
+            ..State::default()
+        }));
         let (queue, ops) = channel();
         let thread_state = state.clone();
         let thread = std::thread::Builder::new()
@@ -324,7 +400,7 @@ impl Journal {
                     state: thread_state,
                     writer,
                     last_flush: Instant::now(),
-                    size: thread_size,
+                    next: thread_next,
                 }
                 .run(ops)
             })
@@ -333,7 +409,7 @@ impl Journal {
             shared: Arc::new(Shared {
                 state,
                 file: tombstones,
-                size,
+                next,
                 queue: Mutex::new(Some(queue)),
                 thread: Mutex::new(Some(thread)),
             }),
@@ -395,7 +471,7 @@ impl Journal {
     }
 
     /// Settle the journaled message under `key` if it is still `version`:
-    /// drop it from the index, append a tombstone, keep its receipt (if
+    /// drop it from the index, write a tombstone, keep its receipt (if
     /// any) for the next checkpoint. Returns once the tombstone is written.
     pub(super) fn settle(
         &self,
@@ -416,7 +492,7 @@ impl Journal {
                 return Ok(Settled::NotHere);
             }
             state.receipts.remove(&(uaid, key.to_owned()));
-            let record = frame(
+            let mut record = frame(
                 &RecordRef::Settle {
                     uaid: Uuid::from_u128(uaid),
                     key,
@@ -425,7 +501,7 @@ impl Journal {
                 },
                 None,
             )?;
-            self.tombstone(&record);
+            self.tombstone(state.epoch, &mut record);
             return Ok(Settled::Here(true));
         };
         if entry.moving {
@@ -434,7 +510,7 @@ impl Journal {
         if entry.message.version != version {
             return Ok(Settled::Here(false));
         }
-        let record = frame(
+        let mut record = frame(
             &RecordRef::Settle {
                 uaid: Uuid::from_u128(uaid),
                 key,
@@ -448,20 +524,21 @@ impl Journal {
             state.receipts.insert((uaid, key.to_owned()), receipt);
         }
         // Written under the lock: tombstones of one key land in the order
-        // of its settles.
-        self.tombstone(&record);
+        // of its settles, and in the epoch they are stamped with.
+        self.tombstone(state.epoch, &mut record);
         Ok(Settled::Here(true))
     }
 
-    fn tombstone(&self, record: &[u8]) {
-        match (&self.shared.file).write_all(record) {
-            Ok(()) => {
-                self.shared
-                    .size
-                    .fetch_add(record.len() as u64, Ordering::Relaxed);
-            }
+    /// Write a settle's record (the caller holds the state's lock).
+    fn tombstone(&self, epoch: u32, record: &mut [u8]) {
+        stamp(record, epoch);
+        let at = self
+            .shared
+            .next
+            .fetch_add(record.len() as u64, Ordering::Relaxed);
+        if let Err(e) = self.shared.file.write_all_at(record, at) {
             // The next start-up delivers the message again.
-            Err(e) => warn!(error = %e, "direct journal: cannot write a tombstone"),
+            warn!(error = %e, "direct journal: cannot write a tombstone");
         }
     }
 
@@ -505,12 +582,36 @@ impl Journal {
     }
 }
 
-/// Move what the file holds into redb and empty it.
-fn replay(file: &mut File, db: &Database) -> Result<()> {
-    let records = read_records(file)?;
-    if records.is_empty() {
-        return file.set_len(0).map_err(|e| io("cannot empty", e));
+/// Move what the file holds into redb, then start it over: write it the
+/// epoch it is to be written in from now on, which is returned (and give it
+/// its zeros, the first time).
+fn replay(file: &mut File, db: &Database) -> Result<u32> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io("cannot read", e))?;
+    let epoch = epoch_of(&bytes)?;
+    let records = epoch.map_or_else(Vec::new, |epoch| read_records(&bytes, epoch));
+    if !records.is_empty() {
+        move_records(records, db)?;
     }
+    let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
+    file.write_all_at(&header(epoch), 0)
+        .map_err(|e| io("cannot write", e))?;
+    let zeros = vec![0u8; 1 << 20];
+    let mut len = bytes.len().max(16) as u64;
+    while len < PREALLOCATE {
+        let n = zeros.len().min((PREALLOCATE - len) as usize);
+        file.write_all_at(&zeros[..n], len)
+            .map_err(|e| io("cannot write", e))?;
+        len += n as u64;
+    }
+    file.sync_all().map_err(|e| io("cannot sync", e))?;
+    Ok(epoch)
+}
+
+/// Move replayed records into redb: what they left unsettled as stored
+/// messages, their receipts as receipts.
+fn move_records(records: Vec<Record>, db: &Database) -> Result<()> {
     let mut state = State::default();
     for record in records {
         match record {
@@ -554,9 +655,7 @@ fn replay(file: &mut File, db: &Database) -> Result<()> {
     }
     let txn = db.begin_write().map_err(backend)?;
     move_state(&txn, &state.live, &state.receipts)?;
-    txn.commit().map_err(backend)?;
-    file.set_len(0).map_err(|e| io("cannot empty", e))?;
-    file.sync_all().map_err(|e| io("cannot sync", e))
+    txn.commit().map_err(backend)
 }
 
 fn move_state(
@@ -581,8 +680,8 @@ struct JournalThread {
     state: Arc<Mutex<State>>,
     writer: Writer,
     last_flush: Instant,
-    /// Bytes in the file, roughly (tombstones are added by their writers).
-    size: Arc<AtomicU64>,
+    /// Where the next record goes (tombstones' writers reserve theirs too).
+    next: Arc<AtomicU64>,
 }
 
 impl JournalThread {
@@ -605,7 +704,7 @@ impl JournalThread {
             }
             self.append(batch);
             let receipts = lock(&self.state).receipts.len();
-            if self.size.load(Ordering::Relaxed) >= ROTATE_AT {
+            if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
                 self.checkpoint(true);
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
@@ -619,18 +718,21 @@ impl JournalThread {
 
     /// Write the batch's messages, sync them, then index them and answer.
     fn append(&mut self, batch: Vec<Op>) {
+        // Only this thread changes the epoch.
+        let epoch = lock(&self.state).epoch;
         let mut bytes = Vec::new();
         let mut puts = Vec::with_capacity(batch.len());
-        for Op::Append { record, put } in batch {
+        for Op::Append { mut record, put } in batch {
+            stamp(&mut record, epoch);
             bytes.extend_from_slice(&record);
             puts.push(put);
         }
+        let at = self.next.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let written = self
             .file
-            .write_all(&bytes)
+            .write_all_at(&bytes, at)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| io("cannot append", e));
-        self.size.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let mut replies = Vec::with_capacity(puts.len());
         {
             let mut state = lock(&self.state);
@@ -666,7 +768,7 @@ impl JournalThread {
             if state.receipts.is_empty() && (!rotate || state.live.is_empty()) {
                 drop(state);
                 if rotate {
-                    self.truncate();
+                    self.start_over();
                 }
                 return;
             }
@@ -715,7 +817,7 @@ impl JournalThread {
                 if rotate {
                     state.live.clear();
                     drop(state);
-                    self.truncate();
+                    self.start_over();
                 }
             }
             Err(e) => {
@@ -727,14 +829,23 @@ impl JournalThread {
         }
     }
 
-    fn truncate(&mut self) {
-        let emptied = self
+    /// A new epoch: what the file holds is in redb, and is not read again.
+    /// Under the state's lock, so that no tombstone is written meanwhile
+    /// with the old epoch at a new offset; synced before anything is
+    /// written in it, so that a crash never replays the old one.
+    fn start_over(&mut self) {
+        let mut state = lock(&self.state);
+        let epoch = state.epoch.wrapping_add(1);
+        let written = self
             .file
-            .set_len(0)
-            .and_then(|()| self.file.sync_all())
-            .map_err(|e| io("cannot empty", e));
-        match emptied {
-            Ok(()) => self.size.store(0, Ordering::Relaxed),
+            .write_all_at(&header(epoch), 0)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| io("cannot start over", e));
+        match written {
+            Ok(()) => {
+                state.epoch = epoch;
+                self.next.store(HEADER, Ordering::Relaxed);
+            }
             Err(e) => warn!(error = %e, "direct journal rotation failed"),
         }
     }
@@ -767,6 +878,34 @@ mod tests {
         messages.iter().map(|m| m.data.clone().unwrap()).collect()
     }
 
+    fn put(uaid: Uuid, m: &Notification) -> Vec<u8> {
+        let mut m = m.clone();
+        let data = m.data.take();
+        let message = &m;
+        frame(&RecordRef::Put { uaid, message }, data.as_deref()).unwrap()
+    }
+
+    /// A journal file of `epoch` holding `records` (stamped with
+    /// `epoch`), as a node leaves it.
+    fn journal_file(epoch: u32, records: &[Vec<u8>]) -> Vec<u8> {
+        let mut bytes = header(epoch).to_vec();
+        bytes.resize(HEADER as usize, 0);
+        for record in records {
+            let mut record = record.clone();
+            stamp(&mut record, epoch);
+            bytes.extend(record);
+        }
+        bytes
+    }
+
+    /// What start-up finds in the file at `path` (of `dir`) after `bytes`
+    /// were left there: the messages of `uaid`, oldest first.
+    async fn replayed(dir: &Path, bytes: &[u8], uaid: &Uuid) -> Vec<String> {
+        std::fs::write(dir.join("direct.journal"), bytes).unwrap();
+        let store = EmbeddedStore::open(dir).unwrap();
+        data(&store.fetch_messages(uaid, 10).await.unwrap())
+    }
+
     /// What a node killed mid-run leaves: unsettled messages, a settled
     /// one with its receipt, and a record torn by the kill. Start-up moves
     /// the first two into redb and drops the torn one.
@@ -776,29 +915,28 @@ mod tests {
         let uaid = Uuid::new_v4();
         let (a, b, c) = (message(1, "a"), message(2, "b"), message(3, "c"));
         let receipt = Receipt::new(&b.version, MessageState::Delivered, now_secs(), 3600);
-        let put = |m: &Notification| {
-            let mut m = m.clone();
-            let data = m.data.take();
-            let message = &m;
-            frame(&RecordRef::Put { uaid, message }, data.as_deref()).unwrap()
-        };
-        let mut bytes = [put(&a), put(&b), put(&c)].concat();
         let settle = RecordRef::Settle {
             uaid,
             key: &b.sort_key(),
             version: &b.version,
             receipt: Some(&receipt),
         };
-        bytes.extend(frame(&settle, None).unwrap());
-        let torn = put(&message(4, "torn"));
-        bytes.extend_from_slice(&torn[..torn.len() - 3]);
+        let settle = frame(&settle, None).unwrap();
+        let mut bytes = journal_file(7, &[put(uaid, &a), put(uaid, &b), put(uaid, &c), settle]);
+        let mut torn = put(uaid, &message(4, "torn"));
+        stamp(&mut torn, 7);
+        bytes.extend_from_slice(&torn[..torn.len() - 11]);
         let path = dir.path().join("direct.journal");
         std::fs::write(&path, bytes).unwrap();
 
         let store = EmbeddedStore::open(dir.path())
             .unwrap()
             .with_receipt_retention(3600);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        // The file starts over in the next epoch, zeros past its first page.
+        let file = std::fs::read(&path).unwrap();
+        assert_eq!(epoch_of(&file).unwrap(), Some(8));
+        assert!(read_records(&file, 8).is_empty());
+        assert!(file.len() as u64 >= PREALLOCATE);
         assert_eq!(
             data(&store.fetch_messages(&uaid, 10).await.unwrap()),
             ["a", "c"]
@@ -849,7 +987,8 @@ mod tests {
             .collect();
         assert_eq!(data(&store.fetch_messages(&uaid, 100).await.unwrap()), odd);
         let path = dir.path().join("direct.journal");
-        assert!(std::fs::metadata(&path).unwrap().len() < ROTATE_AT + 4096);
+        // Rotated in place: the file never grew past its zeros.
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), PREALLOCATE);
         let m = &messages[1];
         let deleted = MessageState::Deleted;
         assert!(
@@ -865,11 +1004,58 @@ mod tests {
                 .unwrap()
         );
         drop(store);
-        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        let file = std::fs::read(&path).unwrap();
+        let epoch = epoch_of(&file).unwrap().unwrap();
+        assert!(read_records(&file, epoch).is_empty());
         let store = EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(
             data(&store.fetch_messages(&uaid, 100).await.unwrap()),
             odd[1..]
         );
+    }
+
+    /// A tombstone's writer reserves its place, then writes: one killed in
+    /// between leaves zeros (or an older record) before records that were
+    /// synced after them. Start-up steps over the gap and keeps them.
+    #[tokio::test]
+    async fn a_gap_left_by_a_killed_writer_is_stepped_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let (a, b) = (message(1, "a"), message(2, "b"));
+        let mut bytes = journal_file(3, &[put(uaid, &a)]);
+        bytes.extend([0u8; 40]);
+        let mut old = put(uaid, &message(9, "old"));
+        stamp(&mut old, 2);
+        bytes.extend(old);
+        let mut b = put(uaid, &b);
+        stamp(&mut b, 3);
+        bytes.extend(b);
+        assert_eq!(replayed(dir.path(), &bytes, &uaid).await, ["a", "b"]);
+    }
+
+    /// Records of an earlier epoch were moved into redb when the file
+    /// started over: they are never read again, even where the new epoch
+    /// has not overwritten them yet.
+    #[tokio::test]
+    async fn an_earlier_epoch_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let mut bytes = journal_file(5, &[put(uaid, &message(1, "new"))]);
+        let mut stale = put(uaid, &message(2, "stale"));
+        stamp(&mut stale, 4);
+        bytes.extend(stale);
+        assert_eq!(replayed(dir.path(), &bytes, &uaid).await, ["new"]);
+    }
+
+    /// A first page that is not a journal's stops the start, naming it,
+    /// rather than dropping what the file may hold.
+    #[test]
+    fn a_file_that_is_not_a_journal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("direct.journal"), b"something else").unwrap();
+        let Err(error) = EmbeddedStore::open(dir.path()) else {
+            panic!("opened");
+        };
+        assert!(error.to_string().contains("direct journal"), "{error}");
     }
 }
