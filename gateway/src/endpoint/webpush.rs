@@ -13,8 +13,6 @@ use autopush_common::metrics;
 use autopush_common::router::{Delivery, Router};
 use autopush_common::time::{now_secs, unique_micros};
 use autopush_common::{ApiError, ApiResult, Notification, RouterType, User};
-use base64::Engine;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
 use tracing::{debug, info};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
@@ -264,7 +262,9 @@ fn build_notification(
         timestamp: now_secs(),
         topic: push.topic,
         sortkey_timestamp: Some(sortkey_timestamp),
-        data: (!body.is_empty()).then(|| URL_SAFE_NO_PAD.encode(body)),
+        // SIMD: several times fewer instructions than the base64 crate's
+        // encoder on a ~3 KB body.
+        data: (!body.is_empty()).then(|| base64_simd::URL_SAFE_NO_PAD.encode_to_string(body)),
         headers: push.forward,
         urgency: push.urgency,
         durable: false,

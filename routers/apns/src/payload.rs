@@ -6,9 +6,13 @@
 //! headers, so the app's notification service extension can decrypt it and
 //! replace the alert `aps` describes.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use autopush_common::bridge::write_json_members;
 use autopush_common::router::{RouterDataInput, RouterError};
 use autopush_common::{Notification, User};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::sender::{ApnsHeaders, ApnsRequest};
 
@@ -22,18 +26,18 @@ pub const MAX_APS_BYTES: usize = 1024;
 /// The `aps` sent when the registration gave none: an alert the app's
 /// notification service extension may rewrite (`mutable-content`) once it
 /// has decrypted the message; shown as is if the extension cannot.
+const DEFAULT_APS: &str = r#"{"alert":{"title":"New message"},"mutable-content":1}"#;
+
+/// [`DEFAULT_APS`] as a value.
 pub fn default_aps() -> Value {
-    json!({
-        "alert": {"title": "New message"},
-        "mutable-content": 1,
-    })
+    serde_json::from_str(DEFAULT_APS).unwrap_or_default()
 }
 
 /// A user's `router_data`, as [`register`] stores it.
 pub struct RouterData<'a> {
     pub token: &'a str,
     pub channel: &'a str,
-    pub aps: Option<Value>,
+    pub aps: Option<Cow<'a, Value>>,
 }
 
 impl<'a> RouterData<'a> {
@@ -48,10 +52,10 @@ impl<'a> RouterData<'a> {
             aps: data
                 .and_then(|d| d.get("aps"))
                 .and_then(|aps| match aps {
-                    Value::String(text) => serde_json::from_str(text).ok(),
-                    other => Some(other.clone()),
+                    Value::String(text) => serde_json::from_str(text).ok().map(Cow::Owned),
+                    other => Some(Cow::Borrowed(other)),
                 })
-                .filter(Value::is_object),
+                .filter(|aps| aps.is_object()),
         })
     }
 }
@@ -129,25 +133,25 @@ pub fn request(
     data: &RouterData<'_>,
     topic: &str,
 ) -> Result<ApnsRequest, RouterError> {
-    let mut body = Map::new();
-    body.insert("aps".into(), data.aps.clone().unwrap_or_else(default_aps));
-    body.insert("chid".into(), notification.channel_id.to_string().into());
-    body.insert("ver".into(), notification.version.clone().into());
+    // Borrowed, in the order serde_json's map would write them.
+    let chid = notification.channel_id.to_string();
+    let mut fields = BTreeMap::from([("chid", chid.as_str()), ("ver", &notification.version)]);
     let ciphertext = notification.data.as_deref().unwrap_or_default();
     if !ciphertext.is_empty() {
-        body.insert("body".into(), ciphertext.into());
-        let headers = notification.headers.clone().unwrap_or_default();
+        fields.insert("body", ciphertext);
+        let headers = notification.headers.as_ref();
         for (ours, theirs) in [
             ("encoding", "con"),
             ("encryption", "enc"),
             ("crypto_key", "cryptokey"),
         ] {
-            if let Some(value) = headers.get(ours) {
-                body.insert(theirs.into(), value.clone().into());
+            if let Some(value) = headers.and_then(|h| h.get(ours)) {
+                fields.insert(theirs, value);
             }
         }
     }
-    let payload = Value::Object(body).to_string();
+    let payload = body_json(data.aps.as_deref(), &fields)
+        .map_err(|e| RouterError::Upstream(format!("cannot encode the APNs body: {e}")))?;
     if payload.len() > MAX_PAYLOAD_BYTES {
         // What the base64url body may take, in bytes of ciphertext.
         let room = MAX_PAYLOAD_BYTES.saturating_sub(payload.len() - ciphertext.len());
@@ -169,10 +173,26 @@ pub fn request(
     })
 }
 
+/// `{"aps": ..., "body": ..., "chid": ...}`, written by hand rather than by
+/// serde_json so that the body, base64url, is copied instead of scanned for
+/// escapes ([`write_json_members`]).
+fn body_json(aps: Option<&Value>, fields: &BTreeMap<&str, &str>) -> serde_json::Result<String> {
+    let fields_len: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
+    let mut out = Vec::with_capacity(fields_len + 256);
+    out.extend_from_slice(b"{\"aps\":");
+    match aps {
+        Some(aps) => serde_json::to_writer(&mut out, aps)?,
+        None => out.extend_from_slice(DEFAULT_APS.as_bytes()),
+    }
+    out.push(b',');
+    write_json_members(&mut out, fields.iter().map(|(k, v)| (*k, *v)))?;
+    out.push(b'}');
+    // Only JSON text went in.
+    String::from_utf8(out).map_err(serde::ser::Error::custom)
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use autopush_common::{RouterType, Urgency};
     use uuid::Uuid;
 

@@ -19,10 +19,10 @@ use autopush_common::bridge::{
 };
 use autopush_common::router::RouterError;
 use reqwest::StatusCode;
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::auth::AccessTokens;
+use crate::message::AndroidMessage;
 use crate::settings::AppSettings;
 
 /// What a sender is told to wait when FCM is unavailable and said not how
@@ -87,14 +87,15 @@ impl Project {
     }
 
     /// Send `message`, retrying what may succeed later, within the deadline.
-    async fn send<M: Serialize + Sync>(
+    async fn send(
         &self,
-        message: &M,
+        message: &AndroidMessage<'_>,
         alarm: &Alarm<'_>,
     ) -> Result<(), RouterError> {
         let _slot = self.in_flight.try_acquire()?;
         let body = Bytes::from(
-            serde_json::to_vec(message)
+            message
+                .to_json()
                 .map_err(|e| RouterError::Upstream(format!("cannot encode the message: {e}")))?,
         );
         with_retries(&self.policy, |_| self.attempt(&body, alarm)).await
@@ -223,7 +224,7 @@ impl App {
     }
 
     /// Deliver one `messages:send` body, if the app is within its rate.
-    pub async fn send<M: Serialize + Sync>(&self, message: &M) -> Result<(), RouterError> {
+    pub async fn send(&self, message: &AndroidMessage<'_>) -> Result<(), RouterError> {
         self.limit.check()?;
         let alarm = Alarm { app: self };
         let result = self.project.send(message, &alarm).await;
