@@ -11,7 +11,7 @@ use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
-use autopush_tests::{Server, new_channel_id, server};
+use autopush_tests::{Server, new_channel_id, receipt, server};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -197,11 +197,6 @@ impl Registration {
             senderid: reply.json["senderid"].as_str().map(str::to_owned),
         }
     }
-
-    fn message_id(result: &SendResult) -> String {
-        let location = result.header("location").expect("Location");
-        location.rsplit('/').next().unwrap_or_default().to_owned()
-    }
 }
 
 /// The request's headers as FCM requires them.
@@ -242,7 +237,7 @@ async fn fcm_pushes_reach_google_as_data_messages_the_app_can_decrypt() {
             "collapse_key": "news",
             "data": {
                 "chid": r.channel_id,
-                "ver": Registration::message_id(&sent),
+                "ver": receipt::id_of(&receipt::location(&sent)),
                 "body": body,
                 "con": "aes128gcm",
             },
@@ -316,7 +311,7 @@ async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
             "collapse_key": "t1",
             "data": {
                 "chid": r.channel_id.replace('-', ""),
-                "ver": Registration::message_id(&sent),
+                "ver": receipt::id_of(&receipt::location(&sent)),
                 "body": body,
                 "con": "aes128gcm",
             },
@@ -863,7 +858,7 @@ mod mailbox {
         let sent = bridge.push(&plain, &SendOptions::text("plain")).await;
         assert_eq!(state_of(&location(&sent)).await, "bridged");
         let received = bridge.google.wait_for("fcm-token-plain", 1).await;
-        assert_eq!(received[0].data()["ver"], Registration::message_id(&sent));
+        assert_eq!(received[0].data()["ver"], id_of(&location(&sent)));
 
         let token = "fcm-token-box";
         let boxed = bridge.register_mailbox(token).await;
