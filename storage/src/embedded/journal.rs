@@ -248,6 +248,12 @@ fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// The little-endian `u32` at `at` in `bytes`, if they reach that far.
+fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
+    let word = bytes.get(at..at.checked_add(4)?)?;
+    Some(u32::from_le_bytes(word.try_into().ok()?))
+}
+
 /// Mark a framed record as written in `epoch`.
 fn stamp(record: &mut [u8], epoch: u32) {
     record[4..8].copy_from_slice(&epoch.to_le_bytes());
@@ -256,13 +262,12 @@ fn stamp(record: &mut [u8], epoch: u32) {
 /// The record of `epoch` at the start of `bytes` and its framed size, if
 /// one is there whole.
 fn record_at(bytes: &[u8], epoch: u32) -> Option<(Record, usize)> {
-    let word = |at: usize| Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?));
-    if bytes.get(0..4)? != RECORD_MAGIC || word(4)? != epoch {
+    if bytes.get(0..4)? != RECORD_MAGIC || u32_at(bytes, 4)? != epoch {
         return None;
     }
-    let len = word(8)? as usize;
+    let len = u32_at(bytes, 8)? as usize;
     let body = bytes.get(RECORD_HEAD..RECORD_HEAD.checked_add(len)?)?;
-    if checksum(body) != word(12)? {
+    if checksum(body) != u32_at(bytes, 12)? {
         return None;
     }
     Some((unframe(body)?, (RECORD_HEAD + len).next_multiple_of(8)))
@@ -302,12 +307,9 @@ fn epoch_of(bytes: &[u8]) -> Result<Option<u32>> {
     if page.iter().all(|b| *b == 0) {
         return Ok(None);
     }
-    let word = |at: usize| page.get(at..at + 4).map(|w| [w[0], w[1], w[2], w[3]]);
-    match (page.get(..8), word(8), word(12)) {
-        (Some(magic), Some(epoch), Some(check))
-            if magic == FILE_MAGIC && u32::from_le_bytes(epoch) == !u32::from_le_bytes(check) =>
-        {
-            Ok(Some(u32::from_le_bytes(epoch)))
+    match (page.get(..8), u32_at(page, 8), u32_at(page, 12)) {
+        (Some(magic), Some(epoch), Some(check)) if magic == FILE_MAGIC && epoch == !check => {
+            Ok(Some(epoch))
         }
         _ => Err(StorageError::Backend(
             "direct journal: its first page is not a journal's; move the file aside to start"
@@ -318,7 +320,7 @@ fn epoch_of(bytes: &[u8]) -> Result<Option<u32>> {
 
 /// One record's body back (see [`frame`]); `None` if it does not parse.
 fn unframe(body: &[u8]) -> Option<Record> {
-    let json_len = u32::from_le_bytes(body.get(0..4)?.try_into().ok()?) as usize;
+    let json_len = u32_at(body, 0)? as usize;
     let json = body.get(4..4 + json_len)?;
     let mut record: Record = serde_json::from_slice(json).ok()?;
     let rest = body.get(4 + json_len..)?;
