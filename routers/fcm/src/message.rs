@@ -7,6 +7,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::io::Write;
 
 use autopush_common::Notification;
 use autopush_common::bridge::{web_push_fields, write_json_members, write_json_str};
@@ -67,9 +68,12 @@ impl AndroidMessage<'_> {
         let mut out = Vec::with_capacity(data_len + self.token.len() + 128);
         out.extend_from_slice(b"{\"message\":{\"token\":");
         write_json_str(&mut out, self.token)?;
-        out.extend_from_slice(
-            format!(",\"android\":{{\"ttl\":\"{}s\",\"priority\":", self.ttl).as_bytes(),
-        );
+        write!(
+            out,
+            ",\"android\":{{\"ttl\":\"{}s\",\"priority\":",
+            self.ttl
+        )
+        .map_err(serde_json::Error::io)?;
         write_json_str(&mut out, self.priority)?;
         if let Some(collapse_key) = self.collapse_key {
             out.extend_from_slice(b",\"collapse_key\":");
