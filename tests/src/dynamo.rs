@@ -20,13 +20,26 @@ use crate::server::free_ports;
 
 /// moto's server, exiting when its stdin closes, i.e. when the test binary
 /// that started it exits, however it exits.
+///
+/// It answers one request at a time. moto serves each request on its own
+/// thread and checks a write's condition apart from making the write, so two
+/// `UpdateItem`s conditional on the same value can both succeed (9 rounds in
+/// 600 of eight racing writers here). DynamoDB makes each conditional write
+/// atomic; the storage race tests rely on that.
 const MOTO: &str = r#"
 import os, sys, threading
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication
 from moto.server import main
 def watch():
     sys.stdin.read()
     os._exit(0)
 threading.Thread(target=watch, daemon=True).start()
+one_at_a_time = threading.Lock()
+dispatch = DomainDispatcherApplication.__call__
+def serially(app, environ, start_response):
+    with one_at_a_time:
+        return dispatch(app, environ, start_response)
+DomainDispatcherApplication.__call__ = serially
 main(["-H", "127.0.0.1", "-p", sys.argv[1]])
 "#;
 
