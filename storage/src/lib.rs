@@ -7,6 +7,8 @@
 //! the Bigtable backend ([`bigtable::BigtableStore`], autopush-rs's schema).
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 
 use async_trait::async_trait;
 use autopush_common::{ApiError, Notification, User};
@@ -49,6 +51,48 @@ impl From<StorageError> for ApiError {
 
 /// The storage model of the seeds: one router record per UAID, the channel
 /// set of each UAID, and its stored messages keyed by sort key.
+/// A durable direct copy on its way (see [`Storage::stage_direct`]).
+pub struct DirectCopy {
+    done: Pin<Box<dyn Future<Output = Result<()>> + Send>>,
+    hurry: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl DirectCopy {
+    /// A copy that is durable already.
+    pub fn saved() -> DirectCopy {
+        DirectCopy {
+            done: Box::pin(std::future::ready(Ok(()))),
+            hurry: None,
+        }
+    }
+
+    /// A copy that is durable (or no longer needed) once `done` answers;
+    /// `hurry` asks for it to be written without waiting further.
+    pub fn new(
+        done: impl Future<Output = Result<()>> + Send + 'static,
+        hurry: impl FnOnce() + Send + 'static,
+    ) -> DirectCopy {
+        DirectCopy {
+            done: Box::pin(done),
+            hurry: Some(Box::new(hurry)),
+        }
+    }
+
+    /// Wait until the copy is durable or its message settled.
+    pub async fn saved_or_settled(self) -> Result<()> {
+        self.done.await
+    }
+
+    /// The client did not take the message: wait until the copy is
+    /// durable, asking for it to be written now.
+    pub async fn saved_now(mut self) -> Result<()> {
+        if let Some(hurry) = self.hurry.take() {
+            hurry();
+        }
+        self.done.await
+    }
+}
+
 #[async_trait]
 pub trait Storage: Send + Sync {
     /// Write `user` unconditionally: a new user under a fresh UAID (a first
@@ -126,6 +170,17 @@ pub trait Storage: Send + Sync {
     /// as long as it is durable on return and every read and settle sees it.
     async fn save_direct(&self, uaid: &Uuid, message: Notification) -> Result<()> {
         self.save_messages(uaid, vec![message]).await
+    }
+
+    /// Start a [`Storage::save_direct`] of a message about to be handed to
+    /// its connected client. Every read and settle sees the message from
+    /// the return on; the [`DirectCopy`] answers once the copy is durable,
+    /// or once the message is settled (the client acked it: nothing is
+    /// left to keep), whichever comes first. A backend may wait a moment
+    /// before it writes, so that a message acked at once is never written.
+    async fn stage_direct(&self, uaid: &Uuid, message: Notification) -> Result<DirectCopy> {
+        self.save_direct(uaid, message).await?;
+        Ok(DirectCopy::saved())
     }
 
     /// Up to `limit` unexpired messages: topic messages first, then the rest

@@ -12,7 +12,7 @@ use autopush_common::metrics::storage_op;
 use autopush_common::{Notification, User};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StoredMessage, SweepStep};
+use crate::{DirectCopy, Result, Storage, StoredMessage, SweepStep};
 use autopush_common::receipt::MessageState;
 
 pub struct MeteredStorage {
@@ -107,6 +107,11 @@ impl Storage for MeteredStorage {
     async fn save_direct(&self, uaid: &Uuid, message: Notification) -> Result<()> {
         let call = self.inner.save_direct(uaid, message);
         self.timed("save_direct", call).await
+    }
+
+    async fn stage_direct(&self, uaid: &Uuid, message: Notification) -> Result<DirectCopy> {
+        let call = self.inner.stage_direct(uaid, message);
+        self.timed("stage_direct", call).await
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {

@@ -1,11 +1,11 @@
 //! Randomized concurrent operations on the storage, checked against a model.
 //!
 //! Many tasks interleave what the service's callers do to a few users at
-//! once: endpoints saving plain and Topic messages (some already expired),
-//! sessions fetching and acking, senders deleting by message id, the sweep,
-//! connections taking a user over, the `/v1` registration calls (list
-//! channels, new token, unregister) through their real handlers, and user
-//! removal. Every outcome is written down; at the end the model checks:
+//! once: endpoints saving plain and Topic messages (some already expired)
+//! or staging direct ones that a client acks at once, sessions fetching
+//! and acking, senders deleting by message id, the sweep, connections
+//! taking a user over, the `/v1` registration calls (list channels, new
+//! token, unregister) through their real handlers, and user removal. Every outcome is written down; at the end the model checks:
 //!
 //! * a message answered "stored" is still stored, or was deleted by its own
 //!   version, or was replaced by a newer message under its Topic, or
@@ -156,13 +156,22 @@ impl World {
         let store = &self.store;
         match rng.u8(..12) {
             // An endpoint stores a plain message, or saves one for direct
-            // delivery (which a backend may keep apart from the others).
+            // delivery (which a backend may keep apart from the others), or
+            // stages one for a connected client, which may ack it at once.
             0 => {
                 let m = self.message(chid, None, false);
-                if rng.bool() {
-                    store.save_direct(&uaid, m.clone()).await?;
-                } else {
-                    store.save_messages(&uaid, vec![m.clone()]).await?;
+                match rng.u8(..3) {
+                    0 => store.save_direct(&uaid, m.clone()).await?,
+                    1 => store.save_messages(&uaid, vec![m.clone()]).await?,
+                    _ => {
+                        let copy = store.stage_direct(&uaid, m.clone()).await?;
+                        if rng.bool() {
+                            self.finish(&uaid, &m, MessageState::Delivered).await?;
+                            copy.saved_or_settled().await?;
+                        } else {
+                            copy.saved_now().await?;
+                        }
+                    }
                 }
                 self.note(|o| o.accepted.insert(m.version.clone(), m));
             }

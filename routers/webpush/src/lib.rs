@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
-use autopush_storage::Storage;
+use autopush_storage::{DirectCopy, Storage};
 use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -138,16 +138,34 @@ impl Router for WebPushRouter {
         user: &User,
     ) -> ApiResult<Delivery> {
         let uaid = user.uaid;
-        let durable = stores_direct(self.durable_direct, notification.ttl);
-        if durable {
-            self.storage
-                .save_direct(&uaid, notification.clone())
-                .await?;
-            notification.durable = true;
-        }
+        // The durable copy is staged before the client can see (and ack)
+        // the message; the 201 waits until it is on disk or acked.
+        let copy = match (
+            stores_direct(self.durable_direct, notification.ttl),
+            &user.node_id,
+        ) {
+            (false, _) => None,
+            (true, Some(_)) => Some(
+                self.storage
+                    .stage_direct(&uaid, notification.clone())
+                    .await?,
+            ),
+            (true, None) => {
+                self.storage
+                    .save_direct(&uaid, notification.clone())
+                    .await?;
+                Some(DirectCopy::saved())
+            }
+        };
+        notification.durable = copy.is_some();
         if let Some(node_id) = &user.node_id {
             match self.push_to_node(node_id, &uaid, &notification).await {
-                PushOutcome::Delivered => return Ok(Delivery::Direct),
+                PushOutcome::Delivered => {
+                    if let Some(copy) = copy {
+                        copy.saved_or_settled().await?;
+                    }
+                    return Ok(Delivery::Direct);
+                }
                 PushOutcome::Busy => debug!("client busy; storing"),
                 PushOutcome::NotConnected => {
                     self.storage
@@ -159,10 +177,13 @@ impl Router for WebPushRouter {
         if notification.ttl == 0 {
             return Ok(Delivery::Dropped);
         }
-        if !durable {
-            self.storage
-                .save_messages(&uaid, vec![notification])
-                .await?;
+        match copy {
+            Some(copy) => copy.saved_now().await?,
+            None => {
+                self.storage
+                    .save_messages(&uaid, vec![notification])
+                    .await?
+            }
         }
         // The client may have connected (and checked storage) since we read
         // its record: look again and nudge whichever node has it now.

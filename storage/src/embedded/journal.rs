@@ -71,6 +71,15 @@ const FLUSH_AT: usize = 8192;
 const FLUSH_AFTER: Duration = Duration::from_secs(5);
 /// Most records written and synced together.
 const MAX_BATCH: usize = 1024;
+/// How long a message being delivered to a connected client waits before
+/// its record is written: one acked meanwhile is never written nor synced
+/// (see [`Journal::stage`]). (Long under test, so that a test decides what
+/// is acked within it.)
+const GRACE: Duration = if cfg!(test) {
+    Duration::from_secs(30)
+} else {
+    Duration::from_millis(2)
+};
 /// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
 /// second inverted) whose records are current. Records start after it.
 const HEADER: u64 = 4096;
@@ -118,16 +127,50 @@ struct Entry {
     /// Being moved into redb by the transaction running now: a settle must
     /// go to redb, after that transaction.
     moving: bool,
+    /// Its record is written (or being written by the journal thread, at
+    /// an offset it reserved): a settle must write a tombstone after it.
+    written: bool,
+    /// Who waits for it to be durable, until the journal thread writes it
+    /// or something else answers first: a settle (the message is acked,
+    /// nothing is left to keep) or a checkpoint (it is in redb).
+    waiter: Option<oneshot::Sender<Result<()>>>,
+}
+
+impl Entry {
+    /// A message whose record is in the file already (replayed).
+    fn written(message: Notification) -> Entry {
+        Entry {
+            message,
+            moving: false,
+            written: true,
+            waiter: None,
+        }
+    }
+
+    /// Tell whoever waits that the message needs nothing more from the file.
+    fn answer(&mut self) {
+        if let Some(waiter) = self.waiter.take() {
+            let _ = waiter.send(Ok(()));
+        }
+    }
 }
 
 impl State {
-    fn remove(&mut self, uaid: u128, key: &str) {
-        if let Some(keys) = self.live.get_mut(&uaid) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.live.remove(&uaid);
-            }
+    /// Whether the index holds `version` under `key`.
+    fn holds(&self, uaid: u128, key: &str, version: &str) -> bool {
+        self.live
+            .get(&uaid)
+            .and_then(|keys| keys.get(key))
+            .is_some_and(|entry| entry.message.version == version)
+    }
+
+    fn remove(&mut self, uaid: u128, key: &str) -> Option<Entry> {
+        let keys = self.live.get_mut(&uaid)?;
+        let entry = keys.remove(key);
+        if keys.is_empty() {
+            self.live.remove(&uaid);
         }
+        entry
     }
 }
 
@@ -140,11 +183,19 @@ pub(super) enum Settled {
 }
 
 enum Op {
+    /// Write a staged message's record, unless it is settled or moved first.
     Append {
         record: Vec<u8>,
-        /// The message to index once synced, and who waits.
-        put: (u128, Notification, oneshot::Sender<Result<()>>),
+        uaid: u128,
+        key: String,
+        version: String,
+        /// Staged at this moment, to be written no sooner than [`GRACE`]
+        /// after it; `None`: write it now.
+        grace_from: Option<Instant>,
     },
+    /// Write what waits now (a message staged with a grace was not
+    /// delivered after all).
+    Hurry,
 }
 
 #[derive(Clone)]
@@ -440,18 +491,26 @@ impl Journal {
         message.topic.is_none()
     }
 
-    /// Whether the index holds another message under `key`.
-    pub(super) fn holds_other(&self, uaid: u128, key: &str, version: &str) -> bool {
-        let state = lock(&self.shared.state);
-        state
-            .live
-            .get(&uaid)
-            .and_then(|keys| keys.get(key))
-            .is_some_and(|entry| entry.message.version != version)
+    /// Append `message` and return once it is on disk.
+    pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+        Self::durable(self.stage(uaid, message, false)?).await
     }
 
-    /// Append `message` and return once it is on disk and in the index.
-    pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
+    /// Put `message` in the index now (every read and settle sees it from
+    /// here on), and have the journal thread write it: at once, or with
+    /// `grace` once [`GRACE`] has passed. The receiver answers once the
+    /// record is on disk, or before that if the message no longer needs
+    /// it: settled (a client acked it within the grace, so it is never
+    /// written at all) or moved into redb by a checkpoint.
+    ///
+    /// Fails with [`StorageError::KeyTaken`] if the index holds another
+    /// message under its key, or this one not yet on disk.
+    pub(super) fn stage(
+        &self,
+        uaid: &Uuid,
+        message: Notification,
+        grace: bool,
+    ) -> Result<oneshot::Receiver<Result<()>>> {
         let mut message = message;
         let data = message.data.take();
         let record = frame(
@@ -462,14 +521,57 @@ impl Journal {
             data.as_deref(),
         )?;
         message.data = data;
-        let (reply, synced) = oneshot::channel();
-        self.send(Op::Append {
+        let (uaid, key, version) = (uaid.as_u128(), message.sort_key(), message.version.clone());
+        let (waiter, done) = oneshot::channel();
+        {
+            let mut state = lock(&self.shared.state);
+            let keys = state.live.entry(uaid).or_default();
+            if let Some(held) = keys.get(&key) {
+                // The same message again, once on disk, is saved already.
+                if held.message.version == version && held.written && !held.moving {
+                    let _ = waiter.send(Ok(()));
+                    return Ok(done);
+                }
+                return Err(StorageError::KeyTaken(key));
+            }
+            keys.insert(
+                key.clone(),
+                Entry {
+                    message,
+                    moving: false,
+                    written: false,
+                    waiter: Some(waiter),
+                },
+            );
+        }
+        let grace_from = grace.then(Instant::now);
+        let sent = self.send(Op::Append {
             record,
-            put: (uaid.as_u128(), message, reply),
-        })?;
-        synced
-            .await
+            uaid,
+            key: key.clone(),
+            version: version.clone(),
+            grace_from,
+        });
+        if let Err(e) = sent {
+            let mut state = lock(&self.shared.state);
+            if state.holds(uaid, &key, &version) {
+                state.remove(uaid, &key);
+            }
+            return Err(e);
+        }
+        Ok(done)
+    }
+
+    /// What a [`Journal::stage`] receiver answers, as a storage result.
+    pub(super) async fn durable(done: oneshot::Receiver<Result<()>>) -> Result<()> {
+        done.await
             .map_err(|_| StorageError::Backend("the direct journal has stopped".into()))?
+    }
+
+    /// Have the journal thread write what is staged now, without waiting
+    /// for the rest of a grace.
+    pub(super) fn hurry(&self) {
+        let _ = self.send(Op::Hurry);
     }
 
     /// Settle the journaled message under `key` if it is still `version`:
@@ -511,6 +613,28 @@ impl Journal {
         }
         if entry.message.version != version {
             return Ok(Settled::Here(false));
+        }
+        if !entry.written {
+            // Acked within its grace: its record is never written, and the
+            // sender waits no longer. Only its receipt needs the file.
+            if let Some(mut entry) = state.remove(uaid, key) {
+                entry.answer();
+            }
+            let Some(receipt) = receipt else {
+                return Ok(Settled::Here(true));
+            };
+            let mut record = frame(
+                &RecordRef::Settle {
+                    uaid: Uuid::from_u128(uaid),
+                    key,
+                    version,
+                    receipt: Some(&receipt),
+                },
+                None,
+            )?;
+            state.receipts.insert((uaid, key.to_owned()), receipt);
+            self.tombstone(state.epoch, &mut record);
+            return Ok(Settled::Here(true));
         }
         let mut record = frame(
             &RecordRef::Settle {
@@ -618,13 +742,11 @@ fn move_records(records: Vec<Record>, db: &Database) -> Result<()> {
     for record in records {
         match record {
             Record::Put { uaid, message } => {
-                state.live.entry(uaid.as_u128()).or_default().insert(
-                    message.sort_key(),
-                    Entry {
-                        message,
-                        moving: false,
-                    },
-                );
+                state
+                    .live
+                    .entry(uaid.as_u128())
+                    .or_default()
+                    .insert(message.sort_key(), Entry::written(message));
             }
             Record::Settle {
                 uaid,
@@ -698,6 +820,36 @@ impl JournalThread {
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let mut batch = vec![first];
+            // A grace ends at the first op's deadline, or when an op wants
+            // its record written now.
+            if let Some(Op::Append {
+                grace_from: Some(from),
+                ..
+            }) = batch.first()
+            {
+                let deadline = *from + GRACE;
+                while batch.len() < MAX_BATCH {
+                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                        break;
+                    };
+                    match ops.recv_timeout(left) {
+                        Ok(op) => {
+                            let now = !matches!(
+                                op,
+                                Op::Append {
+                                    grace_from: Some(_),
+                                    ..
+                                }
+                            );
+                            batch.push(op);
+                            if now {
+                                break;
+                            }
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
             while batch.len() < MAX_BATCH {
                 match ops.try_recv() {
                     Ok(op) => batch.push(op),
@@ -718,40 +870,65 @@ impl JournalThread {
         self.checkpoint(true);
     }
 
-    /// Write the batch's messages, sync them, then index them and answer.
+    /// Write the batch's messages that are still staged, sync them, and
+    /// answer who waits. Marked written and given their offsets under the
+    /// state's lock, so that a tombstone of one of them lands after it.
     fn append(&mut self, batch: Vec<Op>) {
-        // Only this thread changes the epoch.
-        let epoch = lock(&self.state).epoch;
         let mut bytes = Vec::new();
-        let mut puts = Vec::with_capacity(batch.len());
-        for Op::Append { mut record, put } in batch {
-            stamp(&mut record, epoch);
-            bytes.extend_from_slice(&record);
-            puts.push(put);
-        }
-        let at = self.next.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let mut staged = Vec::with_capacity(batch.len());
+        let mut waiters = Vec::with_capacity(batch.len());
+        let at = {
+            let mut state = lock(&self.state);
+            let epoch = state.epoch;
+            for op in batch {
+                let Op::Append {
+                    mut record,
+                    uaid,
+                    key,
+                    version,
+                    ..
+                } = op
+                else {
+                    continue;
+                };
+                // Settled or moved into redb meanwhile: nothing to write.
+                let Some(entry) = state
+                    .live
+                    .get_mut(&uaid)
+                    .and_then(|keys| keys.get_mut(&key))
+                else {
+                    continue;
+                };
+                if entry.message.version != version || entry.written {
+                    continue;
+                }
+                entry.written = true;
+                waiters.extend(entry.waiter.take());
+                stamp(&mut record, epoch);
+                bytes.extend_from_slice(&record);
+                staged.push((uaid, key, version));
+            }
+            if bytes.is_empty() {
+                return;
+            }
+            self.next.fetch_add(bytes.len() as u64, Ordering::Relaxed)
+        };
         let written = self
             .file
             .write_all_at(&bytes, at)
             .and_then(|()| self.file.sync_data())
             .map_err(|e| io("cannot append", e));
-        let mut replies = Vec::with_capacity(puts.len());
-        {
+        if written.is_err() {
+            // Not durable: out of the index, and the senders hear it.
             let mut state = lock(&self.state);
-            for (uaid, message, reply) in puts {
-                if written.is_ok() {
-                    let entry = Entry {
-                        message,
-                        moving: false,
-                    };
-                    let key = entry.message.sort_key();
-                    state.live.entry(uaid).or_default().insert(key, entry);
+            for (uaid, key, version) in &staged {
+                if state.holds(*uaid, key, version) {
+                    state.remove(*uaid, key);
                 }
-                replies.push(reply);
             }
         }
-        for reply in replies {
-            let _ = reply.send(match &written {
+        for waiter in waiters {
+            let _ = waiter.send(match &written {
                 Ok(()) => Ok(()),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
             });
@@ -817,7 +994,17 @@ impl JournalThread {
                     state.receipts.remove(&key);
                 }
                 if rotate {
-                    state.live.clear();
+                    // Only what was moved: a message staged meanwhile is
+                    // still to be written, in the new epoch.
+                    state.live.retain(|_, keys| {
+                        keys.retain(|_, entry| {
+                            if entry.moving {
+                                entry.answer();
+                            }
+                            !entry.moving
+                        });
+                        !keys.is_empty()
+                    });
                     drop(state);
                     self.start_over();
                 }
@@ -1014,6 +1201,149 @@ mod tests {
             data(&store.fetch_messages(&uaid, 100).await.unwrap()),
             odd[1..]
         );
+    }
+
+    /// The versions of the messages put in the journal file at `path`.
+    fn puts_in(path: &Path) -> Vec<String> {
+        let file = std::fs::read(path).unwrap();
+        let epoch = epoch_of(&file).unwrap().unwrap();
+        read_records(&file, epoch)
+            .into_iter()
+            .filter_map(|record| match record {
+                Record::Put { message, .. } => Some(message.version),
+                Record::Settle { .. } => None,
+            })
+            .collect()
+    }
+
+    /// A message staged for a connected client is seen at once; acked
+    /// within its grace it is never written, its sender waits no longer,
+    /// and its receipt is in the file; one not acked is written when its
+    /// sender asks for it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_acked_within_its_grace_is_never_written() {
+        use futures_util::FutureExt;
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        let (acked, kept) = (message(1, "acked"), message(2, "kept"));
+        let first = store.stage_direct(&uaid, acked.clone()).await.unwrap();
+        let second = store.stage_direct(&uaid, kept.clone()).await.unwrap();
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["acked", "kept"]
+        );
+        let delivered = MessageState::Delivered;
+        let key = acked.sort_key();
+        assert!(
+            store
+                .settle_message(&uaid, &key, &acked.version, delivered)
+                .await
+                .unwrap()
+        );
+        let answered = first.saved_or_settled().now_or_never();
+        assert!(matches!(answered, Some(Ok(()))), "the ack did not answer");
+        second.saved_now().await.unwrap();
+        let path = dir.path().join("direct.journal");
+        assert_eq!(puts_in(&path), [kept.version]);
+
+        // What a node killed now leaves: start-up finds the receipt and
+        // the message still pending.
+        let left = std::fs::read(&path).unwrap();
+        let other = tempfile::tempdir().unwrap();
+        std::fs::write(other.path().join("direct.journal"), left).unwrap();
+        let restarted = EmbeddedStore::open(other.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        assert_eq!(
+            data(&restarted.fetch_messages(&uaid, 10).await.unwrap()),
+            ["kept"]
+        );
+        let receipt = restarted.read_message(&uaid, &key).await.unwrap();
+        assert!(
+            matches!(&receipt, Some(StoredMessage::Settled(r)) if r.state == delivered),
+            "{receipt:?}"
+        );
+    }
+
+    /// Tasks stage, save and settle messages at random while the file
+    /// starts over every few records (small under test): every message
+    /// whose copy answered and that no settle took stays readable, before
+    /// and after the store is closed and opened again; every settled one
+    /// is gone, its receipt kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn staged_messages_survive_rotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = Arc::new(
+            EmbeddedStore::open(dir.path())
+                .unwrap()
+                .with_receipt_retention(3600),
+        );
+        let clock = Arc::new(AtomicU64::new(1));
+        let tasks: Vec<_> = (0..4u64)
+            .map(|task| {
+                let (store, clock) = (store.clone(), clock.clone());
+                tokio::spawn(async move {
+                    let (mut kept, mut settled) = (Vec::new(), Vec::new());
+                    for i in 0..60u64 {
+                        let ts = clock.fetch_add(1, Ordering::Relaxed);
+                        let m = message(ts, &format!("m{ts:04}"));
+                        match (task * 7 + i * 13) % 3 {
+                            0 => store.save_direct(&uaid, m.clone()).await.unwrap(),
+                            1 => {
+                                let copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
+                                tokio::task::yield_now().await;
+                                copy.saved_now().await.unwrap();
+                            }
+                            _ => {
+                                let copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
+                                tokio::task::yield_now().await;
+                                let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+                                let settle =
+                                    store.settle_message(&uaid, &key, &m.version, delivered);
+                                assert!(settle.await.unwrap(), "{} did not settle", m.version);
+                                copy.saved_or_settled().await.unwrap();
+                                settled.push(m);
+                                continue;
+                            }
+                        }
+                        kept.push(m);
+                    }
+                    (kept, settled)
+                })
+            })
+            .collect();
+        let (mut kept, mut settled) = (Vec::new(), Vec::new());
+        for task in tasks {
+            let (k, s) = task.await.unwrap();
+            kept.extend(k);
+            settled.extend(s);
+        }
+        kept.sort_by_key(|m| m.sortkey_timestamp);
+        let kept = data(&kept);
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 1000).await.unwrap()),
+            kept
+        );
+        drop(store);
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 1000).await.unwrap()),
+            kept
+        );
+        for m in &settled {
+            let receipt = store.read_message(&uaid, &m.sort_key()).await.unwrap();
+            assert!(
+                matches!(&receipt, Some(StoredMessage::Settled(r)) if r.version == m.version),
+                "{}: {receipt:?}",
+                m.version
+            );
+        }
     }
 
     /// A tombstone's writer reserves its place, then writes: one killed in

@@ -19,7 +19,7 @@ use autopush_common::{Notification, RouterType, User, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
-use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
+use crate::{DirectCopy, Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
 use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
@@ -530,14 +530,21 @@ impl Storage for EmbeddedStore {
         if !Journal::takes(&message) {
             return self.save_messages(uaid, vec![message]).await;
         }
-        let key = message.sort_key();
-        if self
-            .journal
-            .holds_other(uaid.as_u128(), &key, &message.version)
-        {
-            return Err(StorageError::KeyTaken(key));
-        }
         self.journal.put(uaid, message).await
+    }
+
+    /// Into the journal's index at once, written after its grace unless
+    /// the client acks it first (see `Journal::stage`).
+    async fn stage_direct(&self, uaid: &Uuid, message: Notification) -> Result<DirectCopy> {
+        if !Journal::takes(&message) {
+            self.save_messages(uaid, vec![message]).await?;
+            return Ok(DirectCopy::saved());
+        }
+        let done = self.journal.stage(uaid, message, true)?;
+        let journal = self.journal.clone();
+        Ok(DirectCopy::new(Journal::durable(done), move || {
+            journal.hurry()
+        }))
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
