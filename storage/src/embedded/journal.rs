@@ -614,44 +614,35 @@ impl Journal {
         if entry.message.version != version {
             return Ok(Settled::Here(false));
         }
-        if !entry.written {
-            // Acked within its grace: its record is never written, and the
-            // sender waits no longer. Only its receipt needs the file.
-            if let Some(mut entry) = state.remove(uaid, key) {
-                entry.answer();
-            }
-            let Some(receipt) = receipt else {
-                return Ok(Settled::Here(true));
-            };
-            let mut record = frame(
-                &RecordRef::Settle {
-                    uaid: Uuid::from_u128(uaid),
-                    key,
-                    version,
-                    receipt: Some(&receipt),
-                },
-                None,
-            )?;
-            state.receipts.insert((uaid, key.to_owned()), receipt);
-            self.tombstone(state.epoch, &mut record);
-            return Ok(Settled::Here(true));
+        // No tombstone for a message acked within its grace with receipts
+        // off: nothing of it is in the file, nor needs to be.
+        let needs_tombstone = entry.written || receipt.is_some();
+        let record = needs_tombstone
+            .then(|| {
+                frame(
+                    &RecordRef::Settle {
+                        uaid: Uuid::from_u128(uaid),
+                        key,
+                        version,
+                        receipt: receipt.as_ref(),
+                    },
+                    None,
+                )
+            })
+            .transpose()?;
+        if let Some(mut entry) = state.remove(uaid, key) {
+            // Not written yet: its sender waits no longer, and the journal
+            // thread will not write it.
+            entry.answer();
         }
-        let mut record = frame(
-            &RecordRef::Settle {
-                uaid: Uuid::from_u128(uaid),
-                key,
-                version,
-                receipt: receipt.as_ref(),
-            },
-            None,
-        )?;
-        state.remove(uaid, key);
         if let Some(receipt) = receipt {
             state.receipts.insert((uaid, key.to_owned()), receipt);
         }
         // Written under the lock: tombstones of one key land in the order
         // of its settles, and in the epoch they are stamped with.
-        self.tombstone(state.epoch, &mut record);
+        if let Some(mut record) = record {
+            self.tombstone(state.epoch, &mut record);
+        }
         Ok(Settled::Here(true))
     }
 
