@@ -49,8 +49,6 @@ impl From<StorageError> for ApiError {
     }
 }
 
-/// The storage model of the seeds: one router record per UAID, the channel
-/// set of each UAID, and its stored messages keyed by sort key.
 /// A durable direct copy on its way (see [`Storage::stage_direct`]).
 pub struct DirectCopy {
     done: Pin<Box<dyn Future<Output = Result<()>> + Send>>,
@@ -93,6 +91,8 @@ impl DirectCopy {
     }
 }
 
+/// The storage model of the seeds: one router record per UAID, the channel
+/// set of each UAID, and its stored messages keyed by sort key.
 #[async_trait]
 pub trait Storage: Send + Sync {
     /// Write `user` unconditionally: a new user under a fresh UAID (a first
