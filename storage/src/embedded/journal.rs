@@ -5,8 +5,11 @@
 //! redb that costs two commits and two copy-on-write B-tree updates (the
 //! write, then the delete or the receipt on the ack), each far dearer than
 //! the push itself. Here the message is written to a file instead, and the
-//! writes waiting at the same moment share one `fdatasync` (group commit):
-//! the sender hears 201 only once its message is on disk. The ack writes a
+//! writes waiting at the same moment share one `fdatasync` (group commit).
+//! A message handed to a connected client is staged first: in the index at
+//! once, written only after a grace of [`GRACE`], and not at all if the
+//! client acks it meanwhile (most do, within a millisecond). Either way the
+//! sender hears 201 only once its message is on disk or acked. The ack writes a
 //! small tombstone that needs no sync of its own (a tombstone lost to a crash
 //! only means the message is delivered again). Readers see the journal's
 //! messages through an in-memory index of the unsettled ones; with receipts
