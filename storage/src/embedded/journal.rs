@@ -67,8 +67,9 @@ use crate::{Receipt, Result, StorageError, StoredMessage};
 const ROTATE_AT: u64 = if cfg!(test) { 4096 } else { 16 << 20 };
 /// Receipts waiting in memory past this many reach redb at once.
 /// Receipts of one client's messages often share a B-tree leaf: the more
-/// go in one commit, the fewer pages each costs.
-const FLUSH_AT: usize = 8192;
+/// go in one commit, the fewer pages each costs. (Small under test, so
+/// that tests flush.)
+const FLUSH_AT: usize = if cfg!(test) { 4 } else { 8192 };
 /// A receipt waits in memory at most about this long (it is in the file
 /// meanwhile: a restart does not lose it).
 const FLUSH_AFTER: Duration = Duration::from_secs(5);
@@ -112,6 +113,9 @@ enum Record {
     },
 }
 
+/// A receipt's uaid and sort key.
+type ReceiptKey = (u128, String);
+
 /// What the journal knows: unsettled messages and receipts not in redb yet.
 #[derive(Default)]
 struct State {
@@ -120,7 +124,7 @@ struct State {
     /// uaid -> sort key -> message.
     live: HashMap<u128, BTreeMap<String, Entry>>,
     /// Receipts of settled journal messages, until a checkpoint commits them.
-    receipts: HashMap<(u128, String), Receipt>,
+    receipts: HashMap<ReceiptKey, Receipt>,
     /// The receipts are being committed by the transaction running now.
     receipts_moving: bool,
 }
@@ -456,6 +460,7 @@ impl Journal {
                     state: thread_state,
                     writer,
                     last_flush: Instant::now(),
+                    flushing: None,
                     next: thread_next,
                 }
                 .run(ops)
@@ -793,11 +798,54 @@ fn move_state(
     Ok(())
 }
 
+/// In `txn`: the waiting receipts, and with `rotate` every unsettled
+/// message, written into redb. Marked moving inside the transaction, on
+/// the writer's thread: a settle that finds one moving queues its write
+/// after this one. Copied out, so that readers and settles wait for the
+/// lock only while it is copied, not while redb writes it. Returns the
+/// keys of the receipts moved.
+fn move_to_redb(
+    state: &Mutex<State>,
+    txn: &WriteTransaction,
+    rotate: bool,
+) -> Result<Vec<ReceiptKey>> {
+    let (live, receipts) = {
+        let mut state = lock(state);
+        let mut live = Vec::new();
+        if rotate {
+            for (uaid, keys) in state.live.iter_mut() {
+                for entry in keys.values_mut() {
+                    entry.moving = true;
+                    live.push((*uaid, entry.message.clone()));
+                }
+            }
+        }
+        state.receipts_moving = true;
+        let receipts: Vec<_> = state
+            .receipts
+            .iter()
+            .map(|(key, receipt)| (key.clone(), receipt.clone()))
+            .collect();
+        (live, receipts)
+    };
+    let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+    for ((uaid, key), receipt) in &receipts {
+        move_receipt(&mut table, *uaid, key, receipt)?;
+    }
+    for (uaid, message) in &live {
+        move_message(&mut table, *uaid, message)?;
+    }
+    Ok(receipts.into_iter().map(|(key, _)| key).collect())
+}
+
 struct JournalThread {
     file: File,
     state: Arc<Mutex<State>>,
     writer: Writer,
     last_flush: Instant,
+    /// A receipts flush in redb's writer queue: the keys it moves, once
+    /// committed.
+    flushing: Option<oneshot::Receiver<Result<Vec<ReceiptKey>>>>,
     /// Where the next record goes (tombstones' writers reserve theirs too).
     next: Arc<AtomicU64>,
 }
@@ -805,10 +853,19 @@ struct JournalThread {
 impl JournalThread {
     fn run(mut self, ops: Receiver<Op>) {
         loop {
-            let first = match ops.recv_timeout(FLUSH_AFTER) {
+            // While a flush is in flight, look for its answer often: until
+            // it is taken, settles of the receipts it holds go to redb.
+            let wait = match self.flushing {
+                Some(_) => Duration::from_millis(10),
+                None => FLUSH_AFTER,
+            };
+            let first = match ops.recv_timeout(wait) {
                 Ok(op) => op,
                 Err(RecvTimeoutError::Timeout) => {
-                    self.checkpoint(false);
+                    self.flushed(false);
+                    if self.last_flush.elapsed() >= FLUSH_AFTER {
+                        self.flush_receipts();
+                    }
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -851,17 +908,18 @@ impl JournalThread {
                 }
             }
             self.append(batch);
+            self.flushed(false);
             let receipts = lock(&self.state).receipts.len();
             if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
-                self.checkpoint(true);
+                self.rotate();
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
             {
-                self.checkpoint(false);
+                self.flush_receipts();
             }
         }
         // Closing: leave nothing for the next start-up to replay.
-        self.checkpoint(true);
+        self.rotate();
     }
 
     /// Write the batch's messages that are still staged, sync them, and
@@ -932,54 +990,73 @@ impl JournalThread {
         }
     }
 
-    /// Commit the waiting receipts to redb, and with `rotate` every
-    /// unsettled message too, then empty the file.
-    fn checkpoint(&mut self, rotate: bool) {
+    /// Hand the waiting receipts to redb's writer without waiting for the
+    /// commit: pushes whose records this thread writes must not wait for
+    /// redb. One flush at a time; [`JournalThread::flushed`] takes its
+    /// answer.
+    fn flush_receipts(&mut self) {
+        self.last_flush = Instant::now();
+        if self.flushing.is_some() || lock(&self.state).receipts.is_empty() {
+            return;
+        }
+        let state = self.state.clone();
+        match self
+            .writer
+            .write_detached(move |txn| move_to_redb(&state, txn, false))
+        {
+            Ok(answer) => self.flushing = Some(answer),
+            Err(e) => warn!(error = %e, "direct journal: cannot flush receipts"),
+        }
+    }
+
+    /// Take the answer of the receipts flush in flight, if it came (or,
+    /// with `wait`, once it comes).
+    fn flushed(&mut self, wait: bool) {
+        let Some(mut answer) = self.flushing.take() else {
+            return;
+        };
+        let stopped = || StorageError::Backend("the writer thread has stopped".into());
+        let moved = if wait {
+            answer.blocking_recv().map_err(|_| stopped())
+        } else {
+            match answer.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    self.flushing = Some(answer);
+                    return;
+                }
+                received => received.map_err(|_| stopped()),
+            }
+        };
+        self.after_move(moved.and_then(|moved| moved), false);
+    }
+
+    /// Commit the waiting receipts and every unsettled message to redb,
+    /// then start the file over. Blocks the thread: what is in the file
+    /// must be in redb before the file's epoch changes.
+    fn rotate(&mut self) {
+        self.flushed(true);
         self.last_flush = Instant::now();
         {
             let state = lock(&self.state);
-            if state.receipts.is_empty() && (!rotate || state.live.is_empty()) {
+            if state.receipts.is_empty() && state.live.is_empty() {
                 drop(state);
-                if rotate {
-                    self.start_over();
-                }
+                self.start_over();
                 return;
             }
         }
         let state = self.state.clone();
-        // Marked inside the transaction, on the writer's thread: a settle
-        // that finds a message moving queues its write after this one.
-        // Copied out, so that readers and settles wait for the lock only
-        // while it is copied, not while redb writes it.
-        let moved = self.writer.write_blocking(move |txn| {
-            let (live, receipts) = {
-                let mut state = lock(&state);
-                let mut live = Vec::new();
-                if rotate {
-                    for (uaid, keys) in state.live.iter_mut() {
-                        for entry in keys.values_mut() {
-                            entry.moving = true;
-                            live.push((*uaid, entry.message.clone()));
-                        }
-                    }
-                }
-                state.receipts_moving = true;
-                let receipts: Vec<_> = state
-                    .receipts
-                    .iter()
-                    .map(|(key, receipt)| (key.clone(), receipt.clone()))
-                    .collect();
-                (live, receipts)
-            };
-            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            for ((uaid, key), receipt) in &receipts {
-                move_receipt(&mut table, *uaid, key, receipt)?;
-            }
-            for (uaid, message) in &live {
-                move_message(&mut table, *uaid, message)?;
-            }
-            Ok(receipts.into_iter().map(|(key, _)| key).collect::<Vec<_>>())
-        });
+        let moved = self
+            .writer
+            .write_blocking(move |txn| move_to_redb(&state, txn, true));
+        if self.after_move(moved, true) {
+            self.start_over();
+        }
+    }
+
+    /// What a move into redb leaves in memory: the receipts it moved
+    /// dropped, and with `rotate` the messages it moved too. Returns
+    /// whether the move committed.
+    fn after_move(&mut self, moved: Result<Vec<ReceiptKey>>, rotate: bool) -> bool {
         let mut state = lock(&self.state);
         state.receipts_moving = false;
         match moved {
@@ -999,15 +1076,15 @@ impl JournalThread {
                         });
                         !keys.is_empty()
                     });
-                    drop(state);
-                    self.start_over();
                 }
+                true
             }
             Err(e) => {
                 for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
                     entry.moving = false;
                 }
                 warn!(error = %e, "direct journal checkpoint failed; will try again");
+                false
             }
         }
     }
@@ -1262,8 +1339,26 @@ mod tests {
         );
     }
 
+    /// Every message of `settled` reads as its receipt.
+    async fn assert_receipts(
+        store: &EmbeddedStore,
+        uaid: &Uuid,
+        settled: &[Notification],
+        when: &str,
+    ) {
+        for m in settled {
+            let receipt = store.read_message(uaid, &m.sort_key()).await.unwrap();
+            assert!(
+                matches!(&receipt, Some(StoredMessage::Settled(r)) if r.version == m.version),
+                "{when}, {}: {receipt:?}",
+                m.version
+            );
+        }
+    }
+
     /// Tasks stage, save and settle messages at random while the file
-    /// starts over every few records (small under test): every message
+    /// starts over every few records and receipts are flushed every few
+    /// settles (both small under test): every message
     /// whose copy answered and that no settle took stays readable, before
     /// and after the store is closed and opened again; every settled one
     /// is gone, its receipt kept.
@@ -1322,6 +1417,7 @@ mod tests {
             data(&store.fetch_messages(&uaid, 1000).await.unwrap()),
             kept
         );
+        assert_receipts(&store, &uaid, &settled, "before closing").await;
         drop(store);
         let store = EmbeddedStore::open(dir.path())
             .unwrap()
@@ -1330,14 +1426,7 @@ mod tests {
             data(&store.fetch_messages(&uaid, 1000).await.unwrap()),
             kept
         );
-        for m in &settled {
-            let receipt = store.read_message(&uaid, &m.sort_key()).await.unwrap();
-            assert!(
-                matches!(&receipt, Some(StoredMessage::Settled(r)) if r.version == m.version),
-                "{}: {receipt:?}",
-                m.version
-            );
-        }
+        assert_receipts(&store, &uaid, &settled, "after opening again").await;
     }
 
     /// A tombstone's writer reserves its place, then writes: one killed in
