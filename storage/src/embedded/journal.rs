@@ -113,9 +113,6 @@ enum Record {
     },
 }
 
-/// A receipt's uaid and sort key.
-type ReceiptKey = (u128, String);
-
 /// What the journal knows: unsettled messages and receipts not in redb yet.
 #[derive(Default)]
 struct State {
@@ -124,7 +121,7 @@ struct State {
     /// uaid -> sort key -> message.
     live: HashMap<u128, BTreeMap<String, Entry>>,
     /// Receipts of settled journal messages, until a checkpoint commits them.
-    receipts: HashMap<ReceiptKey, Receipt>,
+    receipts: HashMap<(u128, String), Receipt>,
     /// The receipts are being committed by the transaction running now.
     receipts_moving: bool,
 }
@@ -460,7 +457,6 @@ impl Journal {
                     state: thread_state,
                     writer,
                     last_flush: Instant::now(),
-                    flushing: None,
                     next: thread_next,
                 }
                 .run(ops)
@@ -798,54 +794,11 @@ fn move_state(
     Ok(())
 }
 
-/// In `txn`: the waiting receipts, and with `rotate` every unsettled
-/// message, written into redb. Marked moving inside the transaction, on
-/// the writer's thread: a settle that finds one moving queues its write
-/// after this one. Copied out, so that readers and settles wait for the
-/// lock only while it is copied, not while redb writes it. Returns the
-/// keys of the receipts moved.
-fn move_to_redb(
-    state: &Mutex<State>,
-    txn: &WriteTransaction,
-    rotate: bool,
-) -> Result<Vec<ReceiptKey>> {
-    let (live, receipts) = {
-        let mut state = lock(state);
-        let mut live = Vec::new();
-        if rotate {
-            for (uaid, keys) in state.live.iter_mut() {
-                for entry in keys.values_mut() {
-                    entry.moving = true;
-                    live.push((*uaid, entry.message.clone()));
-                }
-            }
-        }
-        state.receipts_moving = true;
-        let receipts: Vec<_> = state
-            .receipts
-            .iter()
-            .map(|(key, receipt)| (key.clone(), receipt.clone()))
-            .collect();
-        (live, receipts)
-    };
-    let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-    for ((uaid, key), receipt) in &receipts {
-        move_receipt(&mut table, *uaid, key, receipt)?;
-    }
-    for (uaid, message) in &live {
-        move_message(&mut table, *uaid, message)?;
-    }
-    Ok(receipts.into_iter().map(|(key, _)| key).collect())
-}
-
 struct JournalThread {
     file: File,
     state: Arc<Mutex<State>>,
     writer: Writer,
     last_flush: Instant,
-    /// A receipts flush in redb's writer queue: the keys it moves, once
-    /// committed.
-    flushing: Option<oneshot::Receiver<Result<Vec<ReceiptKey>>>>,
     /// Where the next record goes (tombstones' writers reserve theirs too).
     next: Arc<AtomicU64>,
 }
@@ -853,19 +806,10 @@ struct JournalThread {
 impl JournalThread {
     fn run(mut self, ops: Receiver<Op>) {
         loop {
-            // While a flush is in flight, look for its answer often: until
-            // it is taken, settles of the receipts it holds go to redb.
-            let wait = match self.flushing {
-                Some(_) => Duration::from_millis(10),
-                None => FLUSH_AFTER,
-            };
-            let first = match ops.recv_timeout(wait) {
+            let first = match ops.recv_timeout(FLUSH_AFTER) {
                 Ok(op) => op,
                 Err(RecvTimeoutError::Timeout) => {
-                    self.flushed(false);
-                    if self.last_flush.elapsed() >= FLUSH_AFTER {
-                        self.flush_receipts();
-                    }
+                    self.checkpoint(false);
                     continue;
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -908,18 +852,17 @@ impl JournalThread {
                 }
             }
             self.append(batch);
-            self.flushed(false);
             let receipts = lock(&self.state).receipts.len();
             if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
-                self.rotate();
+                self.checkpoint(true);
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
             {
-                self.flush_receipts();
+                self.checkpoint(false);
             }
         }
         // Closing: leave nothing for the next start-up to replay.
-        self.rotate();
+        self.checkpoint(true);
     }
 
     /// Write the batch's messages that are still staged, sync them, and
@@ -990,73 +933,54 @@ impl JournalThread {
         }
     }
 
-    /// Hand the waiting receipts to redb's writer without waiting for the
-    /// commit: pushes whose records this thread writes must not wait for
-    /// redb. One flush at a time; [`JournalThread::flushed`] takes its
-    /// answer.
-    fn flush_receipts(&mut self) {
-        self.last_flush = Instant::now();
-        if self.flushing.is_some() || lock(&self.state).receipts.is_empty() {
-            return;
-        }
-        let state = self.state.clone();
-        match self
-            .writer
-            .write_detached(move |txn| move_to_redb(&state, txn, false))
-        {
-            Ok(answer) => self.flushing = Some(answer),
-            Err(e) => warn!(error = %e, "direct journal: cannot flush receipts"),
-        }
-    }
-
-    /// Take the answer of the receipts flush in flight, if it came (or,
-    /// with `wait`, once it comes).
-    fn flushed(&mut self, wait: bool) {
-        let Some(mut answer) = self.flushing.take() else {
-            return;
-        };
-        let stopped = || StorageError::Backend("the writer thread has stopped".into());
-        let moved = if wait {
-            answer.blocking_recv().map_err(|_| stopped())
-        } else {
-            match answer.try_recv() {
-                Err(oneshot::error::TryRecvError::Empty) => {
-                    self.flushing = Some(answer);
-                    return;
-                }
-                received => received.map_err(|_| stopped()),
-            }
-        };
-        self.after_move(moved.and_then(|moved| moved), false);
-    }
-
-    /// Commit the waiting receipts and every unsettled message to redb,
-    /// then start the file over. Blocks the thread: what is in the file
-    /// must be in redb before the file's epoch changes.
-    fn rotate(&mut self) {
-        self.flushed(true);
+    /// Commit the waiting receipts to redb, and with `rotate` every
+    /// unsettled message too, then empty the file.
+    fn checkpoint(&mut self, rotate: bool) {
         self.last_flush = Instant::now();
         {
             let state = lock(&self.state);
-            if state.receipts.is_empty() && state.live.is_empty() {
+            if state.receipts.is_empty() && (!rotate || state.live.is_empty()) {
                 drop(state);
-                self.start_over();
+                if rotate {
+                    self.start_over();
+                }
                 return;
             }
         }
         let state = self.state.clone();
-        let moved = self
-            .writer
-            .write_blocking(move |txn| move_to_redb(&state, txn, true));
-        if self.after_move(moved, true) {
-            self.start_over();
-        }
-    }
-
-    /// What a move into redb leaves in memory: the receipts it moved
-    /// dropped, and with `rotate` the messages it moved too. Returns
-    /// whether the move committed.
-    fn after_move(&mut self, moved: Result<Vec<ReceiptKey>>, rotate: bool) -> bool {
+        // Marked inside the transaction, on the writer's thread: a settle
+        // that finds a message moving queues its write after this one.
+        // Copied out, so that readers and settles wait for the lock only
+        // while it is copied, not while redb writes it.
+        let moved = self.writer.write_blocking(move |txn| {
+            let (live, receipts) = {
+                let mut state = lock(&state);
+                let mut live = Vec::new();
+                if rotate {
+                    for (uaid, keys) in state.live.iter_mut() {
+                        for entry in keys.values_mut() {
+                            entry.moving = true;
+                            live.push((*uaid, entry.message.clone()));
+                        }
+                    }
+                }
+                state.receipts_moving = true;
+                let receipts: Vec<_> = state
+                    .receipts
+                    .iter()
+                    .map(|(key, receipt)| (key.clone(), receipt.clone()))
+                    .collect();
+                (live, receipts)
+            };
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            for ((uaid, key), receipt) in &receipts {
+                move_receipt(&mut table, *uaid, key, receipt)?;
+            }
+            for (uaid, message) in &live {
+                move_message(&mut table, *uaid, message)?;
+            }
+            Ok(receipts.into_iter().map(|(key, _)| key).collect::<Vec<_>>())
+        });
         let mut state = lock(&self.state);
         state.receipts_moving = false;
         match moved {
@@ -1076,15 +1000,15 @@ impl JournalThread {
                         });
                         !keys.is_empty()
                     });
+                    drop(state);
+                    self.start_over();
                 }
-                true
             }
             Err(e) => {
                 for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
                     entry.moving = false;
                 }
                 warn!(error = %e, "direct journal checkpoint failed; will try again");
-                false
             }
         }
     }

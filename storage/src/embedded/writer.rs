@@ -140,23 +140,11 @@ impl Writer {
         T: Send + 'static,
         F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
     {
-        let answer = self.write_detached(write)?;
-        answer.blocking_recv().map_err(|_| stopped())?
-    }
-
-    /// [`Writer::write`] for a thread outside the runtime that goes on
-    /// meanwhile: the returned receiver answers once the transaction
-    /// holding `write` is durable. Blocks only while the queue is full.
-    pub(super) fn write_detached<T, F>(&self, write: F) -> Result<oneshot::Receiver<Result<T>>>
-    where
-        T: Send + 'static,
-        F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
-    {
         let (pending, answer) = pending(write);
         self.queue()?
             .blocking_send(pending)
             .map_err(|_| stopped())?;
-        Ok(answer)
+        answer.blocking_recv().map_err(|_| stopped())?
     }
 
     fn queue(&self) -> Result<&mpsc::Sender<Box<dyn PendingWrite>>> {
