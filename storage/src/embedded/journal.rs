@@ -25,9 +25,9 @@
 //! The file is written in place, never appended to: it is filled with zeros
 //! once ([`PREALLOCATE`]), and starting over means a new epoch in its first
 //! page, not a shorter file. An `fdatasync` of blocks the file already has
-//! writes the data and nothing else; one that grows the file also commits
-//! the file system's journal (its size and blocks changed), about twice the
-//! time on ext4, and the pushes waiting for it wait that much longer. Each
+//! writes the data and nothing else; one that grows the file also writes
+//! its new size and blocks (and on a journaled ext4 commits the journal),
+//! about twice the time, and the pushes waiting for it wait that much. Each
 //! record carries the epoch, so records of earlier epochs that are still in
 //! the file are not read again, and a space reserved by a writer that died
 //! before writing it (zeros, or an older record) is skipped. Every move into redb is
