@@ -160,12 +160,12 @@ impl Entry {
 }
 
 impl State {
-    /// Whether the index holds `version` under `key`.
-    fn holds(&self, uaid: u128, key: &str, version: &str) -> bool {
-        self.live
-            .get(&uaid)
-            .and_then(|keys| keys.get(key))
-            .is_some_and(|entry| entry.message.version == version)
+    /// Drop `version` from the index, if it is still what `key` holds.
+    fn remove_version(&mut self, uaid: u128, key: &str, version: &str) {
+        let held = self.live.get(&uaid).and_then(|keys| keys.get(key));
+        if held.is_some_and(|entry| entry.message.version == version) {
+            self.remove(uaid, key);
+        }
     }
 
     fn remove(&mut self, uaid: u128, key: &str) -> Option<Entry> {
@@ -200,6 +200,17 @@ enum Op {
     /// Write what waits now (a message staged with a grace was not
     /// delivered after all).
     Hurry,
+}
+
+impl Op {
+    /// When the grace of a staged message began; `None` for an op that
+    /// wants the waiting records written now.
+    fn grace_from(&self) -> Option<Instant> {
+        match self {
+            Op::Append { grace_from, .. } => *grace_from,
+            Op::Hurry => None,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -557,10 +568,7 @@ impl Journal {
             grace_from,
         });
         if let Err(e) = sent {
-            let mut state = lock(&self.shared.state);
-            if state.holds(uaid, &key, &version) {
-                state.remove(uaid, &key);
-            }
+            lock(&self.shared.state).remove_version(uaid, &key, &version);
             return Err(e);
         }
         Ok(done)
@@ -750,14 +758,7 @@ fn move_records(records: Vec<Record>, db: &Database) -> Result<()> {
                 receipt,
             } => {
                 let uaid = uaid.as_u128();
-                let is_version = state
-                    .live
-                    .get(&uaid)
-                    .and_then(|keys| keys.get(&key))
-                    .is_some_and(|e| e.message.version == version);
-                if is_version {
-                    state.remove(uaid, &key);
-                }
+                state.remove_version(uaid, &key, &version);
                 match receipt {
                     Some(receipt) => {
                         state.receipts.insert((uaid, key), receipt);
@@ -814,28 +815,19 @@ impl JournalThread {
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
             };
-            let mut batch = vec![first];
             // A grace ends at the first op's deadline, or when an op wants
             // its record written now.
-            if let Some(Op::Append {
-                grace_from: Some(from),
-                ..
-            }) = batch.first()
-            {
-                let deadline = *from + GRACE;
+            let grace_from = first.grace_from();
+            let mut batch = vec![first];
+            if let Some(from) = grace_from {
+                let deadline = from + GRACE;
                 while batch.len() < MAX_BATCH {
                     let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                         break;
                     };
                     match ops.recv_timeout(left) {
                         Ok(op) => {
-                            let now = !matches!(
-                                op,
-                                Op::Append {
-                                    grace_from: Some(_),
-                                    ..
-                                }
-                            );
+                            let now = op.grace_from().is_none();
                             batch.push(op);
                             if now {
                                 break;
@@ -917,9 +909,7 @@ impl JournalThread {
             // Not durable: out of the index, and the senders hear it.
             let mut state = lock(&self.state);
             for (uaid, key, version) in &staged {
-                if state.holds(*uaid, key, version) {
-                    state.remove(*uaid, key);
-                }
+                state.remove_version(*uaid, key, version);
             }
         }
         for waiter in waiters {
