@@ -9,9 +9,14 @@
 //! A message handed to a connected client is staged first: in the index at
 //! once, written only after a grace of [`GRACE`], and not at all if the
 //! client acks it meanwhile (most do, within a millisecond). Either way the
-//! sender hears 201 only once its message is on disk or acked. The ack writes a
-//! small tombstone that needs no sync of its own (a tombstone lost to a crash
-//! only means the message is delivered again). Readers see the journal's
+//! sender hears 201 only once its message is on disk or acked. The ack of a
+//! written message writes a small tombstone at once, which needs no sync of
+//! its own (a tombstone lost with the machine only means the message is
+//! delivered again); the ack of one never written needs a record only for
+//! its receipt, which goes with the journal thread's next write, within
+//! [`TOMBSTONES_WAIT`]. Staging costs no system call: the journal thread
+//! sleeps until the oldest staged message's grace ends, and is woken only
+//! by work it must do sooner than that. Readers see the journal's
 //! messages through an in-memory index of the unsettled ones; with receipts
 //! on, a settled message's receipt waits in memory and reaches redb with
 //! many others in one commit (a checkpoint), at most [`FLUSH_AFTER`] later.
@@ -40,14 +45,13 @@
 //! timestamp, so two of them never compete for a key. A topic message
 //! replaces an older one under its key, which redb's conditional write does.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -84,6 +88,10 @@ const GRACE: Duration = if cfg!(test) {
 } else {
     Duration::from_millis(2)
 };
+/// A settle record the file needs only for its receipt waits at most this
+/// long, to be written with others in one `write` (see
+/// [`Journal::settle`]).
+const TOMBSTONES_WAIT: Duration = Duration::from_millis(2);
 /// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
 /// second inverted) whose records are current. Records start after it.
 const HEADER: u64 = 4096;
@@ -124,6 +132,23 @@ struct State {
     receipts: HashMap<(u128, String), Receipt>,
     /// The receipts are being committed by the transaction running now.
     receipts_moving: bool,
+    /// Staged messages the journal thread is to write, oldest first: when
+    /// each was staged, its uaid and key.
+    due: VecDeque<(Instant, u128, String)>,
+    /// Someone waits for the due messages to be written now.
+    hurry: bool,
+    /// Settle records of messages the file does not hold (acked within
+    /// their grace), carrying their receipts: written with the next batch,
+    /// at most [`TOMBSTONES_WAIT`] after the first of them.
+    tombstones: Vec<Vec<u8>>,
+    tombstones_since: Option<Instant>,
+    /// When the journal thread wakes by itself, while it waits for work;
+    /// `None` while it works (it looks at the state again before it waits).
+    asleep_until: Option<Instant>,
+    /// The store is closing: the journal thread finishes.
+    closing: bool,
+    /// The journal thread has stopped (closed, or panicked).
+    stopped: bool,
 }
 
 struct Entry {
@@ -160,6 +185,20 @@ impl Entry {
 }
 
 impl State {
+    /// When the oldest message still staged (not settled, written nor
+    /// moved) was staged; what the journal no longer needs to write is
+    /// dropped from [`State::due`] on the way.
+    fn first_staged(&mut self) -> Option<Instant> {
+        while let Some((at, uaid, key)) = self.due.front() {
+            let entry = self.live.get(uaid).and_then(|keys| keys.get(key));
+            if entry.is_some_and(|entry| !entry.written && !entry.moving) {
+                return Some(*at);
+            }
+            self.due.pop_front();
+        }
+        None
+    }
+
     /// Drop `version` from the index, if it is still what `key` holds.
     fn remove_version(&mut self, uaid: u128, key: &str, version: &str) {
         let held = self.live.get(&uaid).and_then(|keys| keys.get(key));
@@ -186,33 +225,6 @@ pub(super) enum Settled {
     NotHere,
 }
 
-enum Op {
-    /// Write a staged message's record, unless it is settled or moved first.
-    Append {
-        record: Vec<u8>,
-        uaid: u128,
-        key: String,
-        version: String,
-        /// Staged at this moment, to be written no sooner than [`GRACE`]
-        /// after it; `None`: write it now.
-        grace_from: Option<Instant>,
-    },
-    /// Write what waits now (a message staged with a grace was not
-    /// delivered after all).
-    Hurry,
-}
-
-impl Op {
-    /// When the grace of a staged message began; `None` for an op that
-    /// wants the waiting records written now.
-    fn grace_from(&self) -> Option<Instant> {
-        match self {
-            Op::Append { grace_from, .. } => *grace_from,
-            Op::Hurry => None,
-        }
-    }
-}
-
 #[derive(Clone)]
 pub(super) struct Journal {
     shared: Arc<Shared>,
@@ -220,20 +232,23 @@ pub(super) struct Journal {
 
 struct Shared {
     state: Arc<Mutex<State>>,
-    /// The file, for tombstones: each is one `write` at the offset it
-    /// reserved, without waiting for the thread (busy syncing messages).
-    /// Written, not synced: that survives `kill -9`, and a tombstone lost
-    /// with the machine only means a delivery again.
+    /// Wakes the journal thread (see [`State::asleep_until`]).
+    work: Arc<Condvar>,
+    /// The file, for the tombstones of written messages: each is one
+    /// `write` at the offset it reserved, without waiting for the thread
+    /// (busy syncing messages). Written, not synced: that survives `kill
+    /// -9`, and a tombstone lost with the machine only means a delivery
+    /// again.
     file: File,
     /// Where the next record goes (reset by a rotation).
     next: Arc<AtomicU64>,
-    queue: Mutex<Option<Sender<Op>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        drop(lock(&self.queue).take());
+        lock(&self.state).closing = true;
+        self.work.notify_one();
         if let Some(thread) = lock(&self.thread).take() {
             let _ = thread.join();
         }
@@ -291,12 +306,22 @@ enum RecordRef<'a> {
 /// its size) is kept out of the JSON, which would scan it for characters
 /// to escape; it is base64url, so has none.
 fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(data.map_or(0, str::len) + 512);
+    frame_into(&mut out, record, data)?;
+    Ok(out)
+}
+
+/// [`frame`] at the end of `out` (a batch being written); on an error
+/// `out` is left as it was.
+fn frame_into(out: &mut Vec<u8>, record: &RecordRef<'_>, data: Option<&str>) -> Result<()> {
     let too_large = || StorageError::Backend("direct journal: record too large".into());
-    let tail = data.map_or(0, str::len);
-    let mut out = Vec::with_capacity(tail + 512);
+    let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEAD + 4]);
-    serde_json::to_writer(&mut out, record).map_err(corrupt)?;
-    let json = u32::try_from(out.len() - RECORD_HEAD - 4).map_err(|_| too_large())?;
+    if let Err(e) = serde_json::to_writer(&mut *out, record) {
+        out.truncate(start);
+        return Err(corrupt(e));
+    }
+    let json = out.len() - start - RECORD_HEAD - 4;
     match data {
         Some(data) => {
             out.push(1);
@@ -304,14 +329,21 @@ fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
         }
         None => out.push(0),
     }
-    out[RECORD_HEAD..RECORD_HEAD + 4].copy_from_slice(&json.to_le_bytes());
-    let len = u32::try_from(out.len() - RECORD_HEAD).map_err(|_| too_large())?;
-    let sum = checksum(&out[RECORD_HEAD..]);
-    out[0..4].copy_from_slice(&RECORD_MAGIC);
-    out[8..12].copy_from_slice(&len.to_le_bytes());
-    out[12..16].copy_from_slice(&sum.to_le_bytes());
+    let (Ok(json), Ok(len)) = (
+        u32::try_from(json),
+        u32::try_from(out.len() - start - RECORD_HEAD),
+    ) else {
+        out.truncate(start);
+        return Err(too_large());
+    };
+    let record = &mut out[start..];
+    record[RECORD_HEAD..RECORD_HEAD + 4].copy_from_slice(&json.to_le_bytes());
+    let sum = checksum(&record[RECORD_HEAD..]);
+    record[0..4].copy_from_slice(&RECORD_MAGIC);
+    record[8..12].copy_from_slice(&len.to_le_bytes());
+    record[12..16].copy_from_slice(&sum.to_le_bytes());
     out.resize(out.len().next_multiple_of(8), 0);
-    Ok(out)
+    Ok(())
 }
 
 /// The little-endian `u32` at `at` in `bytes`, if they reach that far.
@@ -458,39 +490,38 @@ impl Journal {
             epoch,
             ..State::default()
         }));
-        let (queue, ops) = channel();
-        let thread_state = state.clone();
+        let work = Arc::new(Condvar::new());
+        let thread = JournalThread {
+            file,
+            state: state.clone(),
+            work: work.clone(),
+            writer,
+            last_flush: Instant::now(),
+            next: thread_next,
+        };
         let thread = std::thread::Builder::new()
             .name("direct-journal".into())
-            .spawn(move || {
-                JournalThread {
-                    file,
-                    state: thread_state,
-                    writer,
-                    last_flush: Instant::now(),
-                    next: thread_next,
-                }
-                .run(ops)
-            })
+            .spawn(move || thread.run())
             .map_err(|e| io("cannot start its thread", e))?;
         Ok(Journal {
             shared: Arc::new(Shared {
                 state,
+                work,
                 file: tombstones,
                 next,
-                queue: Mutex::new(Some(queue)),
                 thread: Mutex::new(Some(thread)),
             }),
         })
     }
 
-    fn send(&self, op: Op) -> Result<()> {
-        let stopped = || StorageError::Backend("the direct journal has stopped".into());
-        lock(&self.shared.queue)
-            .as_ref()
-            .ok_or_else(stopped)?
-            .send(op)
-            .map_err(|_| stopped())
+    /// Have the journal thread look at the state by `at`: wake it if it
+    /// would sleep past then. (Under steady load it is awake already, or
+    /// set to wake for an earlier message: no system call.)
+    fn wake_by(&self, state: &mut State, at: Instant) {
+        if state.asleep_until.is_some_and(|until| until > at) {
+            state.asleep_until = Some(at);
+            self.shared.work.notify_one();
+        }
     }
 
     /// Whether the journal thread still takes messages (it stops only if
@@ -526,50 +557,39 @@ impl Journal {
         message: Notification,
         grace: bool,
     ) -> Result<oneshot::Receiver<Result<()>>> {
-        let mut message = message;
-        let data = message.data.take();
-        let record = frame(
-            &RecordRef::Put {
-                uaid: *uaid,
-                message: &message,
-            },
-            data.as_deref(),
-        )?;
-        message.data = data;
-        let (uaid, key, version) = (uaid.as_u128(), message.sort_key(), message.version.clone());
+        let (uaid, key) = (uaid.as_u128(), message.sort_key());
         let (waiter, done) = oneshot::channel();
-        {
-            let mut state = lock(&self.shared.state);
-            let keys = state.live.entry(uaid).or_default();
-            if let Some(held) = keys.get(&key) {
-                // The same message again, once on disk, is saved already.
-                if held.message.version == version && held.written && !held.moving {
-                    let _ = waiter.send(Ok(()));
-                    return Ok(done);
-                }
-                return Err(StorageError::KeyTaken(key));
-            }
-            keys.insert(
-                key.clone(),
-                Entry {
-                    message,
-                    moving: false,
-                    written: false,
-                    waiter: Some(waiter),
-                },
-            );
+        let mut state = lock(&self.shared.state);
+        if state.stopped {
+            return Err(StorageError::Backend(
+                "the direct journal has stopped".into(),
+            ));
         }
-        let grace_from = grace.then(Instant::now);
-        let sent = self.send(Op::Append {
-            record,
-            uaid,
-            key: key.clone(),
-            version: version.clone(),
-            grace_from,
-        });
-        if let Err(e) = sent {
-            lock(&self.shared.state).remove_version(uaid, &key, &version);
-            return Err(e);
+        let keys = state.live.entry(uaid).or_default();
+        if let Some(held) = keys.get(&key) {
+            // The same message again, once on disk, is saved already.
+            if held.message.version == message.version && held.written && !held.moving {
+                let _ = waiter.send(Ok(()));
+                return Ok(done);
+            }
+            return Err(StorageError::KeyTaken(key));
+        }
+        keys.insert(
+            key.clone(),
+            Entry {
+                message,
+                moving: false,
+                written: false,
+                waiter: Some(waiter),
+            },
+        );
+        let now = Instant::now();
+        state.due.push_back((now, uaid, key));
+        if grace {
+            self.wake_by(&mut state, now + GRACE);
+        } else {
+            state.hurry = true;
+            self.wake_by(&mut state, now);
         }
         Ok(done)
     }
@@ -583,12 +603,15 @@ impl Journal {
     /// Have the journal thread write what is staged now, without waiting
     /// for the rest of a grace.
     pub(super) fn hurry(&self) {
-        let _ = self.send(Op::Hurry);
+        let mut state = lock(&self.shared.state);
+        state.hurry = true;
+        self.wake_by(&mut state, Instant::now());
     }
 
     /// Settle the journaled message under `key` if it is still `version`:
-    /// drop it from the index, write a tombstone, keep its receipt (if
-    /// any) for the next checkpoint. Returns once the tombstone is written.
+    /// drop it from the index, keep its receipt (if any) for the next
+    /// checkpoint, and write a tombstone: before returning for a message
+    /// the file holds, with the next batch for a receipt alone.
     pub(super) fn settle(
         &self,
         uaid: u128,
@@ -608,7 +631,7 @@ impl Journal {
                 return Ok(Settled::NotHere);
             }
             state.receipts.remove(&(uaid, key.to_owned()));
-            let mut record = frame(
+            let record = frame(
                 &RecordRef::Settle {
                     uaid: Uuid::from_u128(uaid),
                     key,
@@ -617,7 +640,8 @@ impl Journal {
                 },
                 None,
             )?;
-            self.tombstone(state.epoch, &mut record);
+            // After the receipt's own tombstone, which may still wait.
+            self.tombstone_later(&mut state, record);
             return Ok(Settled::Here(true));
         };
         if entry.moving {
@@ -628,8 +652,8 @@ impl Journal {
         }
         // No tombstone for a message acked within its grace with receipts
         // off: nothing of it is in the file, nor needs to be.
-        let needs_tombstone = entry.written || receipt.is_some();
-        let record = needs_tombstone
+        let written = entry.written;
+        let record = (written || receipt.is_some())
             .then(|| {
                 frame(
                     &RecordRef::Settle {
@@ -650,12 +674,25 @@ impl Journal {
         if let Some(receipt) = receipt {
             state.receipts.insert((uaid, key.to_owned()), receipt);
         }
-        // Written under the lock: tombstones of one key land in the order
-        // of its settles, and in the epoch they are stamped with.
-        if let Some(mut record) = record {
-            self.tombstone(state.epoch, &mut record);
+        match record {
+            // Written now, under the lock: tombstones of one key land in
+            // the order of its settles, and in the epoch they are stamped
+            // with; a `kill -9` from here on does not deliver it again.
+            Some(mut record) if written => self.tombstone(state.epoch, &mut record),
+            // Only its receipt, for a file that holds nothing of it: with
+            // the next batch, one `write` for many.
+            Some(record) => self.tombstone_later(&mut state, record),
+            None => {}
         }
         Ok(Settled::Here(true))
+    }
+
+    /// Have the journal thread write a settle's record with its next batch
+    /// (within [`TOMBSTONES_WAIT`]).
+    fn tombstone_later(&self, state: &mut State, record: Vec<u8>) {
+        state.tombstones.push(record);
+        let since = *state.tombstones_since.get_or_insert_with(Instant::now);
+        self.wake_by(state, since + TOMBSTONES_WAIT);
     }
 
     /// Write a settle's record (the caller holds the state's lock).
@@ -798,52 +835,49 @@ fn move_state(
 struct JournalThread {
     file: File,
     state: Arc<Mutex<State>>,
+    work: Arc<Condvar>,
     writer: Writer,
     last_flush: Instant,
     /// Where the next record goes (tombstones' writers reserve theirs too).
     next: Arc<AtomicU64>,
 }
 
+/// Records the journal thread writes in one `write`: staged messages
+/// (then synced) and tombstones (not synced).
+struct Batch {
+    bytes: Vec<u8>,
+    /// Where they go in the file.
+    at: u64,
+    /// The messages among them: uaid, key, version.
+    puts: Vec<(u128, String, String)>,
+    /// Who waits for those messages.
+    waiters: Vec<oneshot::Sender<Result<()>>>,
+}
+
+/// Marks the journal stopped when its thread ends, even by a panic: no
+/// message is staged any more, and whoever waits hears it.
+struct Stopped(Arc<Mutex<State>>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let mut state = lock(&self.0);
+        state.stopped = true;
+        for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
+            drop(entry.waiter.take());
+        }
+    }
+}
+
 impl JournalThread {
-    fn run(mut self, ops: Receiver<Op>) {
-        loop {
-            let first = match ops.recv_timeout(FLUSH_AFTER) {
-                Ok(op) => op,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.checkpoint(false);
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
+    fn run(mut self) {
+        let _stopped = Stopped(self.state.clone());
+        while let Some(batch) = self.next_batch() {
+            let Some(batch) = batch else {
+                // A checkpoint's time: the receipts have waited long enough.
+                self.checkpoint(false);
+                continue;
             };
-            // A grace ends at the first op's deadline, or when an op wants
-            // its record written now.
-            let grace_from = first.grace_from();
-            let mut batch = vec![first];
-            if let Some(from) = grace_from {
-                let deadline = from + GRACE;
-                while batch.len() < MAX_BATCH {
-                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                        break;
-                    };
-                    match ops.recv_timeout(left) {
-                        Ok(op) => {
-                            let now = op.grace_from().is_none();
-                            batch.push(op);
-                            if now {
-                                break;
-                            }
-                        }
-                        Err(_) => break,
-                    }
-                }
-            }
-            while batch.len() < MAX_BATCH {
-                match ops.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            self.append(batch);
+            self.write(batch);
             let receipts = lock(&self.state).receipts.len();
             if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
                 self.checkpoint(true);
@@ -857,62 +891,133 @@ impl JournalThread {
         self.checkpoint(true);
     }
 
-    /// Write the batch's messages that are still staged, sync them, and
-    /// answer who waits. Marked written and given their offsets under the
-    /// state's lock, so that a tombstone of one of them lands after it.
-    fn append(&mut self, batch: Vec<Op>) {
-        let mut bytes = Vec::new();
-        let mut staged = Vec::with_capacity(batch.len());
-        let mut waiters = Vec::with_capacity(batch.len());
-        let at = {
-            let mut state = lock(&self.state);
-            let epoch = state.epoch;
-            for op in batch {
-                let Op::Append {
-                    mut record,
-                    uaid,
-                    key,
-                    version,
-                    ..
-                } = op
-                else {
-                    continue;
-                };
-                // Settled or moved into redb meanwhile: nothing to write.
-                let Some(entry) = state
-                    .live
-                    .get_mut(&uaid)
-                    .and_then(|keys| keys.get_mut(&key))
-                else {
-                    continue;
-                };
-                if entry.message.version != version || entry.written {
-                    continue;
-                }
-                entry.written = true;
-                waiters.extend(entry.waiter.take());
-                stamp(&mut record, epoch);
-                bytes.extend_from_slice(&record);
-                staged.push((uaid, key, version));
+    /// Wait for work: the records to write once the first staged message's
+    /// grace ends (or at once, if someone hurries), `Some(None)` when it is
+    /// time for a checkpoint, `None` when the store closes. Waits on the
+    /// condition variable, which stagers signal only when they need it
+    /// sooner than it would wake.
+    fn next_batch(&self) -> Option<Option<Batch>> {
+        let mut state = lock(&self.state);
+        loop {
+            if state.closing {
+                return None;
             }
-            if bytes.is_empty() {
-                return;
+            let now = Instant::now();
+            let grace_ends = state.first_staged().map(|at| at + GRACE);
+            let write_at = if state.hurry {
+                Some(now)
+            } else {
+                let tombstones = state.tombstones_since.map(|at| at + TOMBSTONES_WAIT);
+                grace_ends.into_iter().chain(tombstones).min()
+            };
+            if write_at.is_some_and(|at| at <= now) {
+                // Once a grace has ended (the sync is paid for), messages
+                // staged for half a grace go with it: fewer, larger batches
+                // when clients do not ack, and those acking at once are
+                // still never written.
+                let staged_by = if state.hurry {
+                    Some(now)
+                } else if grace_ends.is_some_and(|at| at <= now) {
+                    now.checked_sub(GRACE / 2)
+                } else {
+                    None
+                };
+                return Some(Some(self.take_batch(&mut state, staged_by)));
             }
-            self.next.fetch_add(bytes.len() as u64, Ordering::Relaxed)
+            let flush_at = self.last_flush + FLUSH_AFTER;
+            if flush_at <= now {
+                return Some(None);
+            }
+            let wake = write_at.map_or(flush_at, |at| at.min(flush_at));
+            state.asleep_until = Some(wake);
+            state = match self.work.wait_timeout(state, wake - now) {
+                Ok((state, _)) => state,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            state.asleep_until = None;
+        }
+    }
+
+    /// Frame the messages staged by `staged_by` (up to [`MAX_BATCH`]) that
+    /// are still staged, and the waiting tombstones. Marked written and
+    /// given their offsets under the state's lock, so that a tombstone of
+    /// one of them lands after it.
+    fn take_batch(&self, state: &mut State, staged_by: Option<Instant>) -> Batch {
+        let hurry = std::mem::take(&mut state.hurry);
+        let mut batch = Batch {
+            bytes: Vec::new(),
+            at: 0,
+            puts: Vec::new(),
+            waiters: Vec::new(),
         };
-        let written = self
-            .file
-            .write_all_at(&bytes, at)
-            .and_then(|()| self.file.sync_data())
-            .map_err(|e| io("cannot append", e));
+        let mut unframed = Vec::new();
+        let ripe = staged_by.map_or(0, |by| state.due.partition_point(|(at, ..)| *at <= by));
+        let n = ripe.min(MAX_BATCH);
+        let epoch = state.epoch;
+        let State { due, live, .. } = state;
+        for (_, uaid, key) in due.drain(..n) {
+            // Settled or moved into redb meanwhile: nothing to write.
+            let Some(entry) = live.get_mut(&uaid).and_then(|keys| keys.get_mut(&key)) else {
+                continue;
+            };
+            if entry.written || entry.moving {
+                continue;
+            }
+            let start = batch.bytes.len();
+            let message = &mut entry.message;
+            let data = message.data.take();
+            let record = RecordRef::Put {
+                uaid: Uuid::from_u128(uaid),
+                message,
+            };
+            let framed = frame_into(&mut batch.bytes, &record, data.as_deref());
+            message.data = data;
+            if let Err(e) = framed {
+                if let Some(waiter) = entry.waiter.take() {
+                    let _ = waiter.send(Err(e));
+                }
+                unframed.push((uaid, key, entry.message.version.clone()));
+                continue;
+            }
+            stamp(&mut batch.bytes[start..], epoch);
+            entry.written = true;
+            batch.waiters.extend(entry.waiter.take());
+            batch.puts.push((uaid, key, entry.message.version.clone()));
+        }
+        for (uaid, key, version) in &unframed {
+            state.remove_version(*uaid, key, version);
+        }
+        // More than a batch was hurried: the rest goes next.
+        state.hurry = hurry && !state.due.is_empty();
+        for mut record in state.tombstones.drain(..) {
+            stamp(&mut record, epoch);
+            batch.bytes.extend_from_slice(&record);
+        }
+        state.tombstones_since = None;
+        batch.at = self
+            .next
+            .fetch_add(batch.bytes.len() as u64, Ordering::Relaxed);
+        batch
+    }
+
+    /// Write a batch, sync it if it holds messages, and answer who waits.
+    fn write(&mut self, batch: Batch) {
+        if batch.bytes.is_empty() {
+            return;
+        }
+        let mut written = self.file.write_all_at(&batch.bytes, batch.at);
+        if !batch.puts.is_empty() {
+            written = written.and_then(|()| self.file.sync_data());
+        }
+        let written = written.map_err(|e| io("cannot append", e));
         if written.is_err() {
             // Not durable: out of the index, and the senders hear it.
             let mut state = lock(&self.state);
-            for (uaid, key, version) in &staged {
+            for (uaid, key, version) in &batch.puts {
                 state.remove_version(*uaid, key, version);
             }
         }
-        for waiter in waiters {
+        for waiter in batch.waiters {
             let _ = waiter.send(match &written {
                 Ok(()) => Ok(()),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
@@ -1251,6 +1356,51 @@ mod tests {
             matches!(&receipt, Some(StoredMessage::Settled(r)) if r.state == delivered),
             "{receipt:?}"
         );
+    }
+
+    /// The receipt of a message acked within its grace reaches the file on
+    /// its own, within [`TOMBSTONES_WAIT`] and without waiting for a grace
+    /// (30 s under test) to end; no message is written with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_receipt_is_written_without_its_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        let (acked, waiting) = (message(1, "acked"), message(2, "waiting"));
+        let _first = store.stage_direct(&uaid, acked.clone()).await.unwrap();
+        let _second = store.stage_direct(&uaid, waiting.clone()).await.unwrap();
+        let (key, delivered) = (acked.sort_key(), MessageState::Delivered);
+        let settle = store.settle_message(&uaid, &key, &acked.version, delivered);
+        assert!(settle.await.unwrap());
+        let path = dir.path().join("direct.journal");
+        let settles = || {
+            let file = std::fs::read(&path).unwrap();
+            let epoch = epoch_of(&file).unwrap().unwrap();
+            read_records(&file, epoch)
+                .into_iter()
+                .filter_map(|record| match record {
+                    Record::Settle {
+                        version, receipt, ..
+                    } => Some((version, receipt)),
+                    Record::Put { .. } => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while settles().is_empty() {
+            assert!(Instant::now() < deadline, "no settle record was written");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let written = settles();
+        assert!(
+            matches!(&written[..], [(version, Some(receipt))]
+                if *version == acked.version && receipt.state == delivered),
+            "{} settle records",
+            written.len()
+        );
+        assert!(puts_in(&path).is_empty(), "a message was written");
     }
 
     /// Every message of `settled` reads as its receipt.
