@@ -108,11 +108,30 @@ pub fn receipt_key(sort_key: &str, version: &str) -> Option<String> {
     })
 }
 
-/// The sort key of a message; see [`Notification::sort_key`].
+/// The sort key of a message; see [`Notification::sort_key`]:
+/// `01:{channel_id}:{topic}`, or `02:{timestamp, 20 digits}:{channel_id}`.
+/// Built by hand rather than with `format!`: a durable direct push makes
+/// it three times.
 pub fn sort_key(channel_id: &Uuid, topic: Option<&str>, sortkey_timestamp: Option<u64>) -> String {
+    let mut buffer = Uuid::encode_buffer();
+    let channel_id = channel_id.hyphenated().encode_lower(&mut buffer);
     match topic {
-        Some(topic) => format!("01:{channel_id}:{topic}"),
-        None => format!("02:{:020}:{channel_id}", sortkey_timestamp.unwrap_or(0)),
+        Some(topic) => ["01:", channel_id, ":", topic].concat(),
+        None => {
+            // u64::MAX has 20 digits.
+            let mut digits = [b'0'; 20];
+            let mut left = sortkey_timestamp.unwrap_or(0);
+            for digit in digits.iter_mut().rev() {
+                *digit = b'0' + (left % 10) as u8;
+                left /= 10;
+            }
+            let mut key = String::with_capacity(3 + 20 + 1 + channel_id.len());
+            key.push_str("02:");
+            key.extend(digits.iter().map(|&d| char::from(d)));
+            key.push(':');
+            key.push_str(channel_id);
+            key
+        }
     }
 }
 
@@ -146,6 +165,25 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(receipt_key(&topic, "va"), Some(a));
         assert_eq!(receipt_key(&message(None, 1).sort_key(), "va"), None);
+    }
+
+    #[test]
+    fn sort_keys_are_what_format_writes() {
+        let chid = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        for ts in [
+            None,
+            Some(0),
+            Some(7),
+            Some(1_700_000_000_123),
+            Some(u64::MAX),
+        ] {
+            let want = format!("02:{:020}:{chid}", ts.unwrap_or(0));
+            assert_eq!(sort_key(&chid, None, ts), want);
+        }
+        assert_eq!(
+            sort_key(&chid, Some("score"), Some(3)),
+            format!("01:{chid}:score")
+        );
     }
 
     #[test]
