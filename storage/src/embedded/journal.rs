@@ -130,8 +130,10 @@ struct State {
     live: HashMap<u128, BTreeMap<String, Entry>>,
     /// Receipts of settled journal messages, until a checkpoint commits them.
     receipts: HashMap<(u128, String), Receipt>,
-    /// The receipts are being committed by the transaction running now.
-    receipts_moving: bool,
+    /// The receipts the transaction running now is committing, taken out
+    /// of `receipts` whole (no copy under the lock) and read here until
+    /// it has.
+    receipts_moving: Option<Arc<HashMap<(u128, String), Receipt>>>,
     /// Staged messages the journal thread is to write, oldest first: when
     /// each was staged, its uaid and key.
     due: VecDeque<(Instant, u128, String)>,
@@ -623,11 +625,9 @@ impl Journal {
         let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) else {
             // A sender's delete of a settled message takes its receipt
             // (as a redb row's would go); a second settle changes nothing.
+            // One being moved is redb's to delete, after the move.
             let held = state.receipts.get(&(uaid, key.to_owned()));
-            if receipt.is_some()
-                || state.receipts_moving
-                || held.is_none_or(|held| held.version != version)
-            {
+            if receipt.is_some() || held.is_none_or(|held| held.version != version) {
                 return Ok(Settled::NotHere);
             }
             state.receipts.remove(&(uaid, key.to_owned()));
@@ -715,9 +715,12 @@ impl Journal {
         if let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) {
             return Some(StoredMessage::Pending(entry.message.clone()));
         }
+        let key = (uaid, key.to_owned());
+        let moving = state.receipts_moving.as_ref();
         state
             .receipts
-            .get(&(uaid, key.to_owned()))
+            .get(&key)
+            .or_else(|| moving.and_then(|moving| moving.get(&key)))
             .map(|receipt| StoredMessage::Settled(receipt.clone()))
     }
 
@@ -1045,8 +1048,9 @@ impl JournalThread {
         let state = self.state.clone();
         // Marked inside the transaction, on the writer's thread: a settle
         // that finds a message moving queues its write after this one.
-        // Copied out, so that readers and settles wait for the lock only
-        // while it is copied, not while redb writes it.
+        // Messages are copied out and receipts taken out, so that readers
+        // and settles wait for the lock only that long, not while redb
+        // writes them.
         let moved = self.writer.write_blocking(move |txn| {
             let (live, receipts) = {
                 let mut state = lock(&state);
@@ -1059,30 +1063,23 @@ impl JournalThread {
                         }
                     }
                 }
-                state.receipts_moving = true;
-                let receipts: Vec<_> = state
-                    .receipts
-                    .iter()
-                    .map(|(key, receipt)| (key.clone(), receipt.clone()))
-                    .collect();
+                let receipts = Arc::new(std::mem::take(&mut state.receipts));
+                state.receipts_moving = Some(receipts.clone());
                 (live, receipts)
             };
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            for ((uaid, key), receipt) in &receipts {
+            for ((uaid, key), receipt) in receipts.iter() {
                 move_receipt(&mut table, *uaid, key, receipt)?;
             }
             for (uaid, message) in &live {
                 move_message(&mut table, *uaid, message)?;
             }
-            Ok(receipts.into_iter().map(|(key, _)| key).collect::<Vec<_>>())
+            Ok(())
         });
         let mut state = lock(&self.state);
-        state.receipts_moving = false;
+        let receipts = state.receipts_moving.take();
         match moved {
-            Ok(receipts) => {
-                for key in receipts {
-                    state.receipts.remove(&key);
-                }
+            Ok(()) => {
                 if rotate {
                     // Only what was moved: a message staged meanwhile is
                     // still to be written, in the new epoch.
@@ -1102,6 +1099,14 @@ impl JournalThread {
             Err(e) => {
                 for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
                     entry.moving = false;
+                }
+                // Back to wait for the next try (none of their keys can
+                // have settled again meanwhile).
+                for (key, receipt) in receipts.iter().flat_map(|moving| moving.iter()) {
+                    state
+                        .receipts
+                        .entry(key.clone())
+                        .or_insert_with(|| receipt.clone());
                 }
                 warn!(error = %e, "direct journal checkpoint failed; will try again");
             }
@@ -1425,7 +1430,8 @@ mod tests {
     /// settles (both small under test): every message
     /// whose copy answered and that no settle took stays readable, before
     /// and after the store is closed and opened again; every settled one
-    /// is gone, its receipt kept.
+    /// is gone, its receipt kept, and reads as its receipt all along, also
+    /// while a checkpoint moves it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn staged_messages_survive_rotations() {
         let dir = tempfile::tempdir().unwrap();
@@ -1436,9 +1442,22 @@ mod tests {
                 .with_receipt_retention(3600),
         );
         let clock = Arc::new(AtomicU64::new(1));
+        let settled_so_far = Arc::new(Mutex::new(Vec::<Notification>::new()));
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (store, settled, done) = (store.clone(), settled_so_far.clone(), done.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::Relaxed) {
+                    let settled = lock(&settled).clone();
+                    assert_receipts(&store, &uaid, &settled, "while settling").await;
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
         let tasks: Vec<_> = (0..4u64)
             .map(|task| {
                 let (store, clock) = (store.clone(), clock.clone());
+                let settled_so_far = settled_so_far.clone();
                 tokio::spawn(async move {
                     let (mut kept, mut settled) = (Vec::new(), Vec::new());
                     for i in 0..60u64 {
@@ -1459,6 +1478,7 @@ mod tests {
                                     store.settle_message(&uaid, &key, &m.version, delivered);
                                 assert!(settle.await.unwrap(), "{} did not settle", m.version);
                                 copy.saved_or_settled().await.unwrap();
+                                lock(&settled_so_far).push(m.clone());
                                 settled.push(m);
                                 continue;
                             }
@@ -1475,6 +1495,8 @@ mod tests {
             kept.extend(k);
             settled.extend(s);
         }
+        done.store(true, Ordering::Relaxed);
+        reader.await.unwrap();
         kept.sort_by_key(|m| m.sortkey_timestamp);
         let kept = data(&kept);
         assert_eq!(
