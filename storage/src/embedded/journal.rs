@@ -1099,9 +1099,20 @@ impl JournalThread {
                 }
             }
             Err(e) => {
-                for entry in state.live.values_mut().flat_map(|keys| keys.values_mut()) {
-                    entry.moving = false;
+                // A staged message the journal thread skipped while it was
+                // moving is to be written after all, at once: its sender
+                // has waited.
+                let now = Instant::now();
+                let State { live, due, .. } = &mut *state;
+                for (uaid, keys) in live.iter_mut() {
+                    for (key, entry) in keys.iter_mut() {
+                        if entry.moving && !entry.written {
+                            due.push_back((now, *uaid, key.clone()));
+                        }
+                        entry.moving = false;
+                    }
                 }
+                state.hurry |= !state.due.is_empty();
                 // Back to wait for the next try (none of their keys can
                 // have settled again meanwhile).
                 for (key, receipt) in receipts.iter().flat_map(|moving| moving.iter()) {
@@ -1515,6 +1526,74 @@ mod tests {
             kept
         );
         assert_receipts(&store, &uaid, &settled, "after opening again").await;
+    }
+
+    /// A rotation that fails (here: a receipt's key in redb holds a row
+    /// that does not decode) leaves the staged messages it was moving
+    /// where they were; the journal thread, which skipped them meanwhile,
+    /// writes them after all and answers their senders (within the test's
+    /// 30 s grace only because of that).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_rotation_still_writes_what_it_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        let (staged, acked) = (message(1, "staged"), message(2, "acked"));
+        let bad_key = acked.sort_key();
+        let row = (uaid.as_u128(), bad_key.clone());
+        store
+            .write(move |txn| {
+                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                table
+                    .insert((row.0, row.1.as_str()), b"not a row".as_slice())
+                    .map_err(backend)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        // The file filled to just short of the rotation size (4 KiB under
+        // test): the acked message's tombstone, written on its own, starts
+        // the rotation while the other is staged.
+        let delivered = MessageState::Delivered;
+        let receipt = Receipt::new(&acked.version, delivered, now_secs(), 3600);
+        let settle = RecordRef::Settle {
+            uaid,
+            key: &bad_key,
+            version: &acked.version,
+            receipt: Some(&receipt),
+        };
+        let tombstone = frame(&settle, None).unwrap().len() as u64;
+        let next = store.journal.shared.next.clone();
+        let left = || ROTATE_AT.saturating_sub(next.load(Ordering::Relaxed) - HEADER);
+        let mut ts = 10;
+        while left() > tombstone + 1024 {
+            store
+                .save_direct(&uaid, message(ts, "small"))
+                .await
+                .unwrap();
+            ts += 1;
+        }
+        // Records are whole multiples of 8 bytes: this one leaves 8 fewer
+        // than the tombstone takes.
+        let want = left() - tombstone + 8;
+        let last = (1..)
+            .map(|n| message(ts, &"x".repeat(n)))
+            .find(|m| put(uaid, m).len() as u64 >= want)
+            .unwrap();
+        store.save_direct(&uaid, last).await.unwrap();
+        assert_eq!(left(), tombstone - 8);
+        let copy = store.stage_direct(&uaid, staged.clone()).await.unwrap();
+        let _acked_copy = store.stage_direct(&uaid, acked.clone()).await.unwrap();
+        let settle = store.settle_message(&uaid, &bad_key, &acked.version, delivered);
+        assert!(settle.await.unwrap());
+        let answered = tokio::time::timeout(Duration::from_secs(20), copy.saved_or_settled());
+        assert!(
+            matches!(answered.await, Ok(Ok(()))),
+            "the staged message was not written after the failed rotation"
+        );
+        assert!(puts_in(&dir.path().join("direct.journal")).contains(&staged.version));
     }
 
     /// A tombstone's writer reserves its place, then writes: one killed in
