@@ -1311,6 +1311,15 @@ mod tests {
         );
     }
 
+    /// A store in a new directory, receipts kept an hour, and a user.
+    fn store_with_receipts() -> (tempfile::TempDir, Uuid, EmbeddedStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        (dir, Uuid::new_v4(), store)
+    }
+
     /// The versions of the messages put in the journal file at `path`.
     fn puts_in(path: &Path) -> Vec<String> {
         let file = std::fs::read(path).unwrap();
@@ -1331,11 +1340,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_acked_within_its_grace_is_never_written() {
         use futures_util::FutureExt;
-        let dir = tempfile::tempdir().unwrap();
-        let uaid = Uuid::new_v4();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
+        let (dir, uaid, store) = store_with_receipts();
         let (acked, kept) = (message(1, "acked"), message(2, "kept"));
         let first = store.stage_direct(&uaid, acked.clone()).await.unwrap();
         let second = store.stage_direct(&uaid, kept.clone()).await.unwrap();
@@ -1381,11 +1386,7 @@ mod tests {
     /// (30 s under test) to end; no message is written with it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_receipt_is_written_without_its_message() {
-        let dir = tempfile::tempdir().unwrap();
-        let uaid = Uuid::new_v4();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
+        let (dir, uaid, store) = store_with_receipts();
         let (acked, waiting) = (message(1, "acked"), message(2, "waiting"));
         let _first = store.stage_direct(&uaid, acked.clone()).await.unwrap();
         let _second = store.stage_direct(&uaid, waiting.clone()).await.unwrap();
@@ -1535,11 +1536,7 @@ mod tests {
     /// 30 s grace only because of that).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_rotation_still_writes_what_it_skipped() {
-        let dir = tempfile::tempdir().unwrap();
-        let uaid = Uuid::new_v4();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
+        let (dir, uaid, store) = store_with_receipts();
         let (staged, acked) = (message(1, "staged"), message(2, "acked"));
         let bad_key = acked.sort_key();
         let row = (uaid.as_u128(), bad_key.clone());
