@@ -1065,8 +1065,16 @@ impl JournalThread {
                         }
                     }
                 }
-                let receipts = Arc::new(std::mem::take(&mut state.receipts));
-                state.receipts_moving = Some(receipts.clone());
+                // Taken once: the writer runs this again, in a
+                // transaction of its own, if the one it shared failed.
+                let receipts = match &state.receipts_moving {
+                    Some(moving) => moving.clone(),
+                    None => {
+                        let taken = Arc::new(std::mem::take(&mut state.receipts));
+                        state.receipts_moving = Some(taken.clone());
+                        taken
+                    }
+                };
                 (live, receipts)
             };
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
@@ -1591,6 +1599,48 @@ mod tests {
             "the staged message was not written after the failed rotation"
         );
         assert!(puts_in(&dir.path().join("direct.journal")).contains(&staged.version));
+    }
+
+    /// The writer runs a checkpoint again, in a transaction of its own,
+    /// when the one it shared with other writes failed: the receipts it
+    /// took out the first time are the ones it commits the second, and
+    /// every settled message still reads as its receipt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_checkpoint_run_twice_keeps_its_receipts() {
+        let (_dir, uaid, store) = store_with_receipts();
+        let store = Arc::new(store);
+        // Holds the writer, so that the checkpoint and the failing write
+        // below queue behind it and share the next transaction.
+        let busy = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(|_| {
+                        std::thread::sleep(Duration::from_millis(500));
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // FLUSH_AT (4 under test) receipts: the journal thread queues a
+        // checkpoint once their tombstones are written.
+        let settled: Vec<_> = (0..FLUSH_AT as u64)
+            .map(|i| message(i + 1, &format!("m{i}")))
+            .collect();
+        for m in &settled {
+            let _copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
+            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+            let settle = store.settle_message(&uaid, &key, &m.version, delivered);
+            assert!(settle.await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let failed = store
+            .write(|_| -> Result<()> { Err(StorageError::Backend("a failing write".into())) })
+            .await;
+        assert!(failed.is_err());
+        busy.await.unwrap().unwrap();
+        assert_receipts(&store, &uaid, &settled, "after the checkpoint ran twice").await;
     }
 
     /// A tombstone's writer reserves its place, then writes: one killed in
