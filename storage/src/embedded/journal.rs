@@ -592,8 +592,7 @@ impl Journal {
         if grace {
             self.wake_by(&mut state, now + GRACE);
         } else {
-            state.hurry = true;
-            self.wake_by(&mut state, now);
+            self.hurry_locked(&mut state);
         }
         Ok(done)
     }
@@ -607,9 +606,13 @@ impl Journal {
     /// Have the journal thread write what is staged now, without waiting
     /// for the rest of a grace.
     pub(super) fn hurry(&self) {
-        let mut state = lock(&self.shared.state);
+        self.hurry_locked(&mut lock(&self.shared.state));
+    }
+
+    /// [`Journal::hurry`], for a caller holding the state's lock.
+    fn hurry_locked(&self, state: &mut State) {
         state.hurry = true;
-        self.wake_by(&mut state, Instant::now());
+        self.wake_by(state, Instant::now());
     }
 
     /// Settle the journaled message under `key` if it is still `version`:
@@ -1456,13 +1459,8 @@ mod tests {
     /// while a checkpoint moves it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn staged_messages_survive_rotations() {
-        let dir = tempfile::tempdir().unwrap();
-        let uaid = Uuid::new_v4();
-        let store = Arc::new(
-            EmbeddedStore::open(dir.path())
-                .unwrap()
-                .with_receipt_retention(3600),
-        );
+        let (dir, uaid, store) = store_with_receipts();
+        let store = Arc::new(store);
         let clock = Arc::new(AtomicU64::new(1));
         let settled_so_far = Arc::new(Mutex::new(Vec::<Notification>::new()));
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
