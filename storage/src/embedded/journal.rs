@@ -62,8 +62,9 @@ use tokio::sync::oneshot;
 use tracing::warn;
 use uuid::Uuid;
 
+use super::receipts::{RECEIPTS, put as put_receipt};
 use super::writer::Writer;
-use super::{MESSAGES, backend, corrupt, decode};
+use super::{MESSAGES, backend, corrupt};
 use crate::{Receipt, Result, StorageError, StoredMessage};
 
 /// The file outgrows this: its unsettled messages move to redb and it starts over.
@@ -452,28 +453,6 @@ fn move_message(
     Ok(())
 }
 
-/// Write `receipt` into redb unless its key holds a message. Written first
-/// and the message put back if there was one (rare): one B-tree descent
-/// instead of two.
-fn move_receipt(
-    table: &mut redb::Table<(u128, &str), &[u8]>,
-    uaid: u128,
-    key: &str,
-    receipt: &Receipt,
-) -> Result<()> {
-    let json = serde_json::to_vec(receipt).map_err(corrupt)?;
-    let displaced = table
-        .insert((uaid, key), json.as_slice())
-        .map_err(backend)?
-        .map(|old| old.value().to_vec());
-    if let Some(old) = displaced
-        && let StoredMessage::Pending(_) = decode(&old)?
-    {
-        table.insert((uaid, key), old.as_slice()).map_err(backend)?;
-    }
-    Ok(())
-}
-
 impl Journal {
     /// Open the journal in `dir`: replay what a previous run left into `db`
     /// (before anything else writes to it), then start the journal thread.
@@ -828,10 +807,11 @@ fn move_state(
     live: &HashMap<u128, BTreeMap<String, Entry>>,
     receipts: &HashMap<(u128, String), Receipt>,
 ) -> Result<()> {
-    let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+    let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
     for ((uaid, key), receipt) in receipts {
-        move_receipt(&mut table, *uaid, key, receipt)?;
+        put_receipt(&mut table, *uaid, key, receipt)?;
     }
+    let mut table = txn.open_table(MESSAGES).map_err(backend)?;
     for (uaid, keys) in live {
         for entry in keys.values() {
             move_message(&mut table, *uaid, &entry.message)?;
@@ -1080,10 +1060,11 @@ impl JournalThread {
                 };
                 (live, receipts)
             };
-            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
             for ((uaid, key), receipt) in receipts.iter() {
-                move_receipt(&mut table, *uaid, key, receipt)?;
+                put_receipt(&mut table, *uaid, key, receipt)?;
             }
+            let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             for (uaid, message) in &live {
                 move_message(&mut table, *uaid, message)?;
             }
@@ -1535,8 +1516,8 @@ mod tests {
         assert_receipts(&store, &uaid, &settled, "after opening again").await;
     }
 
-    /// A rotation that fails (here: a receipt's key in redb holds a row
-    /// that does not decode) leaves the staged messages it was moving
+    /// A rotation that fails (here: the receipts table is not one redb can
+    /// open as such) leaves the staged messages it was moving
     /// where they were; the journal thread, which skipped them meanwhile,
     /// writes them after all and answers their senders (within the test's
     /// 30 s grace only because of that).
@@ -1545,13 +1526,12 @@ mod tests {
         let (dir, uaid, store) = store_with_receipts();
         let (staged, acked) = (message(1, "staged"), message(2, "acked"));
         let bad_key = acked.sort_key();
-        let row = (uaid.as_u128(), bad_key.clone());
+        // A receipts table of another type: every move into it fails.
         store
             .write(move |txn| {
-                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-                table
-                    .insert((row.0, row.1.as_str()), b"not a row".as_slice())
-                    .map_err(backend)?;
+                txn.delete_table(RECEIPTS).map_err(backend)?;
+                let other = redb::TableDefinition::<u64, u64>::new("receipts");
+                txn.open_table(other).map_err(backend)?;
                 Ok(())
             })
             .await

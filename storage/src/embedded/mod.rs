@@ -8,6 +8,7 @@
 //! pool.
 
 mod journal;
+mod receipts;
 mod writer;
 
 use std::collections::HashSet;
@@ -24,13 +25,15 @@ use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use journal::{Journal, Settled};
+use receipts::RECEIPTS;
 use writer::Writer;
 
 /// uaid -> JSON router record.
 const USERS: TableDefinition<u128, &[u8]> = TableDefinition::new("users");
 /// (uaid, channel id) -> nothing: the channel set.
 const CHANNELS: TableDefinition<(u128, u128), ()> = TableDefinition::new("channels");
-/// (uaid, sort key) -> JSON notification, or JSON receipt once settled.
+/// (uaid, sort key) -> JSON notification (or, in stores written before the
+/// receipts table, a JSON receipt once settled).
 const MESSAGES: TableDefinition<(u128, &str), &[u8]> = TableDefinition::new("messages");
 
 /// Sort keys are ASCII, so this bounds every key of one user from above.
@@ -63,8 +66,8 @@ pub struct EmbeddedStore {
     writer: Writer,
     /// Durable copies of direct messages in flight ([`journal`]).
     journal: Journal,
-    /// Where the next housekeeping step over messages starts (exclusive).
-    message_cursor: Arc<Mutex<Option<(u128, String)>>>,
+    /// Where the next housekeeping step over messages and receipts starts.
+    sweep_cursor: Arc<Mutex<SweepCursor>>,
     /// Where the next housekeeping step over users starts (exclusive).
     user_cursor: Arc<Mutex<Option<u128>>>,
     /// Seconds a receipt is kept after its message's final state; 0: off.
@@ -87,6 +90,7 @@ impl EmbeddedStore {
         txn.open_table(USERS).map_err(backend)?;
         txn.open_table(CHANNELS).map_err(backend)?;
         txn.open_table(MESSAGES).map_err(backend)?;
+        txn.open_table(RECEIPTS).map_err(backend)?;
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
@@ -95,7 +99,7 @@ impl EmbeddedStore {
             db,
             writer,
             journal,
-            message_cursor: Default::default(),
+            sweep_cursor: Default::default(),
             user_cursor: Default::default(),
             retention: 0,
         })
@@ -209,37 +213,27 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) ->
             gone.push((key.value().1.to_owned(), receipt));
         }
     }
+    let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
     for (key, receipt) in &gone {
-        put_receipt(&mut messages, uaid, key, receipt)?;
+        put_receipt(&mut messages, &mut receipts, uaid, key, receipt)?;
     }
     Ok(gone.len())
 }
 
-/// Settle the message stored under `key` into `receipt`: the row becomes
-/// the receipt, or for a Topic message it goes and the receipt takes a row
-/// of its own (see [`receipt_key`]), so the next message with that Topic
-/// cannot hide it.
+/// Settle the message stored under `key` into `receipt`: its row goes and
+/// the receipt takes one in the receipts table, under the message's key or,
+/// for a Topic message, under a key of its own (see [`receipt_key`]), so
+/// that the next message with that Topic cannot hide it.
 fn put_receipt(
-    table: &mut redb::Table<(u128, &str), &[u8]>,
+    messages: &mut redb::Table<(u128, &str), &[u8]>,
+    receipts: &mut redb::Table<(u64, u128, &str), &[u8]>,
     uaid: u128,
     key: &str,
     receipt: &Receipt,
 ) -> Result<()> {
-    let json = serde_json::to_vec(receipt).map_err(corrupt)?;
-    match receipt_key(key, &receipt.version) {
-        Some(own) => {
-            table.remove((uaid, key)).map_err(backend)?;
-            table
-                .insert((uaid, own.as_str()), json.as_slice())
-                .map_err(backend)?;
-        }
-        None => {
-            table
-                .insert((uaid, key), json.as_slice())
-                .map_err(backend)?;
-        }
-    }
-    Ok(())
+    messages.remove((uaid, key)).map_err(backend)?;
+    let own = receipt_key(key, &receipt.version);
+    receipts::put(receipts, uaid, own.as_deref().unwrap_or(key), receipt)
 }
 
 /// Delete the message under `key` if it is still `version`; returns whether
@@ -279,6 +273,75 @@ fn merge_journaled(
         }
     }
     merged.into_values().take(limit).collect()
+}
+
+/// Where a pass of housekeeping over the stored rows is: over the
+/// messages, then over the receipts, each after the row named (exclusive).
+#[derive(Clone, Default)]
+struct SweepCursor {
+    messages: Option<(u128, String)>,
+    in_receipts: bool,
+    receipts: Option<receipts::Cursor>,
+}
+
+impl SweepCursor {
+    /// Whether a pass starts here: the last one has ended.
+    fn is_start(&self) -> bool {
+        !self.in_receipts && self.messages.is_none()
+    }
+}
+
+/// What one step of a pass over a table found: its dead rows, how many rows
+/// it looked at, and where the next step starts (`None`: the pass ended).
+type Step<R> = (Vec<R>, usize, Option<R>);
+
+/// One step of a pass over a table's rows, given as (row, whether it is
+/// dead) in key order from `start` on: up to `budget` rows after `start`.
+fn step_over<R: PartialEq + Clone>(
+    rows: impl Iterator<Item = Result<(R, bool)>>,
+    start: Option<&R>,
+    budget: usize,
+) -> Result<Step<R>> {
+    let (mut dead, mut seen, mut last) = (Vec::new(), 0, None);
+    for row in rows {
+        let (row, is_dead) = row?;
+        if start == Some(&row) {
+            continue;
+        }
+        if seen == budget {
+            return Ok((dead, seen, last));
+        }
+        if is_dead {
+            dead.push(last.insert(row).clone());
+        } else {
+            last = Some(row);
+        }
+        seen += 1;
+    }
+    Ok((dead, seen, None))
+}
+
+/// [`step_over`] the message table: rows past their use at `now` (see
+/// [`StoredMessage::is_dead`]).
+fn dead_messages_after(
+    table: &redb::ReadOnlyTable<(u128, &'static str), &'static [u8]>,
+    start: Option<&(u128, String)>,
+    budget: usize,
+    now: u64,
+    retention: u64,
+) -> Result<Step<(u128, String)>> {
+    let entries = match start {
+        Some((uaid, key)) => table.range((*uaid, key.as_str())..),
+        None => table.range::<(u128, &str)>(..),
+    }
+    .map_err(backend)?;
+    let rows = entries.map(|entry| {
+        let (key, value) = entry.map_err(backend)?;
+        let (uaid, sort_key) = key.value();
+        let is_dead = decode(value.value())?.is_dead(now, retention);
+        Ok(((uaid, sort_key.to_owned()), is_dead))
+    });
+    step_over(rows, start, budget)
 }
 
 /// A webpush user that has not said hello since `before` (ms).
@@ -476,10 +539,20 @@ impl Storage for EmbeddedStore {
         let (taken, replaced) = self
             .write(move |txn| {
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
                 let (mut taken, mut replacements) = (Vec::new(), 0);
                 for message in &messages {
                     let key = message.sort_key();
                     let mut replaced = None;
+                    // Another message's receipt under this key: it arrived at
+                    // the same microsecond on another endpoint node.
+                    if message.topic.is_none()
+                        && let Some(receipt) = receipts::get(&receipts, uaid, &key)?
+                        && receipt.version != message.version
+                    {
+                        taken.push(key);
+                        continue;
+                    }
                     if let Some(stored) = table.get((uaid, key.as_str())).map_err(backend)? {
                         let stored = decode(stored.value())?;
                         // A receipt under a Topic key is an older message's.
@@ -510,10 +583,7 @@ impl Storage for EmbeddedStore {
                     {
                         let receipt = Receipt::replaced(&old, now_secs(), retention);
                         replacements += usize::from(receipt.state == MessageState::Replaced);
-                        let json = serde_json::to_vec(&receipt).map_err(corrupt)?;
-                        table
-                            .insert((uaid, own.as_str()), json.as_slice())
-                            .map_err(backend)?;
+                        receipts::put(&mut receipts, uaid, &own, &receipt)?;
                     }
                 }
                 Ok((taken, replacements))
@@ -659,6 +729,7 @@ impl Storage for EmbeddedStore {
         }
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+            let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
             let key = (uaid, sort_key.as_str());
             let pending = match table.get(key).map_err(backend)? {
                 Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m) if m.version == version),
@@ -671,7 +742,7 @@ impl Storage for EmbeddedStore {
                 table.remove(key).map_err(backend)?;
             } else {
                 let receipt = Receipt::new(&version, state, now_secs(), retention);
-                put_receipt(&mut table, uaid, &sort_key, &receipt)?;
+                put_receipt(&mut table, &mut receipts, uaid, &sort_key, &receipt)?;
             }
             Ok(true)
         })
@@ -682,52 +753,60 @@ impl Storage for EmbeddedStore {
         if let Some(row) = self.journal.read(uaid.as_u128(), sort_key) {
             return Ok(Some(row));
         }
+        let uaid = uaid.as_u128();
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
-            let row = table.get((uaid.as_u128(), sort_key)).map_err(backend)?;
-            row.map(|row| decode(row.value())).transpose()
+            if let Some(row) = table.get((uaid, sort_key)).map_err(backend)? {
+                return decode(row.value()).map(Some);
+            }
+            let receipts = txn.open_table(RECEIPTS).map_err(backend)?;
+            Ok(receipts::get(&receipts, uaid, sort_key)?.map(StoredMessage::Settled))
         })
     }
 
     async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
-        let start = lock(&self.message_cursor).clone();
+        let cursor = lock(&self.sweep_cursor).clone();
         let retention = self.retention;
-        let (expired, next) = self
+        let (messages, receipts, next) = self
             .run(move |db| {
                 let now = now_secs();
                 let txn = db.begin_read().map_err(backend)?;
-                let table = txn.open_table(MESSAGES).map_err(backend)?;
-                let entries = match &start {
-                    Some((uaid, key)) => table.range((*uaid, key.as_str())..),
-                    None => table.range::<(u128, &str)>(..),
+                let (mut next, mut left) = (cursor, budget);
+                let mut messages = Vec::new();
+                if !next.in_receipts {
+                    let table = txn.open_table(MESSAGES).map_err(backend)?;
+                    let (dead, seen, after) = dead_messages_after(
+                        &table,
+                        next.messages.as_ref(),
+                        budget,
+                        now,
+                        retention,
+                    )?;
+                    (messages, left) = (dead, budget - seen);
+                    next.in_receipts = after.is_none();
+                    next.messages = after;
                 }
-                .map_err(backend)?;
-                let (mut expired, mut seen, mut last) = (Vec::new(), 0, None);
-                for entry in entries {
-                    let (key, value) = entry.map_err(backend)?;
-                    let (uaid, sort_key) = key.value();
-                    if start
-                        .as_ref()
-                        .is_some_and(|(u, k)| *u == uaid && k == sort_key)
-                    {
-                        continue;
-                    }
-                    if decode(value.value())?.is_dead(now, retention) {
-                        expired.push((uaid, sort_key.to_owned()));
-                    }
-                    last = Some((uaid, sort_key.to_owned()));
-                    seen += 1;
-                    if seen == budget {
-                        break;
-                    }
+                let mut receipts = Vec::new();
+                if next.in_receipts && left > 0 {
+                    let table = txn.open_table(RECEIPTS).map_err(backend)?;
+                    let (dead, _, after) =
+                        receipts::expired_after(&table, next.receipts.as_ref(), left, now)?;
+                    receipts = dead;
+                    next = match after {
+                        Some(after) => SweepCursor {
+                            receipts: Some(after),
+                            ..next
+                        },
+                        None => SweepCursor::default(),
+                    };
                 }
-                Ok((expired, (seen == budget).then_some(last).flatten()))
+                Ok((messages, receipts, next))
             })
             .await?;
-        let finished_pass = next.is_none();
-        *lock(&self.message_cursor) = next;
-        if expired.is_empty() {
+        let finished_pass = next.is_start();
+        *lock(&self.sweep_cursor) = next;
+        if messages.is_empty() && receipts.is_empty() {
             return Ok(SweepStep {
                 removed: 0,
                 finished_pass,
@@ -738,7 +817,7 @@ impl Storage for EmbeddedStore {
                 let now = now_secs();
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
                 let mut removed = 0;
-                for (uaid, sort_key) in &expired {
+                for (uaid, sort_key) in &messages {
                     let key = (*uaid, sort_key.as_str());
                     // Looked again under the write lock: a newer Topic
                     // message may have replaced the expired one meanwhile.
@@ -751,7 +830,8 @@ impl Storage for EmbeddedStore {
                         removed += 1;
                     }
                 }
-                Ok(removed)
+                let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
+                Ok(removed + receipts::remove_expired(&mut table, &receipts, now)?)
             })
             .await?;
         Ok(SweepStep {
@@ -868,5 +948,114 @@ mod tests {
             matches!(&health, Err(StorageError::Backend(m)) if m.contains("writer")),
             "{health:?}"
         );
+    }
+
+    fn message(channel_id: Uuid, topic: Option<&str>, ts: u64) -> Notification {
+        Notification {
+            channel_id,
+            version: format!("v{ts}"),
+            ttl: 600,
+            timestamp: now_secs(),
+            topic: topic.map(str::to_owned),
+            sortkey_timestamp: Some(ts),
+            data: Some(format!("data {ts}")),
+            headers: None,
+            urgency: None,
+            durable: false,
+        }
+    }
+
+    /// The keys of a user's rows in the message table.
+    fn message_rows(store: &EmbeddedStore, uaid: u128) -> Vec<String> {
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(MESSAGES).unwrap();
+        table
+            .range((uaid, "")..=(uaid, SORT_KEY_MAX))
+            .unwrap()
+            .map(|entry| entry.unwrap().0.value().1.to_owned())
+            .collect()
+    }
+
+    /// A settled message leaves the message table (a fetch of its user's
+    /// pending messages never reads past it) for the receipts table, where
+    /// its receipt is read from its key; the sweep removes receipts past
+    /// their expiry. Receipts written by an older store, in the message
+    /// table, are still read.
+    #[tokio::test]
+    async fn receipts_live_apart_from_messages_and_expire() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let plain = message(chid, None, 1);
+        let topic = message(chid, Some("t"), 2);
+        let pending = message(chid, None, 3);
+        let all = vec![plain.clone(), topic.clone(), pending.clone()];
+        store.save_messages(&uaid, all).await.unwrap();
+        let delivered = MessageState::Delivered;
+        for m in [&plain, &topic] {
+            let key = m.sort_key();
+            let settled = store.settle_message(&uaid, &key, &m.version, delivered);
+            assert!(settled.await.unwrap());
+        }
+        assert_eq!(message_rows(&store, uaid.as_u128()), [pending.sort_key()]);
+        let topic_receipt = receipt_key(&topic.sort_key(), &topic.version).unwrap();
+        for (key, version) in [
+            (plain.sort_key(), &plain.version),
+            (topic_receipt, &topic.version),
+        ] {
+            match store.read_message(&uaid, &key).await.unwrap() {
+                Some(StoredMessage::Settled(r)) => {
+                    assert_eq!((&r.version, r.state), (version, delivered));
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+
+        let (old, legacy) = (message(chid, None, 0), message(chid, None, 4));
+        let expired = Receipt::new(&old.version, delivered, 10, 60);
+        let kept = Receipt::new(&legacy.version, delivered, now_secs(), 60);
+        let (old_key, legacy_key) = (old.sort_key(), legacy.sort_key());
+        store
+            .write(move |txn| {
+                let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
+                receipts::put(&mut table, uaid.as_u128(), &old_key, &expired)?;
+                let json = serde_json::to_vec(&kept).map_err(corrupt)?;
+                let mut table = txn.open_table(MESSAGES).map_err(backend)?;
+                table
+                    .insert((uaid.as_u128(), legacy_key.as_str()), json.as_slice())
+                    .map_err(backend)?;
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let legacy_row = store.read_message(&uaid, &legacy.sort_key()).await.unwrap();
+        assert!(
+            matches!(legacy_row, Some(StoredMessage::Settled(r)) if r.version == legacy.version)
+        );
+        let mut removed = 0;
+        loop {
+            let step = store.sweep_expired_messages(1).await.unwrap();
+            removed += step.removed;
+            if step.finished_pass {
+                break;
+            }
+        }
+        assert_eq!(removed, 1);
+        assert_eq!(
+            store.read_message(&uaid, &old.sort_key()).await.unwrap(),
+            None
+        );
+        let left = store.read_message(&uaid, &plain.sort_key()).await.unwrap();
+        assert!(matches!(left, Some(StoredMessage::Settled(_))));
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["data 3"]
+        );
+    }
+
+    fn data(messages: &[Notification]) -> Vec<&str> {
+        messages.iter().filter_map(|m| m.data.as_deref()).collect()
     }
 }
