@@ -1123,6 +1123,12 @@ impl JournalThread {
     /// with the old epoch at a new offset; synced before anything is
     /// written in it, so that a crash never replays the old one.
     fn start_over(&mut self) {
+        // The file's pages written since the last sync (with receipts on, up
+        // to the whole file of receipts' records) go to disk first, outside
+        // the lock: stagers and settles would wait for them all otherwise.
+        // Only the header and what is written meanwhile are left for the
+        // sync under it. Its failure is the next one's to report.
+        let _ = self.file.sync_data();
         let mut state = lock(&self.state);
         let epoch = state.epoch.wrapping_add(1);
         let written = self
