@@ -70,10 +70,9 @@ use crate::{Receipt, Result, StorageError, StoredMessage};
 /// The file outgrows this: its unsettled messages move to redb and it starts over.
 /// (Small under test, so that tests rotate.)
 const ROTATE_AT: u64 = if cfg!(test) { 4096 } else { 16 << 20 };
-/// Receipts waiting in memory past this many reach redb at once.
-/// Receipts of one client's messages often share a B-tree leaf: the more
-/// go in one commit, the fewer pages each costs. (Small under test, so
-/// that tests flush.)
+/// Receipts waiting in memory past this many reach redb at once: appended
+/// to the receipts table, the more go in one commit, the fewer pages and
+/// syncs each costs. (Small under test, so that tests flush.)
 const FLUSH_AT: usize = if cfg!(test) { 4 } else { 8192 };
 /// A receipt waits in memory at most about this long (it is in the file
 /// meanwhile: a restart does not lose it).
@@ -137,6 +136,8 @@ struct State {
     /// of `receipts` whole (no copy under the lock) and read here until
     /// it has.
     receipts_moving: Option<Arc<HashMap<(u128, String), Receipt>>>,
+    /// A checkpoint of receipts is queued or committing (one at a time).
+    checkpointing: bool,
     /// Staged messages the journal thread is to write, oldest first: when
     /// each was staged, its uaid and key.
     due: VecDeque<(Instant, u128, String)>,
@@ -807,15 +808,51 @@ fn move_state(
     live: &HashMap<u128, BTreeMap<String, Entry>>,
     receipts: &HashMap<(u128, String), Receipt>,
 ) -> Result<()> {
-    let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
-    for ((uaid, key), receipt) in receipts {
-        put_receipt(&mut table, *uaid, key, receipt)?;
-    }
+    put_receipts(txn, receipts)?;
     let mut table = txn.open_table(MESSAGES).map_err(backend)?;
     for (uaid, keys) in live {
         for entry in keys.values() {
             move_message(&mut table, *uaid, &entry.message)?;
         }
+    }
+    Ok(())
+}
+
+impl State {
+    /// The receipts a checkpoint commits: taken out of `receipts` whole
+    /// the first time, and the same ones again if the writer runs the
+    /// checkpoint a second time, in a transaction of its own, because the
+    /// one it shared failed.
+    fn receipts_to_move(&mut self) -> Arc<HashMap<(u128, String), Receipt>> {
+        match &self.receipts_moving {
+            Some(moving) => moving.clone(),
+            None => {
+                let taken = Arc::new(std::mem::take(&mut self.receipts));
+                self.receipts_moving = Some(taken.clone());
+                taken
+            }
+        }
+    }
+
+    /// The transaction committing the moving receipts is over: they are in
+    /// redb, or, if it failed, back to wait for the next try (none of their
+    /// keys can have settled again meanwhile).
+    fn receipts_moved(&mut self, moved: &Result<()>) {
+        let receipts = self.receipts_moving.take();
+        if moved.is_err() {
+            for (key, receipt) in receipts.iter().flat_map(|moving| moving.iter()) {
+                self.receipts
+                    .entry(key.clone())
+                    .or_insert_with(|| receipt.clone());
+            }
+        }
+    }
+}
+
+fn put_receipts(txn: &WriteTransaction, receipts: &HashMap<(u128, String), Receipt>) -> Result<()> {
+    let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
+    for ((uaid, key), receipt) in receipts {
+        put_receipt(&mut table, *uaid, key, receipt)?;
     }
     Ok(())
 }
@@ -862,21 +899,21 @@ impl JournalThread {
         while let Some(batch) = self.next_batch() {
             let Some(batch) = batch else {
                 // A checkpoint's time: the receipts have waited long enough.
-                self.checkpoint(false);
+                self.checkpoint();
                 continue;
             };
             self.write(batch);
             let receipts = lock(&self.state).receipts.len();
             if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
-                self.checkpoint(true);
+                self.rotate();
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
             {
-                self.checkpoint(false);
+                self.checkpoint();
             }
         }
         // Closing: leave nothing for the next start-up to replay.
-        self.checkpoint(true);
+        self.rotate();
     }
 
     /// Wait for work: the records to write once the first staged message's
@@ -1016,17 +1053,63 @@ impl JournalThread {
         }
     }
 
-    /// Commit the waiting receipts to redb, and with `rotate` every
-    /// unsettled message too, then empty the file.
-    fn checkpoint(&mut self, rotate: bool) {
+    /// Commit the waiting receipts to redb, without waiting for the
+    /// commit: a commit of thousands of receipts takes a hundred
+    /// milliseconds or more, and the staged messages whose grace ends
+    /// meanwhile would wait for it. One at a time; a second is not needed
+    /// before the first is done.
+    fn checkpoint(&mut self) {
+        self.last_flush = Instant::now();
+        {
+            let mut state = lock(&self.state);
+            if state.receipts.is_empty() || state.checkpointing {
+                return;
+            }
+            state.checkpointing = true;
+        }
+        let (state, done, work) = (self.state.clone(), self.state.clone(), self.work.clone());
+        self.writer.write_then(
+            move |txn| {
+                let receipts = lock(&state).receipts_to_move();
+                put_receipts(txn, &receipts)
+            },
+            move |moved| {
+                let mut state = lock(&done);
+                state.receipts_moved(&moved);
+                state.checkpointing = false;
+                drop(state);
+                if let Err(e) = moved {
+                    warn!(error = %e, "direct journal checkpoint failed; will try again");
+                }
+                // A rotation may wait for it.
+                work.notify_all();
+            },
+        );
+    }
+
+    /// Wait until no checkpoint of receipts is queued or committing.
+    fn wait_for_checkpoint(&self) {
+        let mut state = lock(&self.state);
+        while state.checkpointing {
+            state = match self.work.wait(state) {
+                Ok(state) => state,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+        }
+    }
+
+    /// Commit the waiting receipts and every unsettled message to redb,
+    /// then empty the file. The journal thread writes nothing meanwhile:
+    /// what it would write in the old epoch would not be read again.
+    fn rotate(&mut self) {
+        // Its receipts would not be in redb when the file starts over.
+        self.wait_for_checkpoint();
         self.last_flush = Instant::now();
         {
             let state = lock(&self.state);
-            if state.receipts.is_empty() && (!rotate || state.live.is_empty()) {
+            if state.receipts.is_empty() && state.live.is_empty() {
                 drop(state);
-                if rotate {
-                    self.start_over();
-                }
+                self.start_over();
                 return;
             }
         }
@@ -1040,30 +1123,15 @@ impl JournalThread {
             let (live, receipts) = {
                 let mut state = lock(&state);
                 let mut live = Vec::new();
-                if rotate {
-                    for (uaid, keys) in state.live.iter_mut() {
-                        for entry in keys.values_mut() {
-                            entry.moving = true;
-                            live.push((*uaid, entry.message.clone()));
-                        }
+                for (uaid, keys) in state.live.iter_mut() {
+                    for entry in keys.values_mut() {
+                        entry.moving = true;
+                        live.push((*uaid, entry.message.clone()));
                     }
                 }
-                // Taken once: the writer runs this again, in a
-                // transaction of its own, if the one it shared failed.
-                let receipts = match &state.receipts_moving {
-                    Some(moving) => moving.clone(),
-                    None => {
-                        let taken = Arc::new(std::mem::take(&mut state.receipts));
-                        state.receipts_moving = Some(taken.clone());
-                        taken
-                    }
-                };
-                (live, receipts)
+                (live, state.receipts_to_move())
             };
-            let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
-            for ((uaid, key), receipt) in receipts.iter() {
-                put_receipt(&mut table, *uaid, key, receipt)?;
-            }
+            put_receipts(txn, &receipts)?;
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             for (uaid, message) in &live {
                 move_message(&mut table, *uaid, message)?;
@@ -1071,24 +1139,22 @@ impl JournalThread {
             Ok(())
         });
         let mut state = lock(&self.state);
-        let receipts = state.receipts_moving.take();
+        state.receipts_moved(&moved);
         match moved {
             Ok(()) => {
-                if rotate {
-                    // Only what was moved: a message staged meanwhile is
-                    // still to be written, in the new epoch.
-                    state.live.retain(|_, keys| {
-                        keys.retain(|_, entry| {
-                            if entry.moving {
-                                entry.answer();
-                            }
-                            !entry.moving
-                        });
-                        !keys.is_empty()
+                // Only what was moved: a message staged meanwhile is still
+                // to be written, in the new epoch.
+                state.live.retain(|_, keys| {
+                    keys.retain(|_, entry| {
+                        if entry.moving {
+                            entry.answer();
+                        }
+                        !entry.moving
                     });
-                    drop(state);
-                    self.start_over();
-                }
+                    !keys.is_empty()
+                });
+                drop(state);
+                self.start_over();
             }
             Err(e) => {
                 // A staged message the journal thread skipped while it was
@@ -1105,15 +1171,7 @@ impl JournalThread {
                     }
                 }
                 state.hurry |= !state.due.is_empty();
-                // Back to wait for the next try (none of their keys can
-                // have settled again meanwhile).
-                for (key, receipt) in receipts.iter().flat_map(|moving| moving.iter()) {
-                    state
-                        .receipts
-                        .entry(key.clone())
-                        .or_insert_with(|| receipt.clone());
-                }
-                warn!(error = %e, "direct journal checkpoint failed; will try again");
+                warn!(error = %e, "direct journal rotation failed; will try again");
             }
         }
     }
@@ -1625,6 +1683,52 @@ mod tests {
         assert!(failed.is_err());
         busy.await.unwrap().unwrap();
         assert_receipts(&store, &uaid, &settled, "after the checkpoint ran twice").await;
+    }
+
+    /// A checkpoint of receipts does not hold up the journal thread: a
+    /// message hurried while the checkpoint waits for the writer is written
+    /// and answered. The writer is held here until then: a journal thread
+    /// that waited for its checkpoint would not answer before the guard.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_checkpoint_does_not_hold_up_the_journal() {
+        let (_dir, uaid, store) = store_with_receipts();
+        let store = Arc::new(store);
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let busy = {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(move |_| {
+                        let _ = held.recv_timeout(Duration::from_secs(60));
+                        Ok(())
+                    })
+                    .await
+            })
+        };
+        let settled: Vec<_> = (0..FLUSH_AT as u64)
+            .map(|i| message(i + 1, &format!("m{i}")))
+            .collect();
+        for m in &settled {
+            let _copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
+            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+            let settle = store.settle_message(&uaid, &key, &m.version, delivered);
+            assert!(settle.await.unwrap());
+        }
+        let guard = Instant::now() + Duration::from_secs(20);
+        while !lock(&store.journal.shared.state).checkpointing {
+            assert!(Instant::now() < guard, "no checkpoint was queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let hurried = message(100, "hurried");
+        let copy = store.stage_direct(&uaid, hurried.clone()).await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(20), copy.saved_now()).await;
+        release.send(()).unwrap();
+        assert!(
+            matches!(answered, Ok(Ok(()))),
+            "the journal thread waited for its checkpoint"
+        );
+        busy.await.unwrap().unwrap();
+        assert_receipts(&store, &uaid, &settled, "after the checkpoint").await;
     }
 
     /// A tombstone's writer reserves its place, then writes: one killed in

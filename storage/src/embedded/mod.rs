@@ -709,7 +709,12 @@ impl Storage for EmbeddedStore {
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
-            remove_version(&mut table, (uaid, &sort_key), &version)
+            if remove_version(&mut table, (uaid, &sort_key), &version)? {
+                return Ok(true);
+            }
+            // A settled message: its receipt goes, as its row would.
+            let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
+            receipts::remove_version(&mut table, uaid, &sort_key, &version)
         })
         .await
     }

@@ -62,6 +62,21 @@ pub(super) fn get(
         .transpose()
 }
 
+/// Remove the receipt under `key` if it is `version`'s; returns whether it
+/// was there.
+pub(super) fn remove_version(
+    table: &mut Table<(u64, u128, &str), &[u8]>,
+    uaid: u128,
+    key: &str,
+    version: &str,
+) -> Result<bool> {
+    let is_version = get(table, uaid, key)?.is_some_and(|receipt| receipt.version == version);
+    if is_version {
+        table.remove((arrival(key), uaid, key)).map_err(backend)?;
+    }
+    Ok(is_version)
+}
+
 /// A row of the table, owned: where a sweep stops and starts again.
 pub(super) type Cursor = (u64, u128, String);
 

@@ -29,10 +29,12 @@ trait PendingWrite: Send {
     fn answer(self: Box<Self>, committed: Result<()>);
 }
 
-struct Write<T, F> {
+/// `write`, and `then`, which hears its output once the transaction is
+/// durable. Dropped unanswered (the writer thread stopped), it hears that.
+struct Write<T, F, G: FnOnce(Result<T>)> {
     write: F,
     output: Option<T>,
-    reply: oneshot::Sender<Result<T>>,
+    then: Option<G>,
 }
 
 /// `write` as a pending write, and where its answer will come.
@@ -45,7 +47,9 @@ where
     let pending = Box::new(Write {
         write,
         output: None,
-        reply,
+        then: Some(move |result| {
+            let _ = reply.send(result);
+        }),
     });
     (pending, answer)
 }
@@ -54,22 +58,33 @@ fn stopped() -> StorageError {
     StorageError::Backend("the writer thread has stopped".into())
 }
 
-impl<T, F> PendingWrite for Write<T, F>
+impl<T, F, G> PendingWrite for Write<T, F, G>
 where
     T: Send,
     F: FnMut(&WriteTransaction) -> Result<T> + Send,
+    G: FnOnce(Result<T>) + Send,
 {
     fn apply(&mut self, txn: &WriteTransaction) -> Result<()> {
         self.output = Some((self.write)(txn)?);
         Ok(())
     }
 
-    fn answer(self: Box<Self>, committed: Result<()>) {
-        let Write { output, reply, .. } = *self;
+    fn answer(mut self: Box<Self>, committed: Result<()>) {
+        let output = self.output.take();
         let result = committed.and_then(|()| {
             output.ok_or_else(|| StorageError::Backend("write was not applied".into()))
         });
-        let _ = reply.send(result);
+        if let Some(then) = self.then.take() {
+            then(result);
+        }
+    }
+}
+
+impl<T, F, G: FnOnce(Result<T>)> Drop for Write<T, F, G> {
+    fn drop(&mut self) {
+        if let Some(then) = self.then.take() {
+            then(Err(stopped()));
+        }
     }
 }
 
@@ -145,6 +160,27 @@ impl Writer {
             .blocking_send(pending)
             .map_err(|_| stopped())?;
         answer.blocking_recv().map_err(|_| stopped())?
+    }
+
+    /// [`Writer::write`] without waiting for it: `then` hears its output,
+    /// on the writer's thread, once the transaction holding `write` is
+    /// durable (or failed, or the writer stopped). Blocks only while the
+    /// queue is full.
+    pub(super) fn write_then<T, F, G>(&self, write: F, then: G)
+    where
+        T: Send + 'static,
+        F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
+        G: FnOnce(Result<T>) + Send + 'static,
+    {
+        let pending = Box::new(Write {
+            write,
+            output: None,
+            then: Some(then),
+        });
+        // Refused, the write is dropped, and `then` hears that.
+        if let Ok(queue) = self.queue() {
+            let _ = queue.blocking_send(pending);
+        }
     }
 
     fn queue(&self) -> Result<&mpsc::Sender<Box<dyn PendingWrite>>> {
