@@ -56,6 +56,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use autopush_common::Notification;
+use autopush_common::receipt::MessageState;
 use redb::{Database, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -119,8 +120,38 @@ enum Record {
         uaid: Uuid,
         key: String,
         version: String,
-        receipt: Option<Receipt>,
+        receipt: Option<SettledAs>,
     },
+}
+
+/// A receipt as a settle's record carries it: its version is the record's,
+/// not written twice. (Records written before carry it twice; the second
+/// is not read.)
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct SettledAs {
+    #[serde(rename = "settled")]
+    state: MessageState,
+    updated: u64,
+    expiry: u64,
+}
+
+impl SettledAs {
+    fn of(receipt: &Receipt) -> SettledAs {
+        SettledAs {
+            state: receipt.state,
+            updated: receipt.updated,
+            expiry: receipt.expiry,
+        }
+    }
+
+    fn receipt(self, version: String) -> Receipt {
+        Receipt {
+            state: self.state,
+            version,
+            updated: self.updated,
+            expiry: self.expiry,
+        }
+    }
 }
 
 /// What the journal knows: unsettled messages and receipts not in redb yet.
@@ -301,7 +332,7 @@ enum RecordRef<'a> {
         uaid: Uuid,
         key: &'a str,
         version: &'a str,
-        receipt: Option<&'a Receipt>,
+        receipt: Option<SettledAs>,
     },
 }
 
@@ -311,7 +342,7 @@ enum RecordRef<'a> {
 /// zero-padded to 8 bytes. A message's data (its encrypted body, most of
 /// its size) is kept out of the JSON, which would scan it for characters
 /// to escape; it is base64url, so has none.
-fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
+fn frame(record: &impl Serialize, data: Option<&str>) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.map_or(0, str::len) + 512);
     frame_into(&mut out, record, data)?;
     Ok(out)
@@ -319,7 +350,7 @@ fn frame(record: &RecordRef<'_>, data: Option<&str>) -> Result<Vec<u8>> {
 
 /// [`frame`] at the end of `out` (a batch being written); on an error
 /// `out` is left as it was.
-fn frame_into(out: &mut Vec<u8>, record: &RecordRef<'_>, data: Option<&str>) -> Result<()> {
+fn frame_into(out: &mut Vec<u8>, record: &impl Serialize, data: Option<&str>) -> Result<()> {
     let too_large = || StorageError::Backend("direct journal: record too large".into());
     let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEAD + 4]);
@@ -645,7 +676,7 @@ impl Journal {
                         uaid: Uuid::from_u128(uaid),
                         key,
                         version,
-                        receipt: receipt.as_ref(),
+                        receipt: receipt.as_ref().map(SettledAs::of),
                     },
                     None,
                 )
@@ -786,7 +817,7 @@ fn move_records(records: Vec<Record>, db: &Database) -> Result<()> {
                 state.remove_version(uaid, &key, &version);
                 match receipt {
                     Some(receipt) => {
-                        state.receipts.insert((uaid, key), receipt);
+                        state.receipts.insert((uaid, key), receipt.receipt(version));
                     }
                     None => {
                         let held = state.receipts.get(&(uaid, key.clone()));
@@ -1259,23 +1290,47 @@ mod tests {
         data(&store.fetch_messages(uaid, 10).await.unwrap())
     }
 
-    /// What a node killed mid-run leaves: unsettled messages, a settled
-    /// one with its receipt, and a record torn by the kill. Start-up moves
-    /// the first two into redb and drops the torn one.
+    /// A settle's record as written before its receipt lost its second
+    /// copy of the version.
+    #[derive(Serialize)]
+    enum OldRecord<'a> {
+        Settle {
+            uaid: Uuid,
+            key: &'a str,
+            version: &'a str,
+            receipt: Option<&'a Receipt>,
+        },
+    }
+
+    /// What a node killed mid-run leaves: unsettled messages, settled ones
+    /// with their receipts (in a record of this version and of the one
+    /// before), and a record torn by the kill. Start-up moves all but the
+    /// torn one into redb.
     #[tokio::test]
     async fn start_up_replays_what_a_killed_node_left() {
         let dir = tempfile::tempdir().unwrap();
         let uaid = Uuid::new_v4();
         let (a, b, c) = (message(1, "a"), message(2, "b"), message(3, "c"));
+        let d = message(5, "d");
         let receipt = Receipt::new(&b.version, MessageState::Delivered, now_secs(), 3600);
-        let settle = RecordRef::Settle {
+        let settle = OldRecord::Settle {
             uaid,
             key: &b.sort_key(),
             version: &b.version,
             receipt: Some(&receipt),
         };
         let settle = frame(&settle, None).unwrap();
-        let mut bytes = journal_file(7, &[put(uaid, &a), put(uaid, &b), put(uaid, &c), settle]);
+        let d_receipt = Receipt::new(&d.version, MessageState::Delivered, now_secs(), 3600);
+        let d_settle = RecordRef::Settle {
+            uaid,
+            key: &d.sort_key(),
+            version: &d.version,
+            receipt: Some(SettledAs::of(&d_receipt)),
+        };
+        let d_settle = frame(&d_settle, None).unwrap();
+        let records = [put(uaid, &a), put(uaid, &b), put(uaid, &c), settle];
+        let records = [&records[..], &[put(uaid, &d), d_settle]].concat();
+        let mut bytes = journal_file(7, &records);
         let mut torn = put(uaid, &message(4, "torn"));
         stamp(&mut torn, 7);
         bytes.extend_from_slice(&torn[..torn.len() - 11]);
@@ -1297,6 +1352,10 @@ mod tests {
         assert_eq!(
             store.read_message(&uaid, &b.sort_key()).await.unwrap(),
             Some(StoredMessage::Settled(receipt))
+        );
+        assert_eq!(
+            store.read_message(&uaid, &d.sort_key()).await.unwrap(),
+            Some(StoredMessage::Settled(d_receipt))
         );
         // Replayed messages are stored ones now: they settle in redb.
         let key = a.sort_key();
@@ -1609,7 +1668,7 @@ mod tests {
             uaid,
             key: &bad_key,
             version: &acked.version,
-            receipt: Some(&receipt),
+            receipt: Some(SettledAs::of(&receipt)),
         };
         let tombstone = frame(&settle, None).unwrap().len() as u64;
         let next = store.journal.shared.next.clone();
