@@ -1060,6 +1060,26 @@ mod tests {
         );
     }
 
+    /// Removing a settled message takes its receipt, as removing its row
+    /// did when the receipt was that row (and as on the other backends);
+    /// another version's removal leaves it.
+    #[tokio::test]
+    async fn removing_a_settled_message_takes_its_receipt() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        let (uaid, m) = (Uuid::new_v4(), message(Uuid::new_v4(), None, 1));
+        let key = m.sort_key();
+        store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+        let settled = store.settle_message(&uaid, &key, &m.version, MessageState::Delivered);
+        assert!(settled.await.unwrap());
+        assert!(!store.remove_message(&uaid, &key, "another").await.unwrap());
+        assert!(store.read_message(&uaid, &key).await.unwrap().is_some());
+        assert!(store.remove_message(&uaid, &key, &m.version).await.unwrap());
+        assert_eq!(store.read_message(&uaid, &key).await.unwrap(), None);
+    }
+
     fn data(messages: &[Notification]) -> Vec<&str> {
         messages.iter().filter_map(|m| m.data.as_deref()).collect()
     }
