@@ -1702,6 +1702,22 @@ mod tests {
         assert!(puts_in(&dir.path().join("direct.journal")).contains(&staged.version));
     }
 
+    /// Stage and ack FLUSH_AT (4 under test) messages, with receipts: the
+    /// journal thread queues a checkpoint once their tombstones are
+    /// written. Returns the messages.
+    async fn settle_for_a_checkpoint(store: &EmbeddedStore, uaid: &Uuid) -> Vec<Notification> {
+        let settled: Vec<_> = (0..FLUSH_AT as u64)
+            .map(|i| message(i + 1, &format!("m{i}")))
+            .collect();
+        for m in &settled {
+            let _copy = store.stage_direct(uaid, m.clone()).await.unwrap();
+            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+            let settle = store.settle_message(uaid, &key, &m.version, delivered);
+            assert!(settle.await.unwrap());
+        }
+        settled
+    }
+
     /// The writer runs a checkpoint again, in a transaction of its own,
     /// when the one it shared with other writes failed: the receipts it
     /// took out the first time are the ones it commits the second, and
@@ -1724,17 +1740,7 @@ mod tests {
             })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
-        // FLUSH_AT (4 under test) receipts: the journal thread queues a
-        // checkpoint once their tombstones are written.
-        let settled: Vec<_> = (0..FLUSH_AT as u64)
-            .map(|i| message(i + 1, &format!("m{i}")))
-            .collect();
-        for m in &settled {
-            let _copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
-            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
-            let settle = store.settle_message(&uaid, &key, &m.version, delivered);
-            assert!(settle.await.unwrap());
-        }
+        let settled = settle_for_a_checkpoint(&store, &uaid).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
         let failed = store
             .write(|_| -> Result<()> { Err(StorageError::Backend("a failing write".into())) })
@@ -1764,15 +1770,7 @@ mod tests {
                     .await
             })
         };
-        let settled: Vec<_> = (0..FLUSH_AT as u64)
-            .map(|i| message(i + 1, &format!("m{i}")))
-            .collect();
-        for m in &settled {
-            let _copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
-            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
-            let settle = store.settle_message(&uaid, &key, &m.version, delivered);
-            assert!(settle.await.unwrap());
-        }
+        let settled = settle_for_a_checkpoint(&store, &uaid).await;
         let guard = Instant::now() + Duration::from_secs(20);
         while !lock(&store.journal.shared.state).checkpointing {
             assert!(Instant::now() < guard, "no checkpoint was queued");
