@@ -1,9 +1,11 @@
 //! The real `autopush` binary, started in all-in-one mode on loopback ports.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -72,12 +74,31 @@ pub fn port_flags() -> Vec<String> {
     .to_vec()
 }
 
-/// Free loopback TCP ports (all held open until every one is chosen, so they differ).
+/// Free loopback TCP ports, none of them given out before in this process.
+/// A port given out is free again to the OS until its user binds it (a
+/// test's `--metrics-port` is bound only once its server starts), so the OS
+/// may offer it again, to the same server's `--endpoint-port`.
 pub fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0"))
-        .collect();
-    std::array::from_fn(|i| listeners[i].local_addr().expect("local_addr").port())
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Held open until every port is chosen, so that the OS offers new ones.
+    let mut held = Vec::new();
+    let mut ports = Vec::with_capacity(N);
+    while ports.len() < N {
+        assert!(
+            held.len() < 10_000,
+            "no loopback port left that was not given out"
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        let port = listener.local_addr().expect("local_addr").port();
+        if given.insert(port) {
+            ports.push(port);
+        }
+        held.push(listener);
+    }
+    std::array::from_fn(|i| ports[i])
 }
 
 /// A running `autopush` process (`all` unless started with
