@@ -1240,6 +1240,7 @@ mod tests {
     use super::*;
     use crate::Storage;
     use crate::embedded::EmbeddedStore;
+    use crate::embedded::tests::store_with_receipts;
     use autopush_common::receipt::MessageState;
     use autopush_common::time::now_secs;
 
@@ -1424,15 +1425,6 @@ mod tests {
             data(&store.fetch_messages(&uaid, 100).await.unwrap()),
             odd[1..]
         );
-    }
-
-    /// A store in a new directory, receipts kept an hour, and a user.
-    fn store_with_receipts() -> (tempfile::TempDir, Uuid, EmbeddedStore) {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
-        (dir, Uuid::new_v4(), store)
     }
 
     /// The versions of the messages put in the journal file at `path`.
@@ -1648,7 +1640,7 @@ mod tests {
     async fn a_failed_rotation_still_writes_what_it_skipped() {
         let (dir, uaid, store) = store_with_receipts();
         let (staged, acked) = (message(1, "staged"), message(2, "acked"));
-        let bad_key = acked.sort_key();
+        let acked_key = acked.sort_key();
         // A receipts table of another type: every move into it fails.
         store
             .write(move |txn| {
@@ -1666,7 +1658,7 @@ mod tests {
         let receipt = Receipt::new(&acked.version, delivered, now_secs(), 3600);
         let settle = RecordRef::Settle {
             uaid,
-            key: &bad_key,
+            key: &acked_key,
             version: &acked.version,
             receipt: Some(SettledAs::of(&receipt)),
         };
@@ -1692,7 +1684,7 @@ mod tests {
         assert_eq!(left(), tombstone - 8);
         let copy = store.stage_direct(&uaid, staged.clone()).await.unwrap();
         let _acked_copy = store.stage_direct(&uaid, acked.clone()).await.unwrap();
-        let settle = store.settle_message(&uaid, &bad_key, &acked.version, delivered);
+        let settle = store.settle_message(&uaid, &acked_key, &acked.version, delivered);
         assert!(settle.await.unwrap());
         let answered = tokio::time::timeout(Duration::from_secs(20), copy.saved_or_settled());
         assert!(

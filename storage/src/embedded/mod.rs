@@ -970,6 +970,15 @@ mod tests {
         }
     }
 
+    /// A store in a new directory, receipts kept an hour, and a user.
+    pub(super) fn store_with_receipts() -> (tempfile::TempDir, Uuid, EmbeddedStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path())
+            .unwrap()
+            .with_receipt_retention(3600);
+        (dir, Uuid::new_v4(), store)
+    }
+
     /// The keys of a user's rows in the message table.
     fn message_rows(store: &EmbeddedStore, uaid: u128) -> Vec<String> {
         let txn = store.db.begin_read().unwrap();
@@ -988,11 +997,8 @@ mod tests {
     /// table, are still read.
     #[tokio::test]
     async fn receipts_live_apart_from_messages_and_expire() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (_dir, uaid, store) = store_with_receipts();
+        let chid = Uuid::new_v4();
         let plain = message(chid, None, 1);
         let topic = message(chid, Some("t"), 2);
         let pending = message(chid, None, 3);
@@ -1065,11 +1071,8 @@ mod tests {
     /// another version's removal leaves it.
     #[tokio::test]
     async fn removing_a_settled_message_takes_its_receipt() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path())
-            .unwrap()
-            .with_receipt_retention(3600);
-        let (uaid, m) = (Uuid::new_v4(), message(Uuid::new_v4(), None, 1));
+        let (_dir, uaid, store) = store_with_receipts();
+        let m = message(Uuid::new_v4(), None, 1);
         let key = m.sort_key();
         store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
         let settled = store.settle_message(&uaid, &key, &m.version, MessageState::Delivered);
