@@ -37,6 +37,16 @@ struct Write<T, F, G: FnOnce(Result<T>)> {
     then: Option<G>,
 }
 
+impl<T, F, G: FnOnce(Result<T>)> Write<T, F, G> {
+    fn pending(write: F, then: G) -> Box<Self> {
+        Box::new(Write {
+            write,
+            output: None,
+            then: Some(then),
+        })
+    }
+}
+
 /// `write` as a pending write, and where its answer will come.
 fn pending<T, F>(write: F) -> (Box<dyn PendingWrite>, oneshot::Receiver<Result<T>>)
 where
@@ -44,12 +54,8 @@ where
     F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
 {
     let (reply, answer) = oneshot::channel();
-    let pending = Box::new(Write {
-        write,
-        output: None,
-        then: Some(move |result| {
-            let _ = reply.send(result);
-        }),
+    let pending = Write::pending(write, move |result| {
+        let _ = reply.send(result);
     });
     (pending, answer)
 }
@@ -172,11 +178,7 @@ impl Writer {
         F: FnMut(&WriteTransaction) -> Result<T> + Send + 'static,
         G: FnOnce(Result<T>) + Send + 'static,
     {
-        let pending = Box::new(Write {
-            write,
-            output: None,
-            then: Some(then),
-        });
+        let pending = Write::pending(write, then);
         // Refused, the write is dropped, and `then` hears that.
         if let Ok(queue) = self.queue() {
             let _ = queue.blocking_send(pending);
