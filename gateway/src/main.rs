@@ -58,6 +58,15 @@ enum Command {
     },
 }
 
+/// mimalloc, not glibc's malloc: what a task allocates on one worker thread
+/// is often freed on the other, and glibc then locks the first thread's
+/// arena. At 4 000 pushes/s mimalloc took the server's `futex` calls from
+/// 1.0 to 0.5 per push, and from 1.7 to 0.5 with durable delivery. Built
+/// without transparent huge pages (`no_thp`), which raised the memory of
+/// idle connections by a quarter.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = cli.command.unwrap_or(Command::All);
