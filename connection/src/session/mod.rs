@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::NodeContext;
-use crate::protocol::{ClientMessage, ServerMessage, error_json};
+use crate::protocol::{ClientMessage, ServerMessage, error_json, notification_json};
 use crate::registry::{Inbox, Letter, LiveSession};
 use crate::server::Socket;
 
@@ -456,10 +456,10 @@ impl Session {
             self.inbox.settled_direct();
             return Ok(());
         }
-        let message = ServerMessage::notification(&notification);
+        let message = notification_json(&notification);
         self.unacked_direct
             .insert(notification.version.clone(), notification);
-        self.send(&message).await
+        self.send_text(message).await
     }
 
     /// A client connected for long is not idle: say so in its record. If the

@@ -13,7 +13,7 @@ use warp::http::Method;
 
 use super::{Close, Flow, Session};
 use crate::NodeContext;
-use crate::protocol::ServerMessage;
+use crate::protocol::notification_json;
 
 /// Stored messages sent at once; the next batch waits for their acks.
 pub(super) const BATCH: usize = 100;
@@ -54,7 +54,7 @@ impl Session {
             }
             self.unacked_stored
                 .insert(message.version.clone(), message.clone());
-            self.send(&ServerMessage::notification(&message)).await?;
+            self.send_text(notification_json(&message)).await?;
             sent += 1;
         }
         autopush_common::metrics::stored_sent(sent);
