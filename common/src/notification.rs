@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 /// One notification, as stored and as passed between nodes. The websocket
 /// client gets only the protocol's fields of it (the connection node's
-/// `ClientNotification`).
+/// `notification_json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Notification {
     #[serde(rename = "channelID")]

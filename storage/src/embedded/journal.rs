@@ -657,21 +657,23 @@ impl Journal {
         version: &str,
         receipt: Option<Receipt>,
     ) -> Result<Settled> {
+        let settle_record = |receipt: Option<SettledAs>| {
+            let uaid = Uuid::from_u128(uaid);
+            frame(
+                &RecordRef::Settle {
+                    uaid,
+                    key,
+                    version,
+                    receipt,
+                },
+                None,
+            )
+        };
         // What needs no lock is done before taking it: every push takes it
         // too. A settle with a receipt writes this record whatever it finds.
         let with_receipt = receipt
             .as_ref()
-            .map(|receipt| {
-                frame(
-                    &RecordRef::Settle {
-                        uaid: Uuid::from_u128(uaid),
-                        key,
-                        version,
-                        receipt: Some(SettledAs::of(receipt)),
-                    },
-                    None,
-                )
-            })
+            .map(|receipt| settle_record(Some(SettledAs::of(receipt))))
             .transpose()?;
         let receipt_key = (uaid, key.to_owned());
         let mut state = lock(&self.shared.state);
@@ -684,15 +686,7 @@ impl Journal {
                 return Ok(Settled::NotHere);
             }
             state.receipts.remove(&receipt_key);
-            let record = frame(
-                &RecordRef::Settle {
-                    uaid: Uuid::from_u128(uaid),
-                    key,
-                    version,
-                    receipt: None,
-                },
-                None,
-            )?;
+            let record = settle_record(None)?;
             // After the receipt's own tombstone, which may still wait.
             let wake = self.tombstone_later(&mut state, record);
             drop(state);
@@ -710,15 +704,7 @@ impl Journal {
         let written = entry.written;
         let record = match with_receipt {
             Some(record) => Some(record),
-            None if written => Some(frame(
-                &RecordRef::Settle {
-                    uaid: Uuid::from_u128(uaid),
-                    key,
-                    version,
-                    receipt: None,
-                },
-                None,
-            )?),
+            None if written => Some(settle_record(None)?),
             None => None,
         };
         let settled = state.remove(uaid, key);
