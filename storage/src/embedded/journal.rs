@@ -670,7 +670,9 @@ impl Journal {
             )
         };
         // What needs no lock is done before taking it: every push takes it
-        // too. A settle with a receipt writes this record whatever it finds.
+        // too. A settle with a receipt writes this record whenever the
+        // journal holds the message (the settle of a message in redb frames
+        // it for nothing).
         let with_receipt = receipt
             .as_ref()
             .map(|receipt| settle_record(Some(SettledAs::of(receipt))))
