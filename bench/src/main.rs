@@ -74,6 +74,10 @@ enum Scenario {
         /// checked on every push) or off
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         rate_limits: bool,
+        /// Milliseconds each client waits before it acks a notification
+        /// (a client across a real network acks a round trip later)
+        #[arg(long, default_value_t = 0)]
+        ack_delay_ms: u64,
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
@@ -193,6 +197,7 @@ async fn main() {
             durable_direct,
             receipt_retention,
             rate_limits,
+            ack_delay_ms,
         } => {
             let rates = rates
                 .iter()
@@ -214,6 +219,7 @@ async fn main() {
                 durable_direct,
                 receipt_retention,
                 rate_limits,
+                ack_delay: Duration::from_millis(ack_delay_ms),
             };
             if !direct::run(&options, &under_test).await {
                 eprintln!("some pushes were refused or never delivered");

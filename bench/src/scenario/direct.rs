@@ -34,6 +34,9 @@ pub struct Options {
     pub receipt_retention: u64,
     /// The server's per-sender limit on (never reached) or off.
     pub rate_limits: bool,
+    /// How long each client waits before it acks a notification: a client
+    /// across a real network acks a round trip later, not at once.
+    pub ack_delay: Duration,
 }
 
 /// What the receiving clients saw, shared by all of them.
@@ -76,12 +79,21 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
         count: AtomicUsize::new(0),
         latencies: Mutex::new(Latencies::default()),
     });
-    let endpoints =
-        Arc::new(connect_clients(&server, options.clients, &public_key, &deliveries).await);
+    let endpoints = Arc::new(
+        connect_clients(
+            &server,
+            options.clients,
+            &public_key,
+            &deliveries,
+            options.ack_delay,
+        )
+        .await,
+    );
 
     println!(
-        "\n{} clients, {} HTTP connections, VAPID cache {}, durable direct {}, receipts {}, rate limits {}\n",
+        "\n{} clients acking after {} ms, {} HTTP connections, VAPID cache {}, durable direct {}, receipts {}, rate limits {}\n",
         options.clients,
+        options.ack_delay.as_millis(),
         options.connections,
         if options.vapid_cache { "on" } else { "off" },
         if options.durable_direct { "on" } else { "off" },
@@ -125,12 +137,14 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
 }
 
 /// Connect `count` clients, each registered with the sender's key, each
-/// acknowledging every notification and recording its latency.
+/// recording every notification's latency and acknowledging it `ack_delay`
+/// later.
 async fn connect_clients(
     server: &Server,
     count: usize,
     public_key: &str,
     deliveries: &Arc<Deliveries>,
+    ack_delay: Duration,
 ) -> Vec<String> {
     let mut endpoints = Vec::with_capacity(count);
     for i in 0..count {
@@ -142,20 +156,23 @@ async fn connect_clients(
         tokio::spawn(async move {
             while let Ok(Some(received)) = client.next_notification().await {
                 let stamp = received.data.as_deref().and_then(read_stamp);
+                if let Some(stamp) = stamp
+                    && stamp >= deliveries.step_start.load(Ordering::Acquire)
+                {
+                    let latency = deliveries
+                        .epoch
+                        .elapsed()
+                        .saturating_sub(Duration::from_nanos(stamp));
+                    deliveries.count.fetch_add(1, Ordering::AcqRel);
+                    if let Ok(mut latencies) = deliveries.latencies.lock() {
+                        latencies.record(latency);
+                    }
+                }
+                if !ack_delay.is_zero() {
+                    tokio::time::sleep(ack_delay).await;
+                }
                 if client.ack(&received).await.is_err() {
                     break;
-                }
-                let Some(stamp) = stamp else { continue };
-                if stamp < deliveries.step_start.load(Ordering::Acquire) {
-                    continue;
-                }
-                let latency = deliveries
-                    .epoch
-                    .elapsed()
-                    .saturating_sub(Duration::from_nanos(stamp));
-                deliveries.count.fetch_add(1, Ordering::AcqRel);
-                if let Ok(mut latencies) = deliveries.latencies.lock() {
-                    latencies.record(latency);
                 }
             }
         });
