@@ -10,9 +10,11 @@
 //! settings, status codes, errnos, close codes, outcomes): never a UAID,
 //! token or key.
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 
 use crate::receipt::MessageState;
 use crate::{ApiError, RouterType};
@@ -72,24 +74,89 @@ pub fn rate_limit_keys(limit: &'static str, keys: usize) {
     gauge!(RATE_LIMIT_KEYS, "limit" => limit).set(keys as f64);
 }
 
+/// A series recorded on every push, by its labels' values: the key of
+/// [`HANDLES`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Series {
+    Pushes(Option<RouterType>, u16, Option<u16>),
+    Delivery(RouterType, &'static str),
+    Final(RouterType, MessageState),
+    Ack(&'static str),
+    Vapid(&'static str),
+    StorageTime(&'static str, &'static str),
+}
+
+enum Handle {
+    Counter(Counter),
+    Histogram(Histogram),
+}
+
+/// The recorder's handles of the series every push records, asked for once.
+/// Asking for one by name and labels builds the key (allocating its labels),
+/// hashes and compares it: about a twentieth of a push's instructions over
+/// the handful of series a push records.
+static HANDLES: LazyLock<RwLock<HashMap<Series, Handle>>> = LazyLock::new(Default::default);
+
+/// Record on `series`'s handle, asking the recorder for it (`make`) the
+/// first time.
+fn record(series: Series, make: impl FnOnce() -> Handle, with: impl Fn(&Handle)) {
+    let handles = HANDLES.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(handle) = handles.get(&series) {
+        return with(handle);
+    }
+    drop(handles);
+    let mut handles = HANDLES.write().unwrap_or_else(PoisonError::into_inner);
+    with(handles.entry(series).or_insert_with(make));
+}
+
+fn increment(series: Series, make: impl FnOnce() -> Counter) {
+    record(
+        series,
+        || Handle::Counter(make()),
+        |handle| {
+            if let Handle::Counter(counter) = handle {
+                counter.increment(1);
+            }
+        },
+    );
+}
+
+/// Forget the handles asked for so far: those asked for before a recorder
+/// was installed record nowhere.
+pub fn forget_handles() {
+    HANDLES
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+}
+
 /// What became of an accepted push.
 pub fn push_answered(router_type: Option<RouterType>, status: u16, errno: Option<u16>) {
-    let router_type = router_type.map_or("unknown", |r| r.as_str());
-    let status = status.to_string();
-    match errno {
-        Some(errno) => counter!(PUSHES, "router_type" => router_type, "status" => status, "errno" => errno.to_string()).increment(1),
-        None => counter!(PUSHES, "router_type" => router_type, "status" => status).increment(1),
-    }
+    increment(Series::Pushes(router_type, status, errno), || {
+        let router_type = router_type.map_or("unknown", |r| r.as_str());
+        let status = status.to_string();
+        match errno {
+            Some(errno) => {
+                counter!(PUSHES, "router_type" => router_type, "status" => status, "errno" => errno.to_string())
+            }
+            None => counter!(PUSHES, "router_type" => router_type, "status" => status),
+        }
+    });
 }
 
 pub fn delivery(router_type: RouterType, outcome: &'static str) {
-    counter!(DELIVERIES, "router_type" => router_type.as_str(), "outcome" => outcome).increment(1);
+    increment(
+        Series::Delivery(router_type, outcome),
+        || counter!(DELIVERIES, "router_type" => router_type.as_str(), "outcome" => outcome),
+    );
 }
 
 /// A message of a `router_type` subscription reached final `state`.
 pub fn final_state(router_type: RouterType, state: MessageState) {
-    counter!(FINAL_STATES, "router_type" => router_type.as_str(), "state" => state.as_str())
-        .increment(1);
+    increment(
+        Series::Final(router_type, state),
+        || counter!(FINAL_STATES, "router_type" => router_type.as_str(), "state" => state.as_str()),
+    );
 }
 
 /// `count` messages the store itself settled in `state`: `gone` at a
@@ -108,7 +175,7 @@ pub fn stored_sent(count: usize) {
 }
 
 pub fn ack(source: &'static str) {
-    counter!(ACKS, "source" => source).increment(1);
+    increment(Series::Ack(source), || counter!(ACKS, "source" => source));
 }
 
 pub fn nack() {
@@ -134,7 +201,10 @@ pub fn connection_closed(code: u16) {
 }
 
 pub fn vapid(outcome: &'static str) {
-    counter!(VAPID, "outcome" => outcome).increment(1);
+    increment(
+        Series::Vapid(outcome),
+        || counter!(VAPID, "outcome" => outcome),
+    );
 }
 
 pub fn vapid_failed(check: &'static str) {
@@ -165,7 +235,15 @@ pub fn storage_request(backend: &'static str, rpc: &'static str) {
 }
 
 pub fn storage_op(backend: &'static str, op: &'static str, ok: bool, took: Duration) {
-    histogram!(STORAGE_TIME, "backend" => backend, "op" => op).record(took.as_secs_f64());
+    record(
+        Series::StorageTime(backend, op),
+        || Handle::Histogram(histogram!(STORAGE_TIME, "backend" => backend, "op" => op)),
+        |handle| {
+            if let Handle::Histogram(histogram) = handle {
+                histogram.record(took.as_secs_f64());
+            }
+        },
+    );
     if !ok {
         counter!(STORAGE_ERRORS, "backend" => backend, "op" => op).increment(1);
     }

@@ -185,6 +185,7 @@ pub fn install(
     if result.is_err() {
         warn!("another metrics recorder is installed in this process: /metrics stays empty");
     }
+    autopush_common::metrics::forget_handles();
     let upkeep = handle.clone();
     std::thread::Builder::new()
         .name("metrics-upkeep".into())
