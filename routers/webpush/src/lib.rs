@@ -81,7 +81,7 @@ impl WebPushRouter {
             return local.push(uaid, notification.clone());
         }
         let path = format!("/push/{}", uaid.simple());
-        let body = serde_json::to_vec(notification).unwrap_or_default();
+        let body = notification.to_json().unwrap_or_default();
         match self.nodes.call(Method::PUT, node_id, &path, body).await {
             Ok(response) => match response.status().as_u16() {
                 200 => PushOutcome::Delivered,

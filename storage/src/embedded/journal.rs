@@ -56,6 +56,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use autopush_common::Notification;
+use autopush_common::bridge::write_json_str;
 use autopush_common::receipt::MessageState;
 use redb::{Database, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -325,7 +326,7 @@ fn checksum(bytes: &[u8]) -> u32 {
 }
 
 /// [`Record`] to write, borrowing the message.
-#[derive(Serialize)]
+#[cfg_attr(test, derive(Serialize))]
 enum RecordRef<'a> {
     Put {
         uaid: Uuid,
@@ -339,25 +340,71 @@ enum RecordRef<'a> {
     },
 }
 
+impl RecordRef<'_> {
+    /// Append the record's JSON to `out`: what `serde_json` writes for the
+    /// [`Record`] it reads back, without its escape scan of every byte of
+    /// the message id, which every push's records hold.
+    fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        let uaid = |out: &mut Vec<u8>, uaid: &Uuid| {
+            out.extend_from_slice(br#"{"uaid":""#);
+            let mut buffer = Uuid::encode_buffer();
+            out.extend_from_slice(uaid.hyphenated().encode_lower(&mut buffer).as_bytes());
+            out.push(b'"');
+        };
+        match self {
+            RecordRef::Put { uaid: id, message } => {
+                out.extend_from_slice(br#"{"Put":"#);
+                uaid(out, id);
+                out.extend_from_slice(br#","message":"#);
+                message.write_json(out)?;
+            }
+            RecordRef::Settle {
+                uaid: id,
+                key,
+                version,
+                receipt,
+            } => {
+                out.extend_from_slice(br#"{"Settle":"#);
+                uaid(out, id);
+                out.extend_from_slice(br#","key":"#);
+                write_json_str(out, key)?;
+                out.extend_from_slice(br#","version":"#);
+                write_json_str(out, version)?;
+                out.extend_from_slice(br#","receipt":"#);
+                match receipt {
+                    Some(receipt) => serde_json::to_writer(&mut *out, receipt)?,
+                    None => out.extend_from_slice(b"null"),
+                }
+            }
+        }
+        out.extend_from_slice(b"}}");
+        Ok(())
+    }
+}
+
 /// A record as written: `[magic][epoch][length][checksum]` (see
 /// [`RECORD_HEAD`]; the epoch is [`stamp`]ed when the record is written),
 /// then the body: `[JSON length][JSON][0, or 1 and a message's data]`,
 /// zero-padded to 8 bytes. A message's data (its encrypted body, most of
 /// its size) is kept out of the JSON, which would scan it for characters
 /// to escape; it is base64url, so has none.
-fn frame(record: &impl Serialize, data: Option<&str>) -> Result<Vec<u8>> {
+fn frame(record: &RecordRef, data: Option<&str>) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(data.map_or(0, str::len) + 512);
-    frame_into(&mut out, record, data)?;
+    frame_into(&mut out, |out| record.write_json(out), data)?;
     Ok(out)
 }
 
-/// [`frame`] at the end of `out` (a batch being written); on an error
-/// `out` is left as it was.
-fn frame_into(out: &mut Vec<u8>, record: &impl Serialize, data: Option<&str>) -> Result<()> {
+/// [`frame`] at the end of `out` (a batch being written), the record's
+/// JSON written by `json`; on an error `out` is left as it was.
+fn frame_into(
+    out: &mut Vec<u8>,
+    json: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
+    data: Option<&str>,
+) -> Result<()> {
     let too_large = || StorageError::Backend("direct journal: record too large".into());
     let start = out.len();
     out.extend_from_slice(&[0u8; RECORD_HEAD + 4]);
-    if let Err(e) = serde_json::to_writer(&mut *out, record) {
+    if let Err(e) = json(out) {
         out.truncate(start);
         return Err(corrupt(e));
     }
@@ -480,7 +527,7 @@ fn move_message(
 ) -> Result<()> {
     let key = message.sort_key();
     if table.get((uaid, key.as_str())).map_err(backend)?.is_none() {
-        let json = serde_json::to_vec(message).map_err(corrupt)?;
+        let json = message.to_json().map_err(corrupt)?;
         table
             .insert((uaid, key.as_str()), json.as_slice())
             .map_err(backend)?;
@@ -516,6 +563,7 @@ impl Journal {
             writer,
             last_flush: Instant::now(),
             next: thread_next,
+            buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()
             .name("direct-journal".into())
@@ -931,7 +979,15 @@ struct JournalThread {
     last_flush: Instant,
     /// Where the next record goes (tombstones' writers reserve theirs too).
     next: Arc<AtomicU64>,
+    /// The last batch's bytes, emptied, for the next: a batch of messages
+    /// is tens of kilobytes, which a new buffer would grow to by copying
+    /// and fault in page by page.
+    buffer: Vec<u8>,
 }
+
+/// The most [`JournalThread::buffer`] keeps between batches (a burst's
+/// batch of [`MAX_BATCH`] large messages is several megabytes).
+const BUFFER_KEPT: usize = 1 << 20;
 
 /// Records the journal thread writes in one `write`: staged messages
 /// (then synced) and tombstones (not synced).
@@ -987,8 +1043,9 @@ impl JournalThread {
     /// time for a checkpoint, `None` when the store closes. Waits on the
     /// condition variable, which stagers signal only when they need it
     /// sooner than it would wake.
-    fn next_batch(&self) -> Option<Option<Batch>> {
-        let mut state = lock(&self.state);
+    fn next_batch(&mut self) -> Option<Option<Batch>> {
+        let shared = self.state.clone();
+        let mut state = lock(&shared);
         loop {
             if state.closing {
                 return None;
@@ -1033,10 +1090,10 @@ impl JournalThread {
     /// are still staged, and the waiting tombstones. Marked written and
     /// given their offsets under the state's lock, so that a tombstone of
     /// one of them lands after it.
-    fn take_batch(&self, state: &mut State, staged_by: Option<Instant>) -> Batch {
+    fn take_batch(&mut self, state: &mut State, staged_by: Option<Instant>) -> Batch {
         let hurry = std::mem::take(&mut state.hurry);
         let mut batch = Batch {
-            bytes: Vec::new(),
+            bytes: std::mem::take(&mut self.buffer),
             at: 0,
             puts: Vec::new(),
             waiters: Vec::new(),
@@ -1061,7 +1118,11 @@ impl JournalThread {
                 uaid: Uuid::from_u128(uaid),
                 message,
             };
-            let framed = frame_into(&mut batch.bytes, &record, data.as_deref());
+            let framed = frame_into(
+                &mut batch.bytes,
+                |out| record.write_json(out),
+                data.as_deref(),
+            );
             message.data = data;
             if let Err(e) = framed {
                 if let Some(waiter) = entry.waiter.take() {
@@ -1093,22 +1154,32 @@ impl JournalThread {
 
     /// Write a batch, sync it if it holds messages, and answer who waits.
     fn write(&mut self, batch: Batch) {
-        if batch.bytes.is_empty() {
+        let Batch {
+            mut bytes,
+            at,
+            puts,
+            waiters,
+        } = batch;
+        if bytes.is_empty() {
+            self.buffer = bytes;
             return;
         }
-        let mut written = self.file.write_all_at(&batch.bytes, batch.at);
-        if !batch.puts.is_empty() {
+        let mut written = self.file.write_all_at(&bytes, at);
+        if !puts.is_empty() {
             written = written.and_then(|()| self.file.sync_data());
         }
+        bytes.clear();
+        bytes.shrink_to(BUFFER_KEPT);
+        self.buffer = bytes;
         let written = written.map_err(|e| io("cannot append", e));
         if written.is_err() {
             // Not durable: out of the index, and the senders hear it.
             let mut state = lock(&self.state);
-            for (uaid, key, version) in &batch.puts {
+            for (uaid, key, version) in &puts {
                 state.remove_version(*uaid, key, version);
             }
         }
-        for waiter in batch.waiters {
+        for waiter in waiters {
             let _ = waiter.send(match &written {
                 Ok(()) => Ok(()),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
@@ -1305,6 +1376,42 @@ mod tests {
         frame(&RecordRef::Put { uaid, message }, data.as_deref()).unwrap()
     }
 
+    #[test]
+    fn records_are_written_as_serde_json_writes_them() {
+        let uaid = Uuid::new_v4();
+        let mut message = message(1, "body");
+        message.data = None;
+        message.version = "gAAAAABp\"v\"".into();
+        let settled = Receipt::new("v", MessageState::Delivered, 1_764_000_000, 86_400);
+        let records = [
+            RecordRef::Put {
+                uaid,
+                message: &message,
+            },
+            RecordRef::Settle {
+                uaid,
+                key: "02:00000000000000000001:k",
+                version: &message.version,
+                receipt: Some(SettledAs::of(&settled)),
+            },
+            RecordRef::Settle {
+                uaid,
+                key: "k\n",
+                version: "v",
+                receipt: None,
+            },
+        ];
+        for record in &records {
+            let mut out = Vec::new();
+            record.write_json(&mut out).unwrap();
+            let want = serde_json::to_vec(record).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&want)
+            );
+        }
+    }
+
     /// A journal file of `epoch` holding `records` (stamped with
     /// `epoch`), as a node leaves it.
     fn journal_file(epoch: u32, records: &[Vec<u8>]) -> Vec<u8> {
@@ -1349,13 +1456,14 @@ mod tests {
         let (a, b, c) = (message(1, "a"), message(2, "b"), message(3, "c"));
         let d = message(5, "d");
         let receipt = Receipt::new(&b.version, MessageState::Delivered, now_secs(), 3600);
-        let settle = OldRecord::Settle {
+        let old = OldRecord::Settle {
             uaid,
             key: &b.sort_key(),
             version: &b.version,
             receipt: Some(&receipt),
         };
-        let settle = frame(&settle, None).unwrap();
+        let mut settle = Vec::new();
+        frame_into(&mut settle, |out| serde_json::to_writer(out, &old), None).unwrap();
         let d_receipt = Receipt::new(&d.version, MessageState::Delivered, now_secs(), 3600);
         let d_settle = RecordRef::Settle {
             uaid,

@@ -574,7 +574,7 @@ impl Storage for EmbeddedStore {
                             _ => None,
                         };
                     }
-                    let json = serde_json::to_vec(message).map_err(corrupt)?;
+                    let json = message.to_json().map_err(corrupt)?;
                     table
                         .insert((uaid, key.as_str()), json.as_slice())
                         .map_err(backend)?;
