@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
-use autopush_storage::{DirectCopy, Storage};
+use autopush_storage::Storage;
 use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -75,10 +75,10 @@ impl WebPushRouter {
         &self,
         node_id: &str,
         uaid: &Uuid,
-        notification: &Notification,
+        notification: Notification,
     ) -> PushOutcome {
         if let Some(local) = self.local_for(node_id) {
-            return local.push(uaid, notification.clone());
+            return local.push(uaid, notification);
         }
         let path = format!("/push/{}", uaid.simple());
         let body = notification.to_json().unwrap_or_default();
@@ -101,6 +101,54 @@ impl WebPushRouter {
                 PushOutcome::Busy
             }
         }
+    }
+
+    /// Push to the node the user is on; whether the node took the message.
+    /// One that says the user is not there has the user's `node_id`
+    /// cleared (conditionally on `connected_at`).
+    async fn pushed(
+        &self,
+        node_id: &str,
+        user: &User,
+        notification: Notification,
+    ) -> ApiResult<bool> {
+        match self.push_to_node(node_id, &user.uaid, notification).await {
+            PushOutcome::Delivered => return Ok(true),
+            PushOutcome::Busy => debug!("client busy; storing"),
+            PushOutcome::NotConnected => {
+                self.storage
+                    .remove_node_id(&user.uaid, node_id, user.connected_at)
+                    .await?;
+            }
+        }
+        Ok(false)
+    }
+
+    /// Deliver a message that has no copy in storage: it is kept back, to
+    /// be saved if the push does not reach the client (unless its TTL is 0).
+    async fn deliver_kept(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
+        if let Some(node_id) = &user.node_id
+            && self.pushed(node_id, user, notification.clone()).await?
+        {
+            return Ok(Delivery::Direct);
+        }
+        if notification.ttl == 0 {
+            return Ok(Delivery::Dropped);
+        }
+        self.storage
+            .save_messages(&user.uaid, vec![notification])
+            .await?;
+        self.stored(&user.uaid).await
+    }
+
+    /// The message is in storage: the client may have connected (and
+    /// checked storage) since we read its record, so look again and nudge
+    /// whichever node has it now.
+    async fn stored(&self, uaid: &Uuid) -> ApiResult<Delivery> {
+        if let Some(node_id) = self.storage.get_user(uaid).await?.and_then(|u| u.node_id) {
+            self.notify_node(&node_id, uaid).await;
+        }
+        Ok(Delivery::Stored)
     }
 
     /// `PUT {node_id}/notif/{uaid}`: ask the node to check storage.
@@ -137,59 +185,28 @@ impl Router for WebPushRouter {
         mut notification: Notification,
         user: &User,
     ) -> ApiResult<Delivery> {
+        if !stores_direct(self.durable_direct, notification.ttl) {
+            return self.deliver_kept(notification, user).await;
+        }
         let uaid = user.uaid;
-        // The durable copy is staged before the client can see (and ack)
-        // the message; the 201 waits until it is on disk or acked.
-        let copy = match (
-            stores_direct(self.durable_direct, notification.ttl),
-            &user.node_id,
-        ) {
-            (false, _) => None,
-            (true, Some(_)) => Some(
-                self.storage
-                    .stage_direct(&uaid, notification.clone())
-                    .await?,
-            ),
-            (true, None) => {
-                self.storage
-                    .save_direct(&uaid, notification.clone())
-                    .await?;
-                Some(DirectCopy::saved())
-            }
+        let Some(node_id) = &user.node_id else {
+            self.storage.save_direct(&uaid, notification).await?;
+            return self.stored(&uaid).await;
         };
-        notification.durable = copy.is_some();
-        if let Some(node_id) = &user.node_id {
-            match self.push_to_node(node_id, &uaid, &notification).await {
-                PushOutcome::Delivered => {
-                    if let Some(copy) = copy {
-                        copy.saved_or_settled().await?;
-                    }
-                    return Ok(Delivery::Direct);
-                }
-                PushOutcome::Busy => debug!("client busy; storing"),
-                PushOutcome::NotConnected => {
-                    self.storage
-                        .remove_node_id(&uaid, node_id, user.connected_at)
-                        .await?;
-                }
-            }
+        // The durable copy is staged before the client can see (and ack)
+        // the message; the 201 waits until it is on disk or acked. The copy
+        // is what is saved if the push does not reach the client, so the
+        // message itself goes to the node.
+        let copy = self
+            .storage
+            .stage_direct(&uaid, notification.clone())
+            .await?;
+        notification.durable = true;
+        if self.pushed(node_id, user, notification).await? {
+            copy.saved_or_settled().await?;
+            return Ok(Delivery::Direct);
         }
-        if notification.ttl == 0 {
-            return Ok(Delivery::Dropped);
-        }
-        match copy {
-            Some(copy) => copy.saved_now().await?,
-            None => {
-                self.storage
-                    .save_messages(&uaid, vec![notification])
-                    .await?
-            }
-        }
-        // The client may have connected (and checked storage) since we read
-        // its record: look again and nudge whichever node has it now.
-        if let Some(node_id) = self.storage.get_user(&uaid).await?.and_then(|u| u.node_id) {
-            self.notify_node(&node_id, &uaid).await;
-        }
-        Ok(Delivery::Stored)
+        copy.saved_now().await?;
+        self.stored(&uaid).await
     }
 }
