@@ -249,11 +249,8 @@ mod tests {
         for n in &variants {
             let mut out = Vec::new();
             n.write_json(&mut out).unwrap();
-            let want = serde_json::to_vec(n).unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&want)
-            );
+            let want = serde_json::to_string(n).unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), want);
         }
     }
 

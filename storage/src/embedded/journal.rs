@@ -1404,11 +1404,8 @@ mod tests {
         for record in &records {
             let mut out = Vec::new();
             record.write_json(&mut out).unwrap();
-            let want = serde_json::to_vec(record).unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&want)
-            );
+            let want = serde_json::to_string(record).unwrap();
+            assert_eq!(String::from_utf8(out).unwrap(), want);
         }
     }
 
