@@ -75,7 +75,7 @@ pub fn rate_limit_keys(limit: &'static str, keys: usize) {
 }
 
 /// A series recorded on every push, by its labels' values: the key of
-/// [`HANDLES`].
+/// [`COUNTERS`] and [`HISTOGRAMS`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Series {
     Pushes(Option<RouterType>, u16, Option<u16>),
@@ -86,45 +86,43 @@ enum Series {
     StorageTime(&'static str, &'static str),
 }
 
-enum Handle {
-    Counter(Counter),
-    Histogram(Histogram),
-}
-
 /// The recorder's handles of the series every push records, asked for once.
 /// Asking for one by name and labels builds the key (allocating its labels),
 /// hashes and compares it: about a twentieth of a push's instructions over
 /// the handful of series a push records.
-static HANDLES: LazyLock<RwLock<HashMap<Series, Handle>>> = LazyLock::new(Default::default);
+type Handles<H> = LazyLock<RwLock<HashMap<Series, H>>>;
+static COUNTERS: Handles<Counter> = LazyLock::new(Default::default);
+static HISTOGRAMS: Handles<Histogram> = LazyLock::new(Default::default);
 
-/// Record on `series`'s handle, asking the recorder for it (`make`) the
-/// first time.
-fn record(series: Series, make: impl FnOnce() -> Handle, with: impl Fn(&Handle)) {
-    let handles = HANDLES.read().unwrap_or_else(PoisonError::into_inner);
-    if let Some(handle) = handles.get(&series) {
-        return with(handle);
+/// Record on `series`'s handle in `handles`, asking the recorder for it
+/// (`make`) the first time.
+fn with_handle<H>(
+    handles: &RwLock<HashMap<Series, H>>,
+    series: Series,
+    make: impl FnOnce() -> H,
+    record: impl Fn(&H),
+) {
+    let read = handles.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(handle) = read.get(&series) {
+        return record(handle);
     }
-    drop(handles);
-    let mut handles = HANDLES.write().unwrap_or_else(PoisonError::into_inner);
-    with(handles.entry(series).or_insert_with(make));
+    drop(read);
+    let mut write = handles.write().unwrap_or_else(PoisonError::into_inner);
+    record(write.entry(series).or_insert_with(make));
 }
 
 fn increment(series: Series, make: impl FnOnce() -> Counter) {
-    record(
-        series,
-        || Handle::Counter(make()),
-        |handle| {
-            if let Handle::Counter(counter) = handle {
-                counter.increment(1);
-            }
-        },
-    );
+    with_handle(&COUNTERS, series, make, |counter| counter.increment(1));
 }
 
 /// Forget the handles asked for so far: those asked for before a recorder
 /// was installed record nowhere.
 pub fn forget_handles() {
-    HANDLES
+    COUNTERS
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
+    HISTOGRAMS
         .write()
         .unwrap_or_else(PoisonError::into_inner)
         .clear();
@@ -235,14 +233,11 @@ pub fn storage_request(backend: &'static str, rpc: &'static str) {
 }
 
 pub fn storage_op(backend: &'static str, op: &'static str, ok: bool, took: Duration) {
-    record(
+    with_handle(
+        &HISTOGRAMS,
         Series::StorageTime(backend, op),
-        || Handle::Histogram(histogram!(STORAGE_TIME, "backend" => backend, "op" => op)),
-        |handle| {
-            if let Handle::Histogram(histogram) = handle {
-                histogram.record(took.as_secs_f64());
-            }
-        },
+        || histogram!(STORAGE_TIME, "backend" => backend, "op" => op),
+        |histogram| histogram.record(took.as_secs_f64()),
     );
     if !ok {
         counter!(STORAGE_ERRORS, "backend" => backend, "op" => op).increment(1);
