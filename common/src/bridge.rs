@@ -27,6 +27,8 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use uuid::Uuid;
+
 use crate::Notification;
 use crate::limit::{Limiter, Rate};
 use crate::router::{Router, RouterError};
@@ -325,6 +327,15 @@ pub fn write_json_str(out: &mut Vec<u8>, text: &str) -> serde_json::Result<()> {
     out.extend_from_slice(text.as_bytes());
     out.push(b'"');
     Ok(())
+}
+
+/// Appends `id` to `out` as a JSON string, as serde writes a `Uuid`
+/// (hyphenated, lower case).
+pub fn write_json_uuid(out: &mut Vec<u8>, id: &Uuid) {
+    out.push(b'"');
+    let mut buffer = Uuid::encode_buffer();
+    out.extend_from_slice(id.hyphenated().encode_lower(&mut buffer).as_bytes());
+    out.push(b'"');
 }
 
 /// Appends `members` to `out` as a JSON object's members, `"key":"value"`

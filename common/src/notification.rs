@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::bridge::{write_json_members, write_json_str};
+use crate::bridge::{write_json_members, write_json_str, write_json_uuid};
 
 /// One notification, as stored and as passed between nodes. The websocket
 /// client gets only the protocol's fields of it (the connection node's
@@ -123,11 +123,9 @@ impl Notification {
             out.extend_from_slice(name);
             serde_json::to_writer(out, &n)
         };
-        out.extend_from_slice(br#"{"channelID":""#);
-        let mut buffer = Uuid::encode_buffer();
-        let channel_id = self.channel_id.hyphenated().encode_lower(&mut buffer);
-        out.extend_from_slice(channel_id.as_bytes());
-        out.extend_from_slice(br#"","version":"#);
+        out.extend_from_slice(br#"{"channelID":"#);
+        write_json_uuid(out, &self.channel_id);
+        out.extend_from_slice(br#","version":"#);
         write_json_str(out, &self.version)?;
         number(out, br#","ttl":"#, self.ttl)?;
         number(out, br#","timestamp":"#, self.timestamp)?;

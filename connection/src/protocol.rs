@@ -2,7 +2,7 @@
 //! client messages in, server messages out, as JSON text frames.
 
 use autopush_common::Notification;
-use autopush_common::bridge::{write_json_members, write_json_str};
+use autopush_common::bridge::{write_json_members, write_json_str, write_json_uuid};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -157,14 +157,9 @@ pub fn notification_json(n: &Notification) -> String {
     let write = || -> serde_json::Result<Vec<u8>> {
         let body = n.data.as_deref().map_or(0, str::len);
         let mut out = Vec::with_capacity(body + n.version.len() + 256);
-        out.extend_from_slice(br#"{"messageType":"notification","channelID":""#);
-        out.extend_from_slice(
-            n.channel_id
-                .hyphenated()
-                .encode_lower(&mut uuid::Uuid::encode_buffer())
-                .as_bytes(),
-        );
-        out.extend_from_slice(br#"","version":"#);
+        out.extend_from_slice(br#"{"messageType":"notification","channelID":"#);
+        write_json_uuid(&mut out, &n.channel_id);
+        out.extend_from_slice(br#","version":"#);
         write_json_str(&mut out, &n.version)?;
         out.extend_from_slice(br#","ttl":"#);
         serde_json::to_writer(&mut out, &n.ttl)?;

@@ -56,7 +56,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use autopush_common::Notification;
-use autopush_common::bridge::write_json_str;
+use autopush_common::bridge::{write_json_str, write_json_uuid};
 use autopush_common::receipt::MessageState;
 use redb::{Database, ReadableTable, WriteTransaction};
 use serde::{Deserialize, Serialize};
@@ -345,27 +345,21 @@ impl RecordRef<'_> {
     /// [`Record`] it reads back, without its escape scan of every byte of
     /// the message id, which every push's records hold.
     fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
-        let uaid = |out: &mut Vec<u8>, uaid: &Uuid| {
-            out.extend_from_slice(br#"{"uaid":""#);
-            let mut buffer = Uuid::encode_buffer();
-            out.extend_from_slice(uaid.hyphenated().encode_lower(&mut buffer).as_bytes());
-            out.push(b'"');
-        };
         match self {
-            RecordRef::Put { uaid: id, message } => {
-                out.extend_from_slice(br#"{"Put":"#);
-                uaid(out, id);
+            RecordRef::Put { uaid, message } => {
+                out.extend_from_slice(br#"{"Put":{"uaid":"#);
+                write_json_uuid(out, uaid);
                 out.extend_from_slice(br#","message":"#);
                 message.write_json(out)?;
             }
             RecordRef::Settle {
-                uaid: id,
+                uaid,
                 key,
                 version,
                 receipt,
             } => {
-                out.extend_from_slice(br#"{"Settle":"#);
-                uaid(out, id);
+                out.extend_from_slice(br#"{"Settle":{"uaid":"#);
+                write_json_uuid(out, uaid);
                 out.extend_from_slice(br#","key":"#);
                 write_json_str(out, key)?;
                 out.extend_from_slice(br#","version":"#);
