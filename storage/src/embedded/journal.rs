@@ -10,11 +10,12 @@
 //! once, written only after a grace of [`GRACE`], and not at all if the
 //! client acks it meanwhile (most do, within a millisecond). Either way the
 //! sender hears 201 only once its message is on disk or acked. The ack of a
-//! written message writes a small tombstone at once, which needs no sync of
-//! its own (a tombstone lost with the machine only means the message is
-//! delivered again); the ack of one never written needs a record only for
-//! its receipt, which goes with the journal thread's next write, within
-//! [`TOMBSTONES_WAIT`]. Staging costs no system call: the journal thread
+//! written message needs a small tombstone, the ack of one never written a
+//! record only for its receipt (with receipts on): both go with the journal
+//! thread's next write, within [`TOMBSTONES_WAIT`], many in one `write` and
+//! without a sync of their own (a tombstone lost with the process or the
+//! machine only means the message is delivered again, never that it is
+//! lost). Only the journal thread writes the file. Staging costs no system call: the journal thread
 //! sleeps until the oldest staged message's grace ends, and is woken only
 //! by work it must do sooner than that. Readers see the journal's
 //! messages through an in-memory index of the unsettled ones; with receipts
@@ -50,7 +51,6 @@ use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -92,12 +92,13 @@ const GRACE: Duration = if cfg!(test) {
 } else {
     Duration::from_millis(10)
 };
-/// A settle record the file needs only for its receipt waits at most this
-/// long, to be written with others in one `write` (see
+/// A settle record (a written message's tombstone, or a receipt) waits at
+/// most this long, to be written with others in one `write` (see
 /// [`Journal::settle`]). Nobody waits for these records: as long as a
 /// grace, so that under load the thread wakes for them no more often than
 /// for the staged messages (at 2 ms it woke about a thousand times a
-/// second at 4 000 pushes/s).
+/// second at 4 000 pushes/s). Written one by one as acks came, they cost a
+/// `write` per ack, under the state's lock.
 const TOMBSTONES_WAIT: Duration = Duration::from_millis(10);
 /// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
 /// second inverted) whose records are current. Records start after it.
@@ -178,9 +179,10 @@ struct State {
     due: VecDeque<(Instant, u128, String)>,
     /// Someone waits for the due messages to be written now.
     hurry: bool,
-    /// Settle records of messages the file does not hold (acked within
-    /// their grace), carrying their receipts: written with the next batch,
-    /// at most [`TOMBSTONES_WAIT`] after the first of them.
+    /// Settle records (tombstones of written messages, receipts of messages
+    /// acked within their grace): written with the next batch, at most
+    /// [`TOMBSTONES_WAIT`] after the first of them, in the order of their
+    /// settles and after the record of every message they settle.
     tombstones: Vec<Vec<u8>>,
     tombstones_since: Option<Instant>,
     /// When the journal thread wakes by itself, while it waits for work;
@@ -197,8 +199,8 @@ struct Entry {
     /// Being moved into redb by the transaction running now: a settle must
     /// go to redb, after that transaction.
     moving: bool,
-    /// Its record is written (or being written by the journal thread, at
-    /// an offset it reserved): a settle must write a tombstone after it.
+    /// Its record is written (or being written by the journal thread): a
+    /// settle must have a tombstone written after it.
     written: bool,
     /// Who waits for it to be durable, until the journal thread writes it
     /// or something else answers first: a settle (the message is acked,
@@ -275,14 +277,6 @@ struct Shared {
     state: Arc<Mutex<State>>,
     /// Wakes the journal thread (see [`State::asleep_until`]).
     work: Arc<Condvar>,
-    /// The file, for the tombstones of written messages: each is one
-    /// `write` at the offset it reserved, without waiting for the thread
-    /// (busy syncing messages). Written, not synced: that survives `kill
-    /// -9`, and a tombstone lost with the machine only means a delivery
-    /// again.
-    file: File,
-    /// Where the next record goes (reset by a rotation).
-    next: Arc<AtomicU64>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -542,9 +536,6 @@ impl Journal {
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
         let epoch = replay(&mut file, db)?;
-        let tombstones = file.try_clone().map_err(|e| io("cannot open", e))?;
-        let next = Arc::new(AtomicU64::new(HEADER));
-        let thread_next = next.clone();
         let state = Arc::new(Mutex::new(State {
             epoch,
             ..State::default()
@@ -556,7 +547,7 @@ impl Journal {
             work: work.clone(),
             writer,
             last_flush: Instant::now(),
-            next: thread_next,
+            next: HEADER,
             buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()
@@ -567,8 +558,6 @@ impl Journal {
             shared: Arc::new(Shared {
                 state,
                 work,
-                file: tombstones,
-                next,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -690,8 +679,8 @@ impl Journal {
 
     /// Settle the journaled message under `key` if it is still `version`:
     /// drop it from the index, keep its receipt (if any) for the next
-    /// checkpoint, and write a tombstone: before returning for a message
-    /// the file holds, with the next batch for a receipt alone.
+    /// checkpoint, and have a tombstone written with the next batch if the
+    /// file holds the message or the receipt needs one.
     pub(super) fn settle(
         &self,
         uaid: u128,
@@ -755,16 +744,9 @@ impl Journal {
         if let Some(receipt) = receipt {
             state.receipts.insert(receipt_key, receipt);
         }
+        // Queued under the lock: tombstones of one key land in the order
+        // of its settles, after the batch that holds the message.
         let wake = match record {
-            // Written now, under the lock: tombstones of one key land in
-            // the order of its settles, and in the epoch they are stamped
-            // with; a `kill -9` from here on does not deliver it again.
-            Some(mut record) if written => {
-                self.tombstone(state.epoch, &mut record);
-                false
-            }
-            // Only its receipt, for a file that holds nothing of it: with
-            // the next batch, one `write` for many.
             Some(record) => self.tombstone_later(&mut state, record),
             None => false,
         };
@@ -786,19 +768,6 @@ impl Journal {
         state.tombstones.push(record);
         let since = *state.tombstones_since.get_or_insert_with(Instant::now);
         self.wake_by(state, since + TOMBSTONES_WAIT)
-    }
-
-    /// Write a settle's record (the caller holds the state's lock).
-    fn tombstone(&self, epoch: u32, record: &mut [u8]) {
-        stamp(record, epoch);
-        let at = self
-            .shared
-            .next
-            .fetch_add(record.len() as u64, Ordering::Relaxed);
-        if let Err(e) = self.shared.file.write_all_at(record, at) {
-            // The next start-up delivers the message again.
-            warn!(error = %e, "direct journal: cannot write a tombstone");
-        }
     }
 
     /// The row the journal holds under `key`: an unsettled message, or a
@@ -971,8 +940,8 @@ struct JournalThread {
     work: Arc<Condvar>,
     writer: Writer,
     last_flush: Instant,
-    /// Where the next record goes (tombstones' writers reserve theirs too).
-    next: Arc<AtomicU64>,
+    /// Where the next record goes (reset by a rotation).
+    next: u64,
     /// The last batch's bytes, emptied, for the next: a batch of messages
     /// is tens of kilobytes, which a new buffer would grow to by copying
     /// and fault in page by page.
@@ -1020,7 +989,7 @@ impl JournalThread {
             };
             self.write(batch);
             let receipts = lock(&self.state).receipts.len();
-            if self.next.load(Ordering::Relaxed) - HEADER >= ROTATE_AT {
+            if self.next - HEADER >= ROTATE_AT {
                 self.rotate();
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
@@ -1081,9 +1050,9 @@ impl JournalThread {
     }
 
     /// Frame the messages staged by `staged_by` (up to [`MAX_BATCH`]) that
-    /// are still staged, and the waiting tombstones. Marked written and
-    /// given their offsets under the state's lock, so that a tombstone of
-    /// one of them lands after it.
+    /// are still staged, and the waiting tombstones. Marked written under
+    /// the state's lock, so that a tombstone of one of them goes in a
+    /// later batch.
     fn take_batch(&mut self, state: &mut State, staged_by: Option<Instant>) -> Batch {
         let hurry = std::mem::take(&mut state.hurry);
         let mut batch = Batch {
@@ -1140,9 +1109,8 @@ impl JournalThread {
             batch.bytes.extend_from_slice(&record);
         }
         state.tombstones_since = None;
-        batch.at = self
-            .next
-            .fetch_add(batch.bytes.len() as u64, Ordering::Relaxed);
+        batch.at = self.next;
+        self.next += batch.bytes.len() as u64;
         batch
     }
 
@@ -1308,18 +1276,12 @@ impl JournalThread {
     }
 
     /// A new epoch: what the file holds is in redb, and is not read again.
-    /// Under the state's lock, so that no tombstone is written meanwhile
-    /// with the old epoch at a new offset; synced before anything is
-    /// written in it, so that a crash never replays the old one.
+    /// Synced before anything is written in it, so that a crash never
+    /// replays the old one. Only this thread writes the file, so the lock
+    /// is taken only to change the epoch: stagers and settles do not wait
+    /// for the sync.
     fn start_over(&mut self) {
-        // The file's pages written since the last sync (with receipts on, up
-        // to the whole file of receipts' records) go to disk first, outside
-        // the lock: stagers and settles would wait for them all otherwise.
-        // Only the header and what is written meanwhile are left for the
-        // sync under it. Its failure is the next one's to report.
-        let _ = self.file.sync_data();
-        let mut state = lock(&self.state);
-        let epoch = state.epoch.wrapping_add(1);
+        let epoch = lock(&self.state).epoch.wrapping_add(1);
         let written = self
             .file
             .write_all_at(&header(epoch), 0)
@@ -1327,8 +1289,8 @@ impl JournalThread {
             .map_err(|e| io("cannot start over", e));
         match written {
             Ok(()) => {
-                state.epoch = epoch;
-                self.next.store(HEADER, Ordering::Relaxed);
+                lock(&self.state).epoch = epoch;
+                self.next = HEADER;
             }
             Err(e) => warn!(error = %e, "direct journal rotation failed"),
         }
@@ -1343,6 +1305,7 @@ mod tests {
     use crate::embedded::tests::store_with_receipts;
     use autopush_common::receipt::MessageState;
     use autopush_common::time::now_secs;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     fn message(ts: u64, data: &str) -> Notification {
         Notification {
@@ -1561,6 +1524,18 @@ mod tests {
         );
     }
 
+    /// Where the current epoch's records end in the journal file at `path`
+    /// (the journal thread writes them one after another).
+    fn records_end(path: &Path) -> u64 {
+        let file = std::fs::read(path).unwrap();
+        let epoch = epoch_of(&file).unwrap().unwrap();
+        let mut at = HEADER as usize;
+        while let Some((_, size)) = record_at(&file[at..], epoch) {
+            at += size;
+        }
+        at as u64
+    }
+
     /// The versions of the messages put in the journal file at `path`.
     fn puts_in(path: &Path) -> Vec<String> {
         let file = std::fs::read(path).unwrap();
@@ -1661,6 +1636,43 @@ mod tests {
             written.len()
         );
         assert!(puts_in(&path).is_empty(), "a message was written");
+    }
+
+    /// The ack of a written message has its tombstone written with the
+    /// journal thread's next batch, without a sync and without waiting for
+    /// a grace (30 s under test): a node killed once it is there does not
+    /// deliver the message again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_written_message_acked_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let (acked, kept) = (message(1, "acked"), message(2, "kept"));
+        store.save_direct(&uaid, acked.clone()).await.unwrap();
+        store.save_direct(&uaid, kept.clone()).await.unwrap();
+        let key = acked.sort_key();
+        let settle = store.settle_message(&uaid, &key, &acked.version, MessageState::Delivered);
+        assert!(settle.await.unwrap());
+        let path = dir.path().join("direct.journal");
+        let settled = || {
+            let file = std::fs::read(&path).unwrap();
+            let epoch = epoch_of(&file).unwrap().unwrap();
+            read_records(&file, epoch)
+                .into_iter()
+                .any(|record| matches!(record, Record::Settle { version, .. } if version == acked.version))
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !settled() {
+            assert!(Instant::now() < deadline, "no tombstone was written");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let other = tempfile::tempdir().unwrap();
+        std::fs::copy(&path, other.path().join("direct.journal")).unwrap();
+        let restarted = EmbeddedStore::open(other.path()).unwrap();
+        assert_eq!(
+            data(&restarted.fetch_messages(&uaid, 10).await.unwrap()),
+            ["kept"]
+        );
     }
 
     /// Every message of `settled` reads as its receipt.
@@ -1786,8 +1798,8 @@ mod tests {
             .await
             .unwrap();
         // The file filled to just short of the rotation size (4 KiB under
-        // test): the acked message's tombstone, written on its own, starts
-        // the rotation while the other is staged.
+        // test): the acked message's tombstone, written in a batch of its
+        // own, starts the rotation while the other is staged.
         let delivered = MessageState::Delivered;
         let receipt = Receipt::new(&acked.version, delivered, now_secs(), 3600);
         let settle = RecordRef::Settle {
@@ -1797,8 +1809,8 @@ mod tests {
             receipt: Some(SettledAs::of(&receipt)),
         };
         let tombstone = frame(&settle, None).unwrap().len() as u64;
-        let next = store.journal.shared.next.clone();
-        let left = || ROTATE_AT.saturating_sub(next.load(Ordering::Relaxed) - HEADER);
+        let path = dir.path().join("direct.journal");
+        let left = || ROTATE_AT.saturating_sub(records_end(&path) - HEADER);
         let mut ts = 10;
         while left() > tombstone + 1024 {
             store
