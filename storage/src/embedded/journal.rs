@@ -1540,11 +1540,16 @@ mod tests {
         at as u64
     }
 
-    /// The versions of the messages put in the journal file at `path`.
-    fn puts_in(path: &Path) -> Vec<String> {
+    /// The current epoch's records in the journal file at `path`.
+    fn records_in(path: &Path) -> Vec<Record> {
         let file = std::fs::read(path).unwrap();
         let epoch = epoch_of(&file).unwrap().unwrap();
         read_records(&file, epoch)
+    }
+
+    /// The versions of the messages put in the journal file at `path`.
+    fn puts_in(path: &Path) -> Vec<String> {
+        records_in(path)
             .into_iter()
             .filter_map(|record| match record {
                 Record::Put { message, .. } => Some(message.version),
@@ -1615,9 +1620,7 @@ mod tests {
         assert!(settle.await.unwrap());
         let path = dir.path().join("direct.journal");
         let settles = || {
-            let file = std::fs::read(&path).unwrap();
-            let epoch = epoch_of(&file).unwrap().unwrap();
-            read_records(&file, epoch)
+            records_in(&path)
                 .into_iter()
                 .filter_map(|record| match record {
                     Record::Settle {
@@ -1659,11 +1662,7 @@ mod tests {
         assert!(settle.await.unwrap());
         let path = dir.path().join("direct.journal");
         let settled = || {
-            let file = std::fs::read(&path).unwrap();
-            let epoch = epoch_of(&file).unwrap().unwrap();
-            read_records(&file, epoch)
-                .into_iter()
-                .any(|record| matches!(record, Record::Settle { version, .. } if version == acked.version))
+            records_in(&path).into_iter().any(|record| matches!(record, Record::Settle { version, .. } if version == acked.version))
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !settled() {
