@@ -166,8 +166,6 @@ impl SettledAs {
 /// What the journal knows: unsettled messages and receipts not in redb yet.
 #[derive(Default)]
 struct State {
-    /// The epoch records are written with now (see [`HEADER`]).
-    epoch: u32,
     /// uaid -> sort key -> message.
     live: HashMap<u128, BTreeMap<String, Entry>>,
     /// Receipts of settled journal messages, until a checkpoint commits them.
@@ -540,10 +538,7 @@ impl Journal {
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
         let epoch = replay(&mut file, db)?;
-        let state = Arc::new(Mutex::new(State {
-            epoch,
-            ..State::default()
-        }));
+        let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {
             file,
@@ -551,6 +546,7 @@ impl Journal {
             work: work.clone(),
             writer,
             last_flush: Instant::now(),
+            epoch,
             next: HEADER,
             buffer: Vec::new(),
         };
@@ -944,6 +940,8 @@ struct JournalThread {
     work: Arc<Condvar>,
     writer: Writer,
     last_flush: Instant,
+    /// The epoch records are written with now (see [`HEADER`]).
+    epoch: u32,
     /// Where the next record goes (reset by a rotation).
     next: u64,
     /// The last batch's bytes, emptied, for the next: a batch of messages
@@ -1068,7 +1066,7 @@ impl JournalThread {
         let mut unframed = Vec::new();
         let ripe = staged_by.map_or(0, |by| state.due.partition_point(|(at, ..)| *at <= by));
         let n = ripe.min(MAX_BATCH);
-        let epoch = state.epoch;
+        let epoch = self.epoch;
         let State { due, live, .. } = state;
         for (_, uaid, key) in due.drain(..n) {
             // Settled or moved into redb meanwhile: nothing to write.
@@ -1281,11 +1279,10 @@ impl JournalThread {
 
     /// A new epoch: what the file holds is in redb, and is not read again.
     /// Synced before anything is written in it, so that a crash never
-    /// replays the old one. Only this thread writes the file, so the lock
-    /// is taken only to change the epoch: stagers and settles do not wait
-    /// for the sync.
+    /// replays the old one. Only this thread writes the file and stamps
+    /// records, so stagers and settles do not wait for the sync.
     fn start_over(&mut self) {
-        let epoch = lock(&self.state).epoch.wrapping_add(1);
+        let epoch = self.epoch.wrapping_add(1);
         let written = self
             .file
             .write_all_at(&header(epoch), 0)
@@ -1293,7 +1290,7 @@ impl JournalThread {
             .map_err(|e| io("cannot start over", e));
         match written {
             Ok(()) => {
-                lock(&self.state).epoch = epoch;
+                self.epoch = epoch;
                 self.next = HEADER;
             }
             Err(e) => warn!(error = %e, "direct journal rotation failed"),
