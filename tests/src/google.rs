@@ -58,6 +58,9 @@ pub enum Reply {
     Unavailable { retry_after: Option<u64> },
     /// No answer for a minute.
     Stall,
+    /// 307 to the same `messages:send` URL: a client that follows it posts
+    /// the message (and its bearer token) again.
+    Redirect,
 }
 
 /// One `messages:send` request as received.
@@ -632,6 +635,15 @@ async fn answer(project: String, reply: Reply) -> warp::reply::Response {
         Reply::Stall => {
             tokio::time::sleep(Duration::from_secs(60)).await;
             warp::reply::json(&json!({})).into_response()
+        }
+        Reply::Redirect => {
+            let mut response = warp::reply::Response::new(Default::default());
+            *response.status_mut() = StatusCode::TEMPORARY_REDIRECT;
+            let location = format!("/v1/projects/{project}/messages:send");
+            response
+                .headers_mut()
+                .insert("location", location.parse().expect("a header value"));
+            response
         }
     }
 }

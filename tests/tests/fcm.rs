@@ -445,6 +445,27 @@ async fn refusals_reach_the_sender_and_credential_errors_are_logged_once() {
     assert_eq!(bridge.google.received_for(token).len(), 5);
 }
 
+/// FCM never redirects `messages:send`: a 3xx is a bad answer (502), and
+/// neither the message nor the bearer token is posted again elsewhere.
+#[tokio::test]
+async fn a_redirect_is_not_followed() {
+    let bridge = Bridge::start().await;
+    let token = "device-behind-a-redirect";
+    bridge.google.script(token, &[Reply::Redirect]);
+    let r = bridge.register("fcm", "app1", token).await;
+    bridge
+        .push(&r, &SendOptions::text("x"))
+        .await
+        .assert_error(502, 902);
+    assert_eq!(bridge.google.received_for(token).len(), 1);
+    // The registration stays: the next push goes through.
+    bridge
+        .push(&r, &SendOptions::text("y"))
+        .await
+        .assert_created();
+    assert_eq!(bridge.google.received_for(token).len(), 2);
+}
+
 #[tokio::test]
 async fn access_tokens_are_refreshed_after_a_401_and_before_they_expire() {
     let bridge = Bridge::start().await;

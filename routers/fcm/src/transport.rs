@@ -68,6 +68,12 @@ impl Project {
         let http = autopush_common::http_client::builder()
             .connect_timeout(deadline.min(Duration::from_secs(5)))
             .timeout(deadline)
+            // `with_retries` is the one retry policy; reqwest's own would
+            // copy every request's headers to keep a replay at hand.
+            .retry(reqwest::retry::never().max_retries_per_request(0))
+            // FCM does not redirect; a 3xx is an answer to judge, and the
+            // bearer token goes to no other URL.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
         let url = format!("{base_url}/v1/projects/{}/messages:send", app.project_id);
