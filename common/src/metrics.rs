@@ -126,6 +126,10 @@ pub fn forget_handles() {
         .write()
         .unwrap_or_else(PoisonError::into_inner)
         .clear();
+    BRIDGES
+        .write()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clear();
 }
 
 /// What became of an accepted push.
@@ -217,15 +221,40 @@ pub fn bridge_request(
     result: Result<(), &ApiError>,
     took: Duration,
 ) {
-    let outcome = match result {
-        Ok(()) => "sent".to_owned(),
-        Err(e) => e.errno().to_string(),
+    let record = |handles: &BridgeHandles| {
+        match result {
+            Ok(()) => handles.sent.increment(1),
+            Err(e) => counter!(BRIDGE_REQUESTS, "router_type" => router_type.as_str(), "app" => app.to_owned(), "outcome" => e.errno().to_string())
+                .increment(1),
+        }
+        handles.time.record(took.as_secs_f64());
     };
-    let (router_type, app) = (router_type.as_str(), app.to_owned());
-    counter!(BRIDGE_REQUESTS, "router_type" => router_type, "app" => app.clone(), "outcome" => outcome)
-        .increment(1);
-    histogram!(BRIDGE_TIME, "router_type" => router_type, "app" => app).record(took.as_secs_f64());
+    let read = BRIDGES.read().unwrap_or_else(PoisonError::into_inner);
+    if let Some(handles) = read.get(&router_type).and_then(|apps| apps.get(app)) {
+        return record(handles);
+    }
+    drop(read);
+    let mut write = BRIDGES.write().unwrap_or_else(PoisonError::into_inner);
+    let apps = write.entry(router_type).or_default();
+    record(apps.entry(app.to_owned()).or_insert_with(|| {
+        let (router_type, app) = (router_type.as_str(), app.to_owned());
+        BridgeHandles {
+            sent: counter!(BRIDGE_REQUESTS, "router_type" => router_type, "app" => app.clone(), "outcome" => "sent"),
+            time: histogram!(BRIDGE_TIME, "router_type" => router_type, "app" => app),
+        }
+    }));
 }
+
+/// The series every call to one app of a bridge records.
+struct BridgeHandles {
+    sent: Counter,
+    time: Histogram,
+}
+
+/// [`BridgeHandles`] by router type, then app: looked up by the app's name
+/// without building a key.
+static BRIDGES: LazyLock<RwLock<HashMap<RouterType, HashMap<String, BridgeHandles>>>> =
+    LazyLock::new(Default::default);
 
 /// One request (attempt) `rpc` that `backend` sent its server.
 pub fn storage_request(backend: &'static str, rpc: &'static str) {
