@@ -147,6 +147,21 @@ pub trait Storage: Send + Sync {
 
     async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool>;
 
+    /// The user and whether it has `channel_id`: what every push reads
+    /// before routing. A backend that can answer both in one read does;
+    /// the others ask [`Storage::get_user`], then [`Storage::has_channel`].
+    async fn get_user_and_channel(
+        &self,
+        uaid: &Uuid,
+        channel_id: &Uuid,
+    ) -> Result<Option<(User, bool)>> {
+        let Some(user) = self.get_user(uaid).await? else {
+            return Ok(None);
+        };
+        let subscribed = self.has_channel(uaid, channel_id).await?;
+        Ok(Some((user, subscribed)))
+    }
+
     /// Unsubscribe `channel_id`; returns whether the channel existed. With
     /// receipts on, its pending messages then become `gone` receipts, each
     /// conditional on its version.

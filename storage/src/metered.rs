@@ -94,6 +94,15 @@ impl Storage for MeteredStorage {
         self.timed("has_channel", call).await
     }
 
+    async fn get_user_and_channel(
+        &self,
+        uaid: &Uuid,
+        channel_id: &Uuid,
+    ) -> Result<Option<(User, bool)>> {
+        let call = self.inner.get_user_and_channel(uaid, channel_id);
+        self.timed("get_user_and_channel", call).await
+    }
+
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
         let call = self.inner.remove_channel(uaid, channel_id);
         self.timed("remove_channel", call).await

@@ -853,6 +853,16 @@ mod suite {
         assert!(!store.remove_channel(&uaid, &a).await.unwrap());
         assert!(!store.has_channel(&uaid, &a).await.unwrap());
         assert!(store.has_channel(&uaid, &b).await.unwrap());
+        // What a push reads: the user, and whether the channel is its.
+        let subscribed = |channel| {
+            let store = store.clone();
+            async move {
+                let read = store.get_user_and_channel(&uaid, &channel).await.unwrap();
+                read.map(|(user, subscribed)| (user.uaid, subscribed))
+            }
+        };
+        assert_eq!(subscribed(a).await, Some((uaid, false)));
+        assert_eq!(subscribed(b).await, Some((uaid, true)));
         assert!(store.remove_channel(&uaid, &b).await.unwrap());
         assert!(store.get_channels(&uaid).await.unwrap().is_empty());
         assert!(store.add_channel(&uaid, &b, 10).await.unwrap());
@@ -864,6 +874,7 @@ mod suite {
 
         store.remove_user(&uaid).await.unwrap();
         assert!(store.get_user(&uaid).await.unwrap().is_none());
+        assert_eq!(subscribed(b).await, None);
         assert!(store.get_channels(&uaid).await.unwrap().is_empty());
         assert_eq!(store.count_messages(&uaid, usize::MAX).await.unwrap(), 0);
         store.health_check().await.unwrap();

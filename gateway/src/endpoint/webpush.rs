@@ -59,9 +59,9 @@ pub async fn send(
         client,
     )?;
 
-    let user = state
+    let (user, subscribed) = state
         .storage
-        .get_user(&subscription.uaid)
+        .get_user_and_channel(&subscription.uaid, &subscription.channel_id)
         .await?
         .ok_or(ApiError::NoUser)?;
     *router_type = Some(user.router_type);
@@ -69,11 +69,7 @@ pub async fn send(
         .routers
         .get(user.router_type)
         .ok_or(ApiError::InvalidRouterType)?;
-    if !state
-        .storage
-        .has_channel(&subscription.uaid, &subscription.channel_id)
-        .await?
-    {
+    if !subscribed {
         return Err(ApiError::NoSubscription);
     }
 

@@ -517,6 +517,26 @@ impl Storage for EmbeddedStore {
         })
     }
 
+    /// One read transaction for both.
+    async fn get_user_and_channel(
+        &self,
+        uaid: &Uuid,
+        channel_id: &Uuid,
+    ) -> Result<Option<(User, bool)>> {
+        let key = (uaid.as_u128(), channel_id.as_u128());
+        self.read(|db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let users = txn.open_table(USERS).map_err(backend)?;
+            let Some(record) = users.get(key.0).map_err(backend)? else {
+                return Ok(None);
+            };
+            let user = serde_json::from_slice(record.value()).map_err(corrupt)?;
+            let channels = txn.open_table(CHANNELS).map_err(backend)?;
+            let subscribed = channels.get(key).map_err(backend)?.is_some();
+            Ok(Some((user, subscribed)))
+        })
+    }
+
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
         let key = (uaid.as_u128(), channel_id.as_u128());
         let removed = self
