@@ -904,7 +904,10 @@ impl State {
         match &self.receipts_moving {
             Some(moving) => moving.clone(),
             None => {
-                let taken = Arc::new(std::mem::take(&mut self.receipts));
+                // The next checkpoint will hold about as many: its map
+                // does not grow from empty, rehashing, one settle at a time.
+                let next = HashMap::with_capacity(self.receipts.len().min(FLUSH_AT));
+                let taken = Arc::new(std::mem::replace(&mut self.receipts, next));
                 self.receipts_moving = Some(taken.clone());
                 taken
             }
