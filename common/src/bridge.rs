@@ -292,20 +292,22 @@ impl CredentialAlarm {
 /// `con` (`Content-Encoding`), `enc` (`Encryption`) and `cryptokey`
 /// (`Crypto-Key`), when the notification has a body. Bridges add their own
 /// identification keys (`chid`, `ver`...); the mailbox lists the same.
-pub fn web_push_fields(notification: &Notification) -> BTreeMap<&'static str, String> {
+/// Borrowed: the body is kilobytes, written once, where the bridge's
+/// request is made.
+pub fn web_push_fields(notification: &Notification) -> BTreeMap<&'static str, &str> {
     let mut data = BTreeMap::new();
-    if let Some(body) = &notification.data {
-        data.insert("body", body.clone());
-        let headers = notification.headers.as_ref();
-        let header = |name: &str| headers.and_then(|h| h.get(name)).cloned();
-        for (key, header_name) in [
-            ("con", "encoding"),
-            ("enc", "encryption"),
-            ("cryptokey", "crypto_key"),
-        ] {
-            if let Some(value) = header(header_name) {
-                data.insert(key, value);
-            }
+    let Some(body) = notification.data.as_deref().filter(|b| !b.is_empty()) else {
+        return data;
+    };
+    data.insert("body", body);
+    let headers = notification.headers.as_ref();
+    for (key, header_name) in [
+        ("con", "encoding"),
+        ("enc", "encryption"),
+        ("cryptokey", "crypto_key"),
+    ] {
+        if let Some(value) = headers.and_then(|h| h.get(header_name)) {
+            data.insert(key, value.as_str());
         }
     }
     data

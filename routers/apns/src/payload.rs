@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use autopush_common::bridge::write_json_members;
+use autopush_common::bridge::{web_push_fields, write_json_members};
 use autopush_common::router::{RouterDataInput, RouterError};
 use autopush_common::{Notification, User};
 use serde_json::{Value, json};
@@ -135,21 +135,10 @@ pub fn request(
 ) -> Result<ApnsRequest, RouterError> {
     // Borrowed, in the order serde_json's map would write them.
     let chid = notification.channel_id.to_string();
-    let mut fields = BTreeMap::from([("chid", chid.as_str()), ("ver", &notification.version)]);
+    let mut fields = web_push_fields(notification);
+    fields.insert("chid", &chid);
+    fields.insert("ver", &notification.version);
     let ciphertext = notification.data.as_deref().unwrap_or_default();
-    if !ciphertext.is_empty() {
-        fields.insert("body", ciphertext);
-        let headers = notification.headers.as_ref();
-        for (ours, theirs) in [
-            ("encoding", "con"),
-            ("encryption", "enc"),
-            ("crypto_key", "cryptokey"),
-        ] {
-            if let Some(value) = headers.and_then(|h| h.get(ours)) {
-                fields.insert(theirs, value);
-            }
-        }
-    }
     let payload = body_json(data.aps.as_deref(), &fields)
         .map_err(|e| RouterError::Upstream(format!("cannot encode the APNs body: {e}")))?;
     if payload.len() > MAX_PAYLOAD_BYTES {

@@ -22,7 +22,7 @@ pub const MAX_DATA_BYTES: usize = 4096;
 /// The data keys every Web Push notification carries to the app (see
 /// [`web_push_fields`]). The caller adds its own identification keys
 /// (`chid`, ...).
-pub fn payload_data(notification: &Notification) -> BTreeMap<&'static str, String> {
+pub fn payload_data(notification: &Notification) -> BTreeMap<&'static str, &str> {
     web_push_fields(notification)
 }
 
@@ -32,7 +32,7 @@ pub fn payload_data(notification: &Notification) -> BTreeMap<&'static str, Strin
 pub fn android_message<'a>(
     token: &'a str,
     notification: &'a Notification,
-    data: &'a BTreeMap<&'static str, String>,
+    data: &'a BTreeMap<&'static str, &'a str>,
 ) -> Result<AndroidMessage<'a>, RouterError> {
     check_size(data)?;
     let priority = match notification.urgency {
@@ -56,7 +56,7 @@ pub struct AndroidMessage<'a> {
     ttl: u64,
     priority: &'static str,
     collapse_key: Option<&'a str>,
-    data: &'a BTreeMap<&'static str, String>,
+    data: &'a BTreeMap<&'static str, &'a str>,
 }
 
 impl AndroidMessage<'_> {
@@ -80,7 +80,7 @@ impl AndroidMessage<'_> {
             write_json_str(&mut out, collapse_key)?;
         }
         out.extend_from_slice(b",\"data\":{");
-        write_json_members(&mut out, self.data.iter().map(|(k, v)| (*k, v.as_str())))?;
+        write_json_members(&mut out, self.data.iter().map(|(k, v)| (*k, *v)))?;
         out.extend_from_slice(b"}}}}");
         Ok(out)
     }
@@ -88,12 +88,12 @@ impl AndroidMessage<'_> {
 
 /// Refuse data over FCM's limit before sending, telling the sender how
 /// much encrypted body (before base64) would have fit.
-fn check_size(data: &BTreeMap<&'static str, String>) -> Result<(), RouterError> {
+fn check_size(data: &BTreeMap<&'static str, &str>) -> Result<(), RouterError> {
     let total: usize = data.iter().map(|(k, v)| k.len() + v.len()).sum();
     if total <= MAX_DATA_BYTES {
         return Ok(());
     }
-    let body = data.get("body").map_or(0, String::len);
+    let body = data.get("body").map_or(0, |body| body.len());
     let room_for_body = MAX_DATA_BYTES.saturating_sub(total - body);
     Err(RouterError::TooMuchData(room_for_body / 4 * 3))
 }
@@ -132,7 +132,7 @@ mod tests {
         let mut n = notification();
         n.topic = Some("news".into());
         let mut data = payload_data(&n);
-        data.insert("chid", "c".into());
+        data.insert("chid", "c");
         let message = json_of(&android_message("tok", &n, &data).unwrap());
         assert_eq!(
             message,

@@ -79,9 +79,10 @@ impl Router for FcmRouter {
         let data = user.router_data.as_ref().unwrap_or(&Value::Null);
         let (token, app_id) = (stored_token(data)?, data["app_id"].as_str());
         let app = find_app(&self.apps, "fcm", app_id)?;
+        let chid = notification.channel_id.hyphenated().to_string();
         let mut fields = payload_data(&notification);
-        fields.insert("chid", notification.channel_id.hyphenated().to_string());
-        fields.insert("ver", notification.version.clone());
+        fields.insert("chid", &chid);
+        fields.insert("ver", &notification.version);
         app.send(&android_message(token, &notification, &fields)?)
             .await?;
         Ok(Delivery::Direct)

@@ -132,9 +132,10 @@ impl Router for GcmRouter {
         let data = user.router_data.as_ref().unwrap_or(&Value::Null);
         let token = stored_token(data)?;
         let app = find_app(&self.apps, "gcm", sender_id(data))?;
+        let chid = notification.channel_id.simple().to_string();
         let mut fields = payload_data(&notification);
-        fields.insert("chid", notification.channel_id.simple().to_string());
-        fields.insert("ver", notification.version.clone());
+        fields.insert("chid", &chid);
+        fields.insert("ver", &notification.version);
         app.send(&android_message(token, &notification, &fields)?)
             .await?;
         Ok(Delivery::Direct)
