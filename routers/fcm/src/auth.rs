@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use autopush_common::router::RouterError;
 use gcp_auth::TokenProvider;
+use reqwest::header::HeaderValue;
 use tokio::time::Instant;
 
 /// What FCM HTTP v1 requires of the token.
@@ -23,9 +24,31 @@ pub const SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
 /// Renew this long before expiry (or at half-life for shorter tokens).
 const RENEW_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
 
+/// An access token, with the `Authorization` header that carries it, built
+/// once: a Google token is about a kilobyte, copied and checked per push
+/// otherwise.
+#[derive(Clone)]
+pub struct Token {
+    text: Arc<str>,
+    pub(crate) header: HeaderValue,
+}
+
+impl Token {
+    fn new(text: &str) -> Result<Token, RouterError> {
+        let mut header = HeaderValue::try_from(format!("Bearer {text}")).map_err(|_| {
+            RouterError::Upstream("the OAuth token endpoint sent an unusable token".into())
+        })?;
+        header.set_sensitive(true);
+        Ok(Token {
+            text: Arc::from(text),
+            header,
+        })
+    }
+}
+
 #[derive(Clone)]
 struct Current {
-    token: Arc<str>,
+    token: Token,
     renew_at: Instant,
     expires_at: Instant,
 }
@@ -52,7 +75,7 @@ impl AccessTokens {
 
     /// A token good for now, fetched only when there is none or it is due
     /// for renewal.
-    pub async fn get(&self) -> Result<Arc<str>, RouterError> {
+    pub async fn get(&self) -> Result<Token, RouterError> {
         if let Some(token) = self.fresh(None) {
             return Ok(token);
         }
@@ -65,22 +88,22 @@ impl AccessTokens {
 
     /// FCM refused `refused`: fetch a new token, unless another push did
     /// since.
-    pub async fn refresh(&self, refused: &str) -> Result<Arc<str>, RouterError> {
+    pub async fn refresh(&self, refused: &Token) -> Result<Token, RouterError> {
         let _fetching = self.fetching.lock().await;
-        if let Some(token) = self.fresh(Some(refused)) {
+        if let Some(token) = self.fresh(Some(&refused.text)) {
             return Ok(token);
         }
         self.fetch().await
     }
 
     /// The current token unless it is due for renewal or is `except`.
-    fn fresh(&self, except: Option<&str>) -> Option<Arc<str>> {
+    fn fresh(&self, except: Option<&str>) -> Option<Token> {
         let current = self.current.read().ok()?.clone()?;
-        (Instant::now() < current.renew_at && except != Some(&*current.token))
+        (Instant::now() < current.renew_at && except != Some(&*current.token.text))
             .then_some(current.token)
     }
 
-    async fn fetch(&self) -> Result<Arc<str>, RouterError> {
+    async fn fetch(&self) -> Result<Token, RouterError> {
         let started = Instant::now();
         let result = match gcp_auth::CustomServiceAccount::from_json(&self.key) {
             Ok(account) => account.token(&[SCOPE]).await,
@@ -95,7 +118,7 @@ impl AccessTokens {
             .saturating_sub(RENEW_BEFORE_EXPIRY)
             .max(lifetime / 2);
         let current = Current {
-            token: Arc::from(token.as_str()),
+            token: Token::new(token.as_str())?,
             renew_at: started + renew_in,
             expires_at: started + lifetime,
         };
@@ -112,7 +135,7 @@ impl AccessTokens {
 
     /// The token endpoint failed: keep using a token that has not expired
     /// yet, if there is one; else tell why.
-    fn fetch_failed(&self, error: gcp_auth::Error) -> Result<Arc<str>, RouterError> {
+    fn fetch_failed(&self, error: gcp_auth::Error) -> Result<Token, RouterError> {
         let current = self.current.read().ok().and_then(|c| c.clone());
         if let Some(current) = current.filter(|c| Instant::now() < c.expires_at) {
             tracing::warn!(error = %error, "could not renew the FCM access token; using the current one until it expires");

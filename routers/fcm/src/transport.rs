@@ -21,7 +21,7 @@ use autopush_common::router::RouterError;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::auth::AccessTokens;
+use crate::auth::{AccessTokens, Token};
 use crate::message::AndroidMessage;
 use crate::settings::AppSettings;
 
@@ -65,9 +65,10 @@ impl Project {
         let deadline = app.timeout()?;
         let max_in_flight = app.max_in_flight()?;
         let tokens = AccessTokens::new(app.credential_json()?)?;
+        // No request timeout of reqwest's own: `with_retries` bounds each
+        // send, every attempt and its token fetch included, by the deadline.
         let http = autopush_common::http_client::builder()
             .connect_timeout(deadline.min(Duration::from_secs(5)))
-            .timeout(deadline)
             // `with_retries` is the one retry policy; reqwest's own would
             // copy every request's headers to keep a replay at hand.
             .retry(reqwest::retry::never().max_retries_per_request(0))
@@ -132,13 +133,13 @@ impl Project {
 
     async fn post(
         &self,
-        token: &str,
+        token: &Token,
         body: &Bytes,
     ) -> Result<(StatusCode, Option<Duration>, Value), reqwest::Error> {
         let response = self
             .http
             .post(self.url.clone())
-            .bearer_auth(token)
+            .header(reqwest::header::AUTHORIZATION, token.header.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone())
             .send()
