@@ -177,7 +177,11 @@ impl EmbeddedStore {
 }
 
 fn read_user(txn: &redb::WriteTransaction, uaid: u128) -> Result<Option<User>> {
-    let users = txn.open_table(USERS).map_err(backend)?;
+    user_in(&txn.open_table(USERS).map_err(backend)?, uaid)
+}
+
+/// The user `uaid` of `users` (read or write transaction's), decoded.
+fn user_in(users: &impl ReadableTable<u128, &'static [u8]>, uaid: u128) -> Result<Option<User>> {
     let record = users.get(uaid).map_err(backend)?;
     record
         .map(|v| serde_json::from_slice(v.value()).map_err(corrupt))
@@ -414,11 +418,7 @@ impl Storage for EmbeddedStore {
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
-            let users = txn.open_table(USERS).map_err(backend)?;
-            let record = users.get(uaid.as_u128()).map_err(backend)?;
-            record
-                .map(|v| serde_json::from_slice(v.value()).map_err(corrupt))
-                .transpose()
+            user_in(&txn.open_table(USERS).map_err(backend)?, uaid.as_u128())
         })
     }
 
@@ -527,10 +527,9 @@ impl Storage for EmbeddedStore {
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             let users = txn.open_table(USERS).map_err(backend)?;
-            let Some(record) = users.get(key.0).map_err(backend)? else {
+            let Some(user) = user_in(&users, key.0)? else {
                 return Ok(None);
             };
-            let user = serde_json::from_slice(record.value()).map_err(corrupt)?;
             let channels = txn.open_table(CHANNELS).map_err(backend)?;
             let subscribed = channels.get(key).map_err(backend)?.is_some();
             Ok(Some((user, subscribed)))
