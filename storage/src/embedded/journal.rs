@@ -15,12 +15,13 @@
 //! thread's next write, within [`TOMBSTONES_WAIT`], many in one `write` and
 //! without a sync of their own (a tombstone lost with the process or the
 //! machine only means the message is delivered again, never that it is
-//! lost). Only the journal thread writes the file. Staging costs no system call: the journal thread
-//! sleeps until the oldest staged message's grace ends, and is woken only
-//! by work it must do sooner than that. Readers see the journal's
-//! messages through an in-memory index of the unsettled ones; with receipts
-//! on, a settled message's receipt waits in memory and reaches redb with
-//! many others in one commit (a checkpoint), at most [`FLUSH_AFTER`] later.
+//! lost). Only the journal thread writes the file. Staging costs no system
+//! call: the journal thread sleeps until the oldest staged message's grace
+//! ends, and is woken only by work it must do sooner than that. Readers see
+//! the journal's messages through an in-memory index of the unsettled ones;
+//! with receipts on, a settled message's receipt waits in memory and
+//! reaches redb with many others in one commit (a checkpoint), at most
+//! [`FLUSH_AFTER`] later.
 //!
 //! When the file outgrows [`ROTATE_AT`], a checkpoint moves every message
 //! still in the index into redb as a stored message, and the file starts
@@ -734,10 +735,9 @@ impl Journal {
         }
         // No tombstone for a message acked within its grace with receipts
         // off: nothing of it is in the file, nor needs to be.
-        let written = entry.written;
         let record = match with_receipt {
             Some(record) => Some(record),
-            None if written => Some(settle_record(None)?),
+            None if entry.written => Some(settle_record(None)?),
             None => None,
         };
         let settled = state.remove(uaid, key);
