@@ -7,11 +7,11 @@
 //! the Bigtable backend ([`bigtable::BigtableStore`], autopush-rs's schema).
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use autopush_common::{ApiError, Notification, User};
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
 pub mod bigtable;
@@ -50,16 +50,22 @@ impl From<StorageError> for ApiError {
 }
 
 /// A durable direct copy on its way (see [`Storage::stage_direct`]).
+///
+/// Made on every durable direct push, so it holds no boxes: a receiver the
+/// backend answers, and a shared handle to ask it to hurry.
 pub struct DirectCopy {
-    done: Pin<Box<dyn Future<Output = Result<()>> + Send>>,
-    hurry: Option<Box<dyn FnOnce() + Send>>,
+    /// Answers once the copy is durable or no longer needed; `None`: it is
+    /// durable already.
+    done: Option<oneshot::Receiver<Result<()>>>,
+    /// Asks for the copy to be written without waiting further.
+    hurry: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl DirectCopy {
     /// A copy that is durable already.
     pub fn saved() -> DirectCopy {
         DirectCopy {
-            done: Box::pin(std::future::ready(Ok(()))),
+            done: None,
             hurry: None,
         }
     }
@@ -67,18 +73,23 @@ impl DirectCopy {
     /// A copy that is durable (or no longer needed) once `done` answers;
     /// `hurry` asks for it to be written without waiting further.
     pub fn new(
-        done: impl Future<Output = Result<()>> + Send + 'static,
-        hurry: impl FnOnce() + Send + 'static,
+        done: oneshot::Receiver<Result<()>>,
+        hurry: Arc<dyn Fn() + Send + Sync>,
     ) -> DirectCopy {
         DirectCopy {
-            done: Box::pin(done),
-            hurry: Some(Box::new(hurry)),
+            done: Some(done),
+            hurry: Some(hurry),
         }
     }
 
     /// Wait until the copy is durable or its message settled.
     pub async fn saved_or_settled(self) -> Result<()> {
-        self.done.await
+        match self.done {
+            Some(done) => done.await.map_err(|_| {
+                StorageError::Backend("the durable copy's writer has stopped".into())
+            })?,
+            None => Ok(()),
+        }
     }
 
     /// The client did not take the message: wait until the copy is
@@ -87,7 +98,7 @@ impl DirectCopy {
         if let Some(hurry) = self.hurry.take() {
             hurry();
         }
-        self.done.await
+        self.saved_or_settled().await
     }
 }
 

@@ -253,9 +253,11 @@ impl State {
         }
     }
 
-    fn remove(&mut self, uaid: u128, key: &str) -> Option<Entry> {
+    /// Drop `key` from the index: its owned key (a settle keeps it for
+    /// the receipt) and its entry.
+    fn remove(&mut self, uaid: u128, key: &str) -> Option<(String, Entry)> {
         let keys = self.live.get_mut(&uaid)?;
-        let entry = keys.remove(key);
+        let entry = keys.remove_entry(key);
         if keys.is_empty() {
             self.live.remove(&uaid);
         }
@@ -638,7 +640,7 @@ impl Journal {
             return Err(StorageError::KeyTaken(key));
         }
         keys.insert(
-            key.clone(),
+            key,
             Entry {
                 message,
                 moving: false,
@@ -709,12 +711,12 @@ impl Journal {
             .as_ref()
             .map(|receipt| settle_record(Some(SettledAs::of(receipt))))
             .transpose()?;
-        let receipt_key = (uaid, key.to_owned());
         let mut state = lock(&self.shared.state);
         let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) else {
             // A sender's delete of a settled message takes its receipt
             // (as a redb row's would go); a second settle changes nothing.
             // One being moved is redb's to delete, after the move.
+            let receipt_key = (uaid, key.to_owned());
             let held = state.receipts.get(&receipt_key);
             if receipt.is_some() || held.is_none_or(|held| held.version != version) {
                 return Ok(Settled::NotHere);
@@ -740,10 +742,13 @@ impl Journal {
             None if entry.written => Some(settle_record(None)?),
             None => None,
         };
-        let settled = state.remove(uaid, key);
-        if let Some(receipt) = receipt {
-            state.receipts.insert(receipt_key, receipt);
-        }
+        let settled = state.remove(uaid, key).map(|(key, entry)| {
+            // The index's key becomes the receipt's: no copy.
+            if let Some(receipt) = receipt {
+                state.receipts.insert((uaid, key), receipt);
+            }
+            entry
+        });
         // Queued under the lock: tombstones of one key land in the order
         // of its settles, after the batch that holds the message.
         let wake = match record {

@@ -66,6 +66,9 @@ pub struct EmbeddedStore {
     writer: Writer,
     /// Durable copies of direct messages in flight ([`journal`]).
     journal: Journal,
+    /// What a [`DirectCopy`] calls to have its copy written now: made
+    /// once, shared by every copy.
+    hurry: Arc<dyn Fn() + Send + Sync>,
     /// Where the next housekeeping step over messages and receipts starts.
     sweep_cursor: Arc<Mutex<SweepCursor>>,
     /// Where the next housekeeping step over users starts (exclusive).
@@ -95,10 +98,15 @@ impl EmbeddedStore {
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
         let journal = Journal::open(dir, &db, writer.clone())?;
+        let hurry = {
+            let journal = journal.clone();
+            Arc::new(move || journal.hurry())
+        };
         Ok(EmbeddedStore {
             db,
             writer,
             journal,
+            hurry,
             sweep_cursor: Default::default(),
             user_cursor: Default::default(),
             retention: 0,
@@ -630,10 +638,7 @@ impl Storage for EmbeddedStore {
             return Ok(DirectCopy::saved());
         }
         let done = self.journal.stage(uaid, message, true)?;
-        let journal = self.journal.clone();
-        Ok(DirectCopy::new(Journal::durable(done), move || {
-            journal.hurry()
-        }))
+        Ok(DirectCopy::new(done, self.hurry.clone()))
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
@@ -745,12 +750,13 @@ impl Storage for EmbeddedStore {
         version: &str,
         state: MessageState,
     ) -> Result<bool> {
-        let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
-        let retention = self.retention;
-        let receipt = (retention > 0).then(|| Receipt::new(&version, state, now_secs(), retention));
-        if let Settled::Here(settled) = self.journal.settle(uaid, &sort_key, &version, receipt)? {
+        let (uaid, retention) = (uaid.as_u128(), self.retention);
+        let receipt = (retention > 0).then(|| Receipt::new(version, state, now_secs(), retention));
+        if let Settled::Here(settled) = self.journal.settle(uaid, sort_key, version, receipt)? {
             return Ok(settled);
         }
+        // Owned only now: the journal settles almost every message.
+        let (sort_key, version) = (sort_key.to_owned(), version.to_owned());
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
