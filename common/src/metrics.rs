@@ -10,7 +10,7 @@
 //! settings, status codes, errnos, close codes, outcomes): never a UAID,
 //! token or key.
 
-use std::collections::HashMap;
+use crate::FastMap;
 use std::sync::{LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -90,14 +90,14 @@ enum Series {
 /// Asking for one by name and labels builds the key (allocating its labels),
 /// hashes and compares it: about a twentieth of a push's instructions over
 /// the handful of series a push records.
-type Handles<H> = LazyLock<RwLock<HashMap<Series, H>>>;
+type Handles<H> = LazyLock<RwLock<FastMap<Series, H>>>;
 static COUNTERS: Handles<Counter> = LazyLock::new(Default::default);
 static HISTOGRAMS: Handles<Histogram> = LazyLock::new(Default::default);
 
 /// Record on `series`'s handle in `handles`, asking the recorder for it
 /// (`make`) the first time.
 fn with_handle<H>(
-    handles: &RwLock<HashMap<Series, H>>,
+    handles: &RwLock<FastMap<Series, H>>,
     series: Series,
     make: impl FnOnce() -> H,
     record: impl Fn(&H),
@@ -253,7 +253,7 @@ struct BridgeHandles {
 
 /// [`BridgeHandles`] by router type, then app: looked up by the app's name
 /// without building a key.
-static BRIDGES: LazyLock<RwLock<HashMap<RouterType, HashMap<String, BridgeHandles>>>> =
+static BRIDGES: LazyLock<RwLock<FastMap<RouterType, FastMap<String, BridgeHandles>>>> =
     LazyLock::new(Default::default);
 
 /// One request (attempt) `rpc` that `backend` sent its server.
