@@ -183,19 +183,19 @@ pub fn sort_key(channel_id: &Uuid, topic: Option<&str>, sortkey_timestamp: Optio
     match topic {
         Some(topic) => ["01:", channel_id, ":", topic].concat(),
         None => {
-            // u64::MAX has 20 digits.
-            let mut digits = [b'0'; 20];
+            // `02:`, 20 digits (u64::MAX has 20), `:`, then the channel id.
+            let mut key = [0u8; 24 + 36];
+            key[..3].copy_from_slice(b"02:");
             let mut left = sortkey_timestamp.unwrap_or(0);
-            for digit in digits.iter_mut().rev() {
+            for digit in key[3..23].iter_mut().rev() {
                 *digit = b'0' + (left % 10) as u8;
                 left /= 10;
             }
-            let mut key = String::with_capacity(3 + 20 + 1 + channel_id.len());
-            key.push_str("02:");
-            key.extend(digits.iter().map(|&d| char::from(d)));
-            key.push(':');
-            key.push_str(channel_id);
-            key
+            key[23] = b':';
+            key[24..].copy_from_slice(channel_id.as_bytes());
+            // ASCII throughout: the check cannot fail, and costs little
+            // next to pushing the digits one char at a time.
+            String::from_utf8_lossy(&key).into_owned()
         }
     }
 }

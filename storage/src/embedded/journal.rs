@@ -196,10 +196,11 @@ struct State {
     /// Someone waits for the due messages to be written now.
     hurry: bool,
     /// Settle records (tombstones of written messages, receipts of messages
-    /// acked within their grace): written with the next batch, at most
-    /// [`TOMBSTONES_WAIT`] after the first of them, in the order of their
-    /// settles and after the record of every message they settle.
-    tombstones: Vec<Vec<u8>>,
+    /// acked within their grace), framed one after the other: written with
+    /// the next batch, at most [`TOMBSTONES_WAIT`] after the first of them,
+    /// in the order of their settles and after the record of every message
+    /// they settle.
+    tombstones: Vec<u8>,
     tombstones_since: Option<Instant>,
     /// When the journal thread wakes by itself, while it waits for work;
     /// `None` while it works (it looks at the state again before it waits).
@@ -388,20 +389,16 @@ impl RecordRef<'_> {
     }
 }
 
+/// Frame a record at the end of `out` (a batch being written, or the
+/// settles waiting for one), its JSON written by `json`; on an error `out`
+/// is left as it was.
+///
 /// A record as written: `[magic][epoch][length][checksum]` (see
 /// [`RECORD_HEAD`]; the epoch is [`stamp`]ed when the record is written),
 /// then the body: `[JSON length][JSON][0, or 1 and a message's data]`,
 /// zero-padded to 8 bytes. A message's data (its encrypted body, most of
 /// its size) is kept out of the JSON, which would scan it for characters
 /// to escape; it is base64url, so has none.
-fn frame(record: &RecordRef, data: Option<&str>) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(data.map_or(0, str::len) + 512);
-    frame_into(&mut out, |out| record.write_json(out), data)?;
-    Ok(out)
-}
-
-/// [`frame`] at the end of `out` (a batch being written), the record's
-/// JSON written by `json`; on an error `out` is left as it was.
 fn frame_into(
     out: &mut Vec<u8>,
     json: impl FnOnce(&mut Vec<u8>) -> serde_json::Result<()>,
@@ -448,6 +445,16 @@ fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
 /// Mark a framed record as written in `epoch`.
 fn stamp(record: &mut [u8], epoch: u32) {
     record[4..8].copy_from_slice(&epoch.to_le_bytes());
+}
+
+/// Mark every framed record in `records` (whole ones, back to back) as
+/// written in `epoch`.
+fn stamp_all(records: &mut [u8], epoch: u32) {
+    let mut at = 0;
+    while let Some(len) = u32_at(records, at + 8) {
+        stamp(&mut records[at..], epoch);
+        at += (RECORD_HEAD + len as usize).next_multiple_of(8);
+    }
 }
 
 /// The record of `epoch` at the start of `bytes` and its framed size, if
@@ -509,7 +516,7 @@ fn epoch_of(bytes: &[u8]) -> Result<Option<u32>> {
     }
 }
 
-/// One record's body back (see [`frame`]); `None` if it does not parse.
+/// One record's body back (see [`frame_into`]); `None` if it does not parse.
 fn unframe(body: &[u8]) -> Option<Record> {
     let json_len = u32_at(body, 0)? as usize;
     let json = body.get(4..4 + json_len)?;
@@ -704,26 +711,12 @@ impl Journal {
         version: &str,
         receipt: Option<Receipt>,
     ) -> Result<Settled> {
-        let settle_record = |receipt: Option<SettledAs>| {
-            let uaid = Uuid::from_u128(uaid);
-            frame(
-                &RecordRef::Settle {
-                    uaid,
-                    key,
-                    version,
-                    receipt,
-                },
-                None,
-            )
+        let record = |receipt: Option<SettledAs>| RecordRef::Settle {
+            uaid: Uuid::from_u128(uaid),
+            key,
+            version,
+            receipt,
         };
-        // What needs no lock is done before taking it: every push takes it
-        // too. A settle with a receipt writes this record whenever the
-        // journal holds the message (the settle of a message in redb frames
-        // it for nothing).
-        let with_receipt = receipt
-            .as_ref()
-            .map(|receipt| settle_record(Some(SettledAs::of(receipt))))
-            .transpose()?;
         let mut state = lock(&self.shared.state);
         let Some(entry) = state.live.get(&uaid).and_then(|keys| keys.get(key)) else {
             // A sender's delete of a settled message takes its receipt
@@ -734,10 +727,9 @@ impl Journal {
             if receipt.is_some() || held.is_none_or(|held| held.version != version) {
                 return Ok(Settled::NotHere);
             }
-            state.receipts.remove(&receipt_key);
-            let record = settle_record(None)?;
             // After the receipt's own tombstone, which may still wait.
-            let wake = self.tombstone_later(&mut state, record);
+            let wake = self.tombstone_later(&mut state, &record(None))?;
+            state.receipts.remove(&receipt_key);
             drop(state);
             self.wake(wake);
             return Ok(Settled::Here(true));
@@ -750,10 +742,16 @@ impl Journal {
         }
         // No tombstone for a message acked within its grace with receipts
         // off: nothing of it is in the file, nor needs to be.
-        let record = match with_receipt {
-            Some(record) => Some(record),
-            None if entry.written => Some(settle_record(None)?),
+        let tombstone = match &receipt {
+            Some(receipt) => Some(record(Some(SettledAs::of(receipt)))),
+            None if entry.written => Some(record(None)),
             None => None,
+        };
+        // Queued under the lock: tombstones of one key land in the order
+        // of its settles, after the batch that holds the message.
+        let wake = match tombstone {
+            Some(tombstone) => self.tombstone_later(&mut state, &tombstone)?,
+            None => false,
         };
         let settled = state.remove(uaid, key).map(|(key, entry)| {
             // The index's key becomes the receipt's: no copy.
@@ -762,12 +760,6 @@ impl Journal {
             }
             entry
         });
-        // Queued under the lock: tombstones of one key land in the order
-        // of its settles, after the batch that holds the message.
-        let wake = match record {
-            Some(record) => self.tombstone_later(&mut state, record),
-            None => false,
-        };
         drop(state);
         self.wake(wake);
         // Not written yet: its sender waits no longer, and the journal
@@ -780,12 +772,12 @@ impl Journal {
     }
 
     /// Have the journal thread write a settle's record with its next batch
-    /// (within [`TOMBSTONES_WAIT`]); whether to [`Journal::wake`] it.
-    #[must_use]
-    fn tombstone_later(&self, state: &mut State, record: Vec<u8>) -> bool {
-        state.tombstones.push(record);
+    /// (within [`TOMBSTONES_WAIT`]): framed at the end of the waiting ones,
+    /// with no buffer of its own; whether to [`Journal::wake`] the thread.
+    fn tombstone_later(&self, state: &mut State, record: &RecordRef) -> Result<bool> {
+        frame_into(&mut state.tombstones, |out| record.write_json(out), None)?;
         let since = *state.tombstones_since.get_or_insert_with(Instant::now);
-        self.wake_by(state, since + TOMBSTONES_WAIT)
+        Ok(self.wake_by(state, since + TOMBSTONES_WAIT))
     }
 
     /// The row the journal holds under `key`: an unsettled message, or a
@@ -1130,9 +1122,13 @@ impl JournalThread {
         }
         // More than a batch was hurried: the rest goes next.
         state.hurry = hurry && !state.due.is_empty();
-        for mut record in state.tombstones.drain(..) {
-            stamp(&mut record, epoch);
-            batch.bytes.extend_from_slice(&record);
+        let tombstones = batch.bytes.len();
+        batch.bytes.extend_from_slice(&state.tombstones);
+        stamp_all(&mut batch.bytes[tombstones..], epoch);
+        // Emptied, not freed: the next settles frame into it again.
+        state.tombstones.clear();
+        if state.tombstones.capacity() > BUFFER_KEPT {
+            state.tombstones.shrink_to(BUFFER_KEPT);
         }
         state.tombstones_since = None;
         batch.at = self.next;
@@ -1325,6 +1321,13 @@ impl JournalThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One record, framed on its own.
+    fn frame(record: &RecordRef, data: Option<&str>) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        frame_into(&mut out, |out| record.write_json(out), data)?;
+        Ok(out)
+    }
     use crate::Storage;
     use crate::embedded::EmbeddedStore;
     use crate::embedded::tests::store_with_receipts;
@@ -1389,6 +1392,42 @@ mod tests {
             let want = serde_json::to_string(record).unwrap();
             assert_eq!(String::from_utf8(out).unwrap(), want);
         }
+    }
+
+    /// Settle records framed back to back (as settles queue them) are
+    /// each stamped, and read back whole and in order.
+    #[test]
+    fn settles_framed_back_to_back_are_all_stamped() {
+        let uaid = Uuid::new_v4();
+        let settled = Receipt::new("v", MessageState::Delivered, 1_764_000_000, 86_400);
+        let mut queued = Vec::new();
+        let keys = [
+            "k",
+            "a longer key, so that the records differ in size",
+            "k2",
+        ];
+        for (i, key) in keys.iter().enumerate() {
+            let receipt = (i != 1).then(|| SettledAs::of(&settled));
+            let record = RecordRef::Settle {
+                uaid,
+                key,
+                version: "v",
+                receipt,
+            };
+            frame_into(&mut queued, |out| record.write_json(out), None).unwrap();
+        }
+        stamp_all(&mut queued, 7);
+        let mut file = header(7).to_vec();
+        file.resize(HEADER as usize, 0);
+        file.extend(queued);
+        let read: Vec<String> = read_records(&file, 7)
+            .into_iter()
+            .map(|record| match record {
+                Record::Settle { key, .. } => key,
+                Record::Put { .. } => panic!("a settle was read as a put"),
+            })
+            .collect();
+        assert_eq!(read, keys);
     }
 
     /// A journal file of `epoch` holding `records` (stamped with
