@@ -18,11 +18,12 @@ pub mod time;
 pub mod user;
 
 pub use errors::{ApiError, ApiResult};
+pub use notification::{Notification, Urgency};
+pub use secret::Secret;
+pub use user::{RouterType, User};
+
 /// A `HashMap` with a fast, seeded hasher (foldhash), for maps on a push's
 /// path keyed by what the server made: metric labels, uaids. SipHash, the
 /// default, cost a few percent of a push; foldhash resists collisions
 /// less, so keys a client picks freely stay in maps with the default.
 pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-pub use notification::{Notification, Urgency};
-pub use secret::Secret;
-pub use user::{RouterType, User};

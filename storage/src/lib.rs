@@ -54,52 +54,52 @@ impl From<StorageError> for ApiError {
 /// Made on every durable direct push, so it holds no boxes: a receiver the
 /// backend answers, and a shared handle to ask it to hurry.
 pub struct DirectCopy {
-    /// Answers once the copy is durable or no longer needed; `None`: it is
-    /// durable already.
-    done: Option<oneshot::Receiver<Result<()>>>,
-    /// Asks for the copy to be written without waiting further.
-    hurry: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// `None`: durable already. Else what answers once the copy is durable
+    /// or no longer needed, and what asks for it to be written without
+    /// waiting further.
+    pending: Option<(oneshot::Receiver<Result<()>>, Hurry)>,
 }
+
+/// Asks a backend to write a staged copy now: made once, shared by every copy.
+pub(crate) type Hurry = Arc<dyn Fn() + Send + Sync>;
 
 impl DirectCopy {
     /// A copy that is durable already.
     pub fn saved() -> DirectCopy {
-        DirectCopy {
-            done: None,
-            hurry: None,
-        }
+        DirectCopy { pending: None }
     }
 
     /// A copy that is durable (or no longer needed) once `done` answers;
     /// `hurry` asks for it to be written without waiting further.
-    pub fn new(
-        done: oneshot::Receiver<Result<()>>,
-        hurry: Arc<dyn Fn() + Send + Sync>,
-    ) -> DirectCopy {
+    pub fn new(done: oneshot::Receiver<Result<()>>, hurry: Hurry) -> DirectCopy {
         DirectCopy {
-            done: Some(done),
-            hurry: Some(hurry),
+            pending: Some((done, hurry)),
         }
     }
 
     /// Wait until the copy is durable or its message settled.
     pub async fn saved_or_settled(self) -> Result<()> {
-        match self.done {
-            Some(done) => done.await.map_err(|_| {
-                StorageError::Backend("the durable copy's writer has stopped".into())
-            })?,
+        match self.pending {
+            Some((done, _)) => copy_written(done).await,
             None => Ok(()),
         }
     }
 
     /// The client did not take the message: wait until the copy is
     /// durable, asking for it to be written now.
-    pub async fn saved_now(mut self) -> Result<()> {
-        if let Some(hurry) = self.hurry.take() {
+    pub async fn saved_now(self) -> Result<()> {
+        if let Some((_, hurry)) = &self.pending {
             hurry();
         }
         self.saved_or_settled().await
     }
+}
+
+/// What the writer of a durable copy answers, as a storage result: a
+/// writer gone before answering has stopped.
+pub(crate) async fn copy_written(done: oneshot::Receiver<Result<()>>) -> Result<()> {
+    done.await
+        .map_err(|_| StorageError::Backend("the durable copy's writer has stopped".into()))?
 }
 
 /// The storage model of the seeds: one router record per UAID, the channel

@@ -623,7 +623,7 @@ impl Journal {
 
     /// Append `message` and return once it is on disk.
     pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
-        Self::durable(self.stage(uaid, message, false)?).await
+        crate::copy_written(self.stage(uaid, message, false)?).await
     }
 
     /// Put `message` in the index now (every read and settle sees it from
@@ -677,12 +677,6 @@ impl Journal {
         drop(state);
         self.wake(wake);
         Ok(done)
-    }
-
-    /// What a [`Journal::stage`] receiver answers, as a storage result.
-    pub(super) async fn durable(done: oneshot::Receiver<Result<()>>) -> Result<()> {
-        done.await
-            .map_err(|_| StorageError::Backend("the direct journal has stopped".into()))?
     }
 
     /// Have the journal thread write what is staged now, without waiting
@@ -1321,13 +1315,6 @@ impl JournalThread {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// One record, framed on its own.
-    fn frame(record: &RecordRef, data: Option<&str>) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        frame_into(&mut out, |out| record.write_json(out), data)?;
-        Ok(out)
-    }
     use crate::Storage;
     use crate::embedded::EmbeddedStore;
     use crate::embedded::tests::store_with_receipts;
@@ -1352,6 +1339,13 @@ mod tests {
 
     fn data(messages: &[Notification]) -> Vec<String> {
         messages.iter().map(|m| m.data.clone().unwrap()).collect()
+    }
+
+    /// One record, framed on its own.
+    fn frame(record: &RecordRef, data: Option<&str>) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        frame_into(&mut out, |out| record.write_json(out), data)?;
+        Ok(out)
     }
 
     fn put(uaid: Uuid, m: &Notification) -> Vec<u8> {

@@ -20,7 +20,7 @@ use autopush_common::{Notification, RouterType, User, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
-use crate::{DirectCopy, Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
+use crate::{DirectCopy, Hurry, Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
 use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
@@ -66,9 +66,8 @@ pub struct EmbeddedStore {
     writer: Writer,
     /// Durable copies of direct messages in flight ([`journal`]).
     journal: Journal,
-    /// What a [`DirectCopy`] calls to have its copy written now: made
-    /// once, shared by every copy.
-    hurry: Arc<dyn Fn() + Send + Sync>,
+    /// What a [`DirectCopy`] calls to have its copy written now.
+    hurry: Hurry,
     /// Where the next housekeeping step over messages and receipts starts.
     sweep_cursor: Arc<Mutex<SweepCursor>>,
     /// Where the next housekeeping step over users starts (exclusive).
