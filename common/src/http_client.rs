@@ -1,10 +1,10 @@
 //! Every HTTP client the service (and its tests and load generator) builds.
 //!
-//! reqwest's TLS comes without a crypto provider of its own (its `rustls`
-//! feature would bring aws-lc-rs: a second provider beside ring, and a C
-//! build). rustls then takes the process's default provider, which must be
-//! installed before the first client is built: [`builder`] installs ring,
-//! once, so no caller can forget it.
+//! The reqwest clients (the node router, `autopush check`, the tests) speak
+//! plain HTTP. FCM's client (`autopush-fcm`) speaks TLS through rustls on
+//! the process's default crypto provider, which must be installed before it
+//! is built: [`install_crypto_provider`] installs ring, once. [`builder`]
+//! calls it too, so a reqwest client given TLS later needs nothing more.
 
 use std::sync::Once;
 

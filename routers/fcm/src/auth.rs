@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use autopush_common::router::RouterError;
 use gcp_auth::TokenProvider;
-use reqwest::header::HeaderValue;
+use hyper::header::HeaderValue;
 use tokio::time::Instant;
 
 /// What FCM HTTP v1 requires of the token.

@@ -4,6 +4,7 @@
 //!
 //! * [`settings`]: per-app settings (`[fcm.apps.NAME]`, `AUTOPUSH_FCM_CREDENTIALS`).
 //! * [`auth`]: the access tokens of one service account.
+//! * [`client`]: the pooled HTTP/1.1 client messages are posted through.
 //! * [`transport`]: one [`Project`] (HTTP client, tokens, in-flight cap,
 //!   retries) per Firebase project, and how FCM's answers map onto errors.
 //! * [`message`]: the FCM message a notification becomes.
@@ -12,6 +13,7 @@
 //! The GCM bridge (`autopush-gcm`) delivers over the same transport.
 
 pub mod auth;
+pub mod client;
 pub mod message;
 pub mod router;
 pub mod settings;

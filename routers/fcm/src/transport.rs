@@ -18,10 +18,11 @@ use autopush_common::bridge::{
     UPSTREAM_RETRY_AFTER_RANGE, upstream_too_many, with_retries,
 };
 use autopush_common::router::RouterError;
-use reqwest::StatusCode;
+use hyper::StatusCode;
 use serde_json::Value;
 
 use crate::auth::{AccessTokens, Token};
+use crate::client::{NoAnswer, Upstream};
 use crate::message::AndroidMessage;
 use crate::settings::AppSettings;
 
@@ -32,12 +33,10 @@ const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// One Firebase project: where to send, with which credentials.
 pub struct Project {
     project_id: String,
-    /// Parsed once: every push posts to it.
-    url: reqwest::Url,
-    /// HTTP/1.1 with a pool of keep-alive connections, one per request in
-    /// flight, reused from push to push (HTTP/2 was measured and cost more
-    /// per push; see BENCHMARKS.md).
-    http: reqwest::Client,
+    /// `messages:send` over HTTP/1.1 with a pool of keep-alive connections,
+    /// one per request in flight, reused from push to push (HTTP/2 was
+    /// measured and cost more per push; see BENCHMARKS.md).
+    upstream: Upstream,
     tokens: AccessTokens,
     in_flight: InFlight,
     policy: RetryPolicy,
@@ -65,24 +64,15 @@ impl Project {
         let deadline = app.timeout()?;
         let max_in_flight = app.max_in_flight()?;
         let tokens = AccessTokens::new(app.credential_json()?)?;
-        // No request timeout of reqwest's own: `with_retries` bounds each
+        // No request timeout of the client's own: `with_retries` bounds each
         // send, every attempt and its token fetch included, by the deadline.
-        let http = autopush_common::http_client::builder()
-            .connect_timeout(deadline.min(Duration::from_secs(5)))
-            // `with_retries` is the one retry policy; reqwest's own would
-            // copy every request's headers to keep a replay at hand.
-            .retry(reqwest::retry::never().max_retries_per_request(0))
-            // FCM does not redirect; a 3xx is an answer to judge, and the
-            // bearer token goes to no other URL.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        // It is also the one retry policy.
         let url = format!("{base_url}/v1/projects/{}/messages:send", app.project_id);
-        let url = reqwest::Url::parse(&url).map_err(|e| format!("base_url: {e}"))?;
+        let upstream = Upstream::new(&url, deadline.min(Duration::from_secs(5)))
+            .map_err(|e| format!("base_url: {e}"))?;
         Ok(Project {
             project_id: app.project_id.clone(),
-            url,
-            http,
+            upstream,
             tokens,
             in_flight: InFlight::new(max_in_flight, DEFAULT_RETRY_AFTER),
             policy: RetryPolicy {
@@ -123,9 +113,8 @@ impl Project {
         }
         match answer {
             Ok((status, retry_after, reply)) => alarm.judge(status, retry_after, &reply),
-            Err(error) if error.is_timeout() => Attempt::Fail(RouterError::Timeout),
             Err(error) => Attempt::Retry {
-                error: RouterError::Connect(error.without_url().to_string()),
+                error: RouterError::Connect(error.to_string()),
                 retry_after: None,
             },
         }
@@ -135,32 +124,20 @@ impl Project {
         &self,
         token: &Token,
         body: &Bytes,
-    ) -> Result<(StatusCode, Option<Duration>, Value), reqwest::Error> {
-        let response = self
-            .http
-            .post(self.url.clone())
-            .header(reqwest::header::AUTHORIZATION, token.header.clone())
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone())
-            .send()
-            .await?;
-        let status = response.status();
+    ) -> Result<(StatusCode, Option<Duration>, Value), NoAnswer> {
+        let answer = self.upstream.post(&token.header, body.clone()).await?;
         // Seconds (what FCM sends), at most the longest wait a sender is
         // ever told.
-        let retry_after = response
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
+        let retry_after = answer
+            .retry_after
             .map(|seconds| Duration::from_secs(seconds).min(UPSTREAM_RETRY_AFTER_RANGE.1));
-        let text = response.bytes().await?;
         // Only a refusal's body says anything the sender is told.
-        let reply = if status.is_success() {
+        let reply = if answer.status.is_success() {
             Value::Null
         } else {
-            serde_json::from_slice(&text).unwrap_or(Value::Null)
+            serde_json::from_slice(&answer.body).unwrap_or(Value::Null)
         };
-        Ok((status, retry_after, reply))
+        Ok((answer.status, retry_after, reply))
     }
 }
 
