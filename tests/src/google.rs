@@ -208,6 +208,11 @@ impl Google {
         Google { addr, state, task }
     }
 
+    /// Where it listens (plain HTTP).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// What the server's FCM `base_url` is set to.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)

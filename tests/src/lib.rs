@@ -9,7 +9,8 @@
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
 //! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]); Bigtable tests
-//! on Google's emulator ([`bigtable`]). A test that must hold on every
+//! on Google's emulator ([`bigtable`]). An upstream is put behind https with
+//! [`tls`]. A test that must hold on every
 //! backend runs once on each ([`backend`], `on_every_backend!`).
 //!
 //! Environment:
@@ -39,6 +40,7 @@ pub mod receipt;
 pub mod scenarios;
 pub mod server;
 pub mod subscription;
+pub mod tls;
 pub mod ws;
 
 use std::path::PathBuf;

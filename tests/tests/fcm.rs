@@ -11,6 +11,7 @@ use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
+use autopush_tests::tls::{self, TlsFront};
 use autopush_tests::{Server, new_channel_id, receipt, server};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -31,6 +32,8 @@ struct Bridge {
     server: Server,
     keys: Keys,
     _dir: TempDir,
+    /// The https front of [`Bridge::start_https`].
+    _tls: Option<TlsFront>,
 }
 
 const TIMEOUT_SECS: u64 = 3;
@@ -93,6 +96,37 @@ impl Bridge {
             server,
             keys,
             _dir: dir,
+            _tls: None,
+        }
+    }
+
+    /// Google's stand-in behind https (the test certificate for
+    /// 127.0.0.1), and the server with FCM app `app1` there, trusting only
+    /// the roots in the test certificate file `roots` (`SSL_CERT_FILE`).
+    async fn start_https(roots: &str) -> Bridge {
+        let google = Google::start().await;
+        let front = TlsFront::start(google.addr()).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let key_file = google.write_service_account(dir.path(), "service-account.json");
+        let config = dir.path().join("autopush.toml");
+        let toml = format!(
+            "[fcm.apps.app1]\nproject_id = \"{PROJECT}\"\ncredential = \"{}\"\n\
+             base_url = \"{}\"\ntimeout = {TIMEOUT_SECS}\n",
+            key_file.display(),
+            front.base_url()
+        );
+        std::fs::write(&config, toml).expect("write the settings file");
+        let roots = tls::cert_file(roots).display().to_string();
+        let config = config.display().to_string();
+        let server =
+            Server::start_with_env(&["--config", &config], &[("SSL_CERT_FILE", &roots)]).await;
+        let keys = Keys::generate().await;
+        Bridge {
+            google,
+            server,
+            keys,
+            _dir: dir,
+            _tls: Some(front),
         }
     }
 
@@ -760,6 +794,26 @@ async fn an_unreachable_fcm_is_a_502_and_oversized_data_is_refused_before_sendin
         bridge.decrypt(got[0].data()).await,
         autopush_tests::data_pattern(2744)
     );
+}
+
+/// FCM over https: a push reaches Google when the system's roots vouch for
+/// its certificate, and is refused with 502 and never sent when they do not.
+#[tokio::test]
+async fn fcm_over_https_reaches_only_a_certificate_the_roots_vouch_for() {
+    for (roots, vouched) in [("tls-ca.pem", true), ("tls-other-ca.pem", false)] {
+        let bridge = Bridge::start_https(roots).await;
+        let token = format!("device-behind-https-{vouched}");
+        let r = bridge.register("fcm", "app1", &token).await;
+        let sent = bridge.push(&r, &SendOptions::text("over https")).await;
+        if vouched {
+            sent.assert_created();
+            let got = bridge.google.wait_for(&token, 1).await;
+            assert_eq!(bridge.decrypt(got[0].data()).await, "over https");
+        } else {
+            sent.assert_error(502, 902);
+            assert!(bridge.google.received_for(&token).is_empty());
+        }
+    }
 }
 
 #[tokio::test]
