@@ -26,6 +26,21 @@ pub fn install_crypto_provider() {
     });
 }
 
+/// A client's error with its causes, for the log: the cause that says it
+/// best ("Connection refused", a certificate refused) sits deep, and the
+/// clients' own text says only "error sending request" or "client error
+/// (Connect)".
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(all(test, feature = "http-client"))]
 mod tests {
     /// reqwest panics at `build` when no provider is installed: the builder

@@ -90,14 +90,7 @@ impl Bridge {
         let mut all_args = vec!["--config", &config, "--gcm-credentials", &gcm];
         all_args.extend_from_slice(args);
         let server = backend::start(db, &all_args).await;
-        let keys = Keys::generate().await;
-        Bridge {
-            google,
-            server,
-            keys,
-            _dir: dir,
-            _tls: None,
-        }
+        Bridge::of(google, server, dir, None).await
     }
 
     /// Google's stand-in behind https (the test certificate for
@@ -120,13 +113,16 @@ impl Bridge {
         let config = config.display().to_string();
         let server =
             Server::start_with_env(&["--config", &config], &[("SSL_CERT_FILE", &roots)]).await;
-        let keys = Keys::generate().await;
+        Bridge::of(google, server, dir, Some(front)).await
+    }
+
+    async fn of(google: Google, server: Server, dir: TempDir, tls: Option<TlsFront>) -> Bridge {
         Bridge {
             google,
             server,
-            keys,
+            keys: Keys::generate().await,
             _dir: dir,
-            _tls: Some(front),
+            _tls: tls,
         }
     }
 

@@ -15,10 +15,10 @@
 
 mod agent;
 
-use std::error::Error as _;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use autopush_common::http_client::error_chain;
 use autopush_crypto::b64;
 use autopush_crypto::ece::{self, Encoding, Encrypted, SubscriptionKeys};
 use autopush_crypto::vapid::VapidKey;
@@ -186,18 +186,6 @@ impl Sender {
             )),
         }
     }
-}
-
-/// Why a request failed, with its causes ("connection refused" sits deep).
-fn error_chain(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// A message nobody else could have sent.

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use autopush_common::http_client::{error_chain, install_crypto_provider};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -59,7 +60,7 @@ impl Upstream {
     /// client does.
     pub fn new(url: &str, connect_timeout: Duration) -> Result<Upstream, String> {
         let uri: Uri = url.parse().map_err(|e| format!("{url:?}: {e}"))?;
-        autopush_common::http_client::install_crypto_provider();
+        install_crypto_provider();
         let tls = HttpsConnectorBuilder::new();
         let tls = if uri.scheme_str() == Some("https") {
             tls.with_native_roots()
@@ -96,7 +97,7 @@ impl Upstream {
             .http
             .request(request)
             .await
-            .map_err(|e| NoAnswer(chain(&e)))?;
+            .map_err(|e| NoAnswer(error_chain(&e)))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -115,17 +116,4 @@ impl Upstream {
             body,
         })
     }
-}
-
-/// An error and its causes, for the log: hyper-util's own says only
-/// "client error (Connect)".
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
