@@ -47,8 +47,16 @@ pub fn autopush_command() -> Command {
 
 /// Run `autopush ARGS...` to completion (hang-guarded) and return its output.
 pub async fn run_autopush(args: &[&str]) -> std::process::Output {
+    run_autopush_with_env(args, &[]).await
+}
+
+/// [`run_autopush`] with these environment variables set.
+pub async fn run_autopush_with_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut cmd = tokio::process::Command::from(autopush_command());
-    cmd.args(args).kill_on_drop(true).stdin(Stdio::null());
+    cmd.args(args)
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .stdin(Stdio::null());
     match tokio::time::timeout(Duration::from_secs(60), cmd.output()).await {
         Ok(Ok(out)) => out,
         Ok(Err(e)) => panic!("could not run autopush {args:?}: {e}"),

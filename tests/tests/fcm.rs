@@ -111,8 +111,10 @@ impl Bridge {
         std::fs::write(&config, toml).expect("write the settings file");
         let roots = tls::cert_file(roots).display().to_string();
         let config = config.display().to_string();
-        let server =
-            Server::start_with_env(&["--config", &config], &[("SSL_CERT_FILE", &roots)]).await;
+        // An empty SSL_CERT_DIR: no directory of roots beside the file
+        // (this machine's environment names /etc/ssl/certs).
+        let env = [("SSL_CERT_FILE", roots.as_str()), ("SSL_CERT_DIR", "")];
+        let server = Server::start_with_env(&["--config", &config], &env).await;
         Bridge::of(google, server, dir, Some(front)).await
     }
 
@@ -873,6 +875,30 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
             "the key is echoed: {stderr}"
         );
     }
+}
+
+/// An https FCM with no root certificates to check it by stops start-up,
+/// and the error says so (gcp_auth would call the key unusable).
+#[tokio::test]
+async fn no_root_certificates_for_an_https_fcm_stop_the_server_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().display().to_string();
+    let key = autopush_tests::workspace_root().join("certs/fcm-service-account.json");
+    let apps = json!({"myapp": {"project_id": "p", "credential": key}}).to_string();
+    let ports = server::port_flags();
+    let mut args = vec!["all", "--db", &db, "--fcm-credentials", &apps];
+    args.extend(ports.iter().map(String::as_str));
+    let env = [
+        ("SSL_CERT_FILE", "/nonexistent/roots.pem"),
+        ("SSL_CERT_DIR", ""),
+    ];
+    let out = server::run_autopush_with_env(&args, &env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started without roots");
+    assert!(
+        stderr.contains("myapp") && stderr.contains("base_url: no root certificates for https"),
+        "{stderr}"
+    );
 }
 
 /// Receipts of pushes to an Android app, and the mailbox of a registration

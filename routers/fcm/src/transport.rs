@@ -63,13 +63,14 @@ impl Project {
         }
         let deadline = app.timeout()?;
         let max_in_flight = app.max_in_flight()?;
-        let tokens = AccessTokens::new(app.credential_json()?)?;
         // No request timeout of the client's own: `with_retries` bounds each
         // send, every attempt and its token fetch included, by the deadline.
-        // It is also the one retry policy.
+        // It is also the one retry policy. Built before the tokens: without
+        // root certificates gcp_auth calls the key unusable, this says why.
         let url = format!("{base_url}/v1/projects/{}/messages:send", app.project_id);
         let upstream = Upstream::new(&url, deadline.min(Duration::from_secs(5)))
             .map_err(|e| format!("base_url: {e}"))?;
+        let tokens = AccessTokens::new(app.credential_json()?)?;
         Ok(Project {
             project_id: app.project_id.clone(),
             upstream,
