@@ -21,7 +21,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::http::{HttpReply, request};
-use crate::{Keys, SendOptions, SendResult, py, workspace_root};
+use crate::{Keys, SendOptions, SendResult, cert_file, py};
 
 /// Release channels of the test configuration.
 pub const FIREFOX: &str = "firefox";
@@ -32,11 +32,6 @@ pub const CAPPED: &str = "capped";
 /// Topics (bundle ids) of the channels.
 pub const FIREFOX_TOPIC: &str = "org.example.firefox";
 pub const BETA_TOPIC: &str = "org.example.beta";
-
-/// A file made by `certs/make-apns.sh`.
-pub fn cert_file(name: &str) -> PathBuf {
-    workspace_root().join("certs").join(name)
-}
 
 /// The settings file: `firefox` with token auth (the `.p8` by path),
 /// `beta` with certificate auth (inline PEM), both giving up on a push

@@ -30,7 +30,7 @@ use warp::Filter;
 use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Reply as _;
 
-use crate::{HANG_GUARD, workspace_root};
+use crate::{HANG_GUARD, cert_file};
 
 /// The scope FCM HTTP v1 needs.
 pub const FCM_SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
@@ -126,16 +126,14 @@ impl Drop for Google {
 
 /// `certs/fcm-service-account.json`, as committed.
 pub fn service_account_template() -> Value {
-    let path = workspace_root()
-        .join("certs")
-        .join("fcm-service-account.json");
+    let path = cert_file("fcm-service-account.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run certs/make-fcm.sh)", path.display()));
     serde_json::from_str(&text).expect("the service-account JSON parses")
 }
 
 fn public_key_der() -> Vec<u8> {
-    let path = workspace_root().join("certs").join("fcm-public.pem");
+    let path = cert_file("fcm-public.pem");
     let pem = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run certs/make-fcm.sh)", path.display()));
     let b64: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();

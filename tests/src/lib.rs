@@ -78,6 +78,12 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
+/// A file of test-only key material in `certs/`, made by one of its
+/// `make-*.sh` scripts.
+pub fn cert_file(name: &str) -> PathBuf {
+    workspace_root().join("certs").join(name)
+}
+
 /// The cargo target directory (`CARGO_TARGET_DIR` or `<workspace>/target`).
 pub fn target_dir() -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {

@@ -4,7 +4,6 @@
 //! `certs/tls-ca.pem`; `certs/make-tls.sh` makes them) and forwards the bytes.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -12,13 +11,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use crate::workspace_root;
-
-/// A test certificate file: `tls-ca.pem` (the root that vouches for the
-/// front) or `tls-other-ca.pem` (one that vouches for nothing served here).
-pub fn cert_file(name: &str) -> PathBuf {
-    workspace_root().join("certs").join(name)
-}
+use crate::cert_file;
 
 pub struct TlsFront {
     addr: SocketAddr,

@@ -5,7 +5,7 @@
 //! through the binary would go to Apple; `tests/apns.rs` covers them with a
 //! double in the gateway's place.)
 
-use autopush_tests::apns::{cert_file, device_token};
+use autopush_tests::apns::device_token;
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::server::run_autopush;
 use autopush_tests::*;

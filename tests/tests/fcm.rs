@@ -11,7 +11,7 @@ use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::py::{self, Encoding, Keys, SendOptions, SendResult};
-use autopush_tests::tls::{self, TlsFront};
+use autopush_tests::tls::TlsFront;
 use autopush_tests::{Server, new_channel_id, receipt, server};
 use reqwest::Method;
 use serde_json::{Value, json};
@@ -109,7 +109,7 @@ impl Bridge {
             front.base_url()
         );
         std::fs::write(&config, toml).expect("write the settings file");
-        let roots = tls::cert_file(roots).display().to_string();
+        let roots = autopush_tests::cert_file(roots).display().to_string();
         let config = config.display().to_string();
         // An empty SSL_CERT_DIR: no directory of roots beside the file
         // (this machine's environment names /etc/ssl/certs).
@@ -883,7 +883,7 @@ async fn bad_bridge_settings_stop_the_server_naming_the_app() {
 async fn no_root_certificates_for_an_https_fcm_stop_the_server_saying_so() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().display().to_string();
-    let key = autopush_tests::workspace_root().join("certs/fcm-service-account.json");
+    let key = autopush_tests::cert_file("fcm-service-account.json");
     let apps = json!({"myapp": {"project_id": "p", "credential": key}}).to_string();
     let ports = server::port_flags();
     let mut args = vec!["all", "--db", &db, "--fcm-credentials", &apps];
