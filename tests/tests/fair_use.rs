@@ -1,9 +1,11 @@
 //! Rate limits per sender, not per address: a sender over its limit gets
 //! 429 with Retry-After (errno 201) while everyone else keeps getting 201.
 //! The limits are set tiny here (a token every 100 s) so that what a test
-//! sends is all the bucket ever gets.
+//! sends is all the bucket ever gets. Where a test needs senders at other
+//! addresses, the server trusts 127.0.0.1 as a proxy and each request names
+//! its client in `X-Forwarded-For`.
 
-use autopush_tests::http::{self, request};
+use autopush_tests::http::{self, HttpReply, request};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::*;
 use reqwest::Method;
@@ -140,4 +142,52 @@ async fn registrations_from_one_address_are_limited() {
         "the 3rd registration",
     );
     assert_eq!(refused(&server, "registration").await, 1.0);
+}
+
+/// `POST /v1/webpush/app/registration` as the client at `client` behind
+/// our proxy (127.0.0.1).
+async fn register_from(server: &Server, client: &str) -> HttpReply {
+    request(
+        Method::POST,
+        &format!("{}/v1/webpush/app/registration", server.endpoint_base()),
+        &[
+            ("content-type", "application/json"),
+            ("x-forwarded-for", client),
+        ],
+        Some(json!({}).to_string().into_bytes()),
+    )
+    .await
+}
+
+fn assert_429(reply: &HttpReply, what: &str) {
+    assert_limited(
+        reply.status,
+        reply.json["errno"].as_u64(),
+        reply.header("retry-after"),
+        what,
+    );
+}
+
+/// On a dual-stack listener (`--host [::]`) a proxy that connects over
+/// IPv4 is seen as `::ffff:127.0.0.1`: still the proxy `--trusted-proxies
+/// 127.0.0.1` names, so the clients it forwards are told apart.
+#[tokio::test]
+async fn a_proxy_seen_ipv4_mapped_is_trusted() {
+    let server = Server::start_with(&[
+        "--host",
+        "[::]",
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--registration-limit",
+        "0.01,1",
+    ])
+    .await;
+    let created = register_from(&server, "192.0.2.1").await;
+    assert_eq!(created.status, 200, "{}", created.text);
+    assert_429(
+        &register_from(&server, "192.0.2.1").await,
+        "the same client's 2nd registration",
+    );
+    let other = register_from(&server, "192.0.2.2").await;
+    assert_eq!(other.status, 200, "another client: {}", other.text);
 }
