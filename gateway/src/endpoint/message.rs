@@ -3,7 +3,10 @@
 //! A message id names one message. If a newer push with the same `Topic`
 //! has replaced it, the old id cancels nothing: the newer message stays
 //! (cancel it with its own id). The answer is 204 either way, as autopush's.
-//! A cancelled message's receipt says `deleted`.
+//! A cancelled message's receipt says `deleted`. A message to a
+//! VAPID-restricted (v2) subscription is cancelled only with a VAPID
+//! signature by the key of its push, as its receipt is read (else
+//! `401`/109): its URL alone does not prove who sent it.
 
 use std::sync::Arc;
 
@@ -11,13 +14,19 @@ use autopush_common::ids::uaid_tag;
 use autopush_common::receipt::MessageState;
 use autopush_common::{ApiResult, RouterType, metrics};
 use tracing::debug;
-use warp::http::StatusCode;
+use warp::http::{HeaderMap, StatusCode};
 use warp::reply::{Reply, Response};
 
 use super::EndpointState;
+use super::receipt::authorize;
 
-pub async fn cancel(state: Arc<EndpointState>, message_id: String) -> ApiResult<Response> {
+pub async fn cancel(
+    state: Arc<EndpointState>,
+    message_id: String,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
     let message = state.crypto.parse_message_id(&message_id)?;
+    authorize(&state, &message, &headers)?;
     let existed = state
         .storage
         .settle_message(

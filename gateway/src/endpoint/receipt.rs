@@ -4,9 +4,9 @@
 //! [`MessageState`] for the states) while the message is pending and for
 //! `--receipt-retention` seconds after its final state; after that, for an
 //! id this service never gave, or with receipts off, `404`/102. Whoever
-//! holds the URL may read it, as for `DELETE` (the id is sealed, so it
-//! cannot be guessed); a message to a VAPID-restricted (v2) subscription
-//! also needs a VAPID signature with the key of the push, else `401`/109.
+//! holds the URL may read it (the id is sealed, so it cannot be guessed);
+//! a message to a VAPID-restricted (v2) subscription also needs a VAPID
+//! signature with the key of the push, else `401`/109 (as for `DELETE`).
 //!
 //! Most answers cost one point read of the message's row: a settled message
 //! left a receipt there, an unsettled one is still there (kept past its TTL
@@ -55,9 +55,13 @@ pub async fn answer(
     Ok(warp::reply::json(&json!({"state": settled, "updated": updated})).into_response())
 }
 
-/// A message to a v2 subscription: its receipt is for the holder of the
-/// subscription's VAPID key alone.
-fn authorize(state: &EndpointState, message: &MessageIdInfo, headers: &HeaderMap) -> ApiResult<()> {
+/// A message to a v2 subscription: its receipt, and cancelling it
+/// (`DELETE`), are for the holder of the subscription's VAPID key alone.
+pub(super) fn authorize(
+    state: &EndpointState,
+    message: &MessageIdInfo,
+    headers: &HeaderMap,
+) -> ApiResult<()> {
     let Some(expected) = &message.key_hash else {
         return Ok(());
     };
