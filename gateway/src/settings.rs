@@ -159,7 +159,8 @@ pub struct SettingsLayer {
     /// Unsigned pushes per source address, as `PER_SECOND,BURST` [default: 100,1000]
     #[arg(long, env = "AUTOPUSH_SOURCE_IP_LIMIT", global = true)]
     pub source_ip_limit: Option<String>,
-    /// `/v1` registrations per source address, as `PER_SECOND,BURST` [default: 1,20]
+    /// `/v1` registrations per source address (an IPv6 /64), as
+    /// `PER_SECOND,BURST` [default: 1,20]
     #[arg(long, env = "AUTOPUSH_REGISTRATION_LIMIT", global = true)]
     pub registration_limit: Option<String>,
     /// New UAIDs handed out at websocket hello per source address, as

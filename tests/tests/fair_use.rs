@@ -159,6 +159,16 @@ async fn register_from(server: &Server, client: &str) -> HttpReply {
     .await
 }
 
+/// An unsigned push to `endpoint` from the client at `client` behind our proxy.
+async fn unsigned_push_from(endpoint: &str, client: &str) -> HttpReply {
+    http::post_push(
+        endpoint,
+        &[("ttl", "60"), ("x-forwarded-for", client)],
+        None,
+    )
+    .await
+}
+
 fn assert_429(reply: &HttpReply, what: &str) {
     assert_limited(
         reply.status,
@@ -166,6 +176,44 @@ fn assert_429(reply: &HttpReply, what: &str) {
         reply.header("retry-after"),
         what,
     );
+}
+
+/// One host holds a whole IPv6 /64: its addresses share one bucket for
+/// `/v1` registrations and for unsigned pushes, as they do for new UAIDs.
+#[tokio::test]
+async fn an_ipv6_64_is_one_address_for_every_limit() {
+    let server = Server::start_with(&[
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--registration-limit",
+        "0.01,2",
+        "--source-ip-limit",
+        "0.01,2",
+    ])
+    .await;
+    for client in ["2001:db8:1:2::1", "2001:db8:1:2::2"] {
+        let created = register_from(&server, client).await;
+        assert_eq!(created.status, 200, "{client}: {}", created.text);
+    }
+    let over = register_from(&server, "2001:db8:1:2:ffff::3").await;
+    assert_429(&over, "a 3rd registration from the /64");
+    let other = register_from(&server, "2001:db8:1:3::1").await;
+    assert_eq!(other.status, 200, "another /64: {}", other.text);
+
+    let mut ws = server.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    for client in ["2001:db8:5:6::a", "2001:db8:5:6::b"] {
+        unsigned_push_from(&sub.endpoint, client)
+            .await
+            .assert_created();
+    }
+    let over = unsigned_push_from(&sub.endpoint, "2001:db8:5:6:ffff::c").await;
+    assert_429(&over, "a 3rd unsigned push from the /64");
+    unsigned_push_from(&sub.endpoint, "2001:db8:5:7::a")
+        .await
+        .assert_created();
+    assert_eq!(refused(&server, "registration").await, 1.0);
+    assert_eq!(refused(&server, "source_ip").await, 1.0);
 }
 
 /// On a dual-stack listener (`--host [::]`) a proxy that connects over

@@ -5,14 +5,15 @@
 //! whatever address it comes from. An unsigned push names no sender, so it
 //! counts against the subscription it targets and against its source
 //! address. `/v1` registrations, which create users without credentials,
-//! count against their source address. Limits are per node: behind a load
+//! count against their source address. Addresses count by [`address_key`]
+//! (an IPv6 host by its /64). Limits are per node: behind a load
 //! balancer spreading over N nodes, a sender gets up to N times the rate.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use autopush_common::errors::retry_after_secs;
-use autopush_common::limit::{Limiter, Rate};
+use autopush_common::limit::{Limiter, Rate, address_key};
 use autopush_common::{ApiError, ApiResult, metrics};
 use uuid::Uuid;
 
@@ -66,7 +67,12 @@ impl FairUse {
                     "subscription",
                     "subscription",
                 )?;
-                take(&self.source_ip, &client, "source_ip", "source address")
+                take(
+                    &self.source_ip,
+                    &address_key(client),
+                    "source_ip",
+                    "source address",
+                )
             }
         }
     }
@@ -88,7 +94,7 @@ impl FairUse {
     pub fn registration(&self, client: IpAddr) -> ApiResult<()> {
         take(
             &self.registration,
-            &client,
+            &address_key(client),
             "registration",
             "source address",
         )
@@ -111,4 +117,41 @@ fn take<K: std::hash::Hash + Eq + Clone>(
             what,
             retry_after: retry_after_secs(wait),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every limit a burst of `burst` that never refills within a test.
+    fn fair_use(burst: f64) -> FairUse {
+        let rate = Rate::new(0.001, burst);
+        FairUse::new(&RateLimits {
+            sender: rate,
+            subscription: rate,
+            source_ip: rate,
+            registration: rate,
+            new_uaid: rate,
+            bridge_app: rate,
+            max_keys: 1000,
+            trusted_proxies: Vec::new(),
+        })
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn refused(result: ApiResult<()>) -> bool {
+        matches!(result, Err(ApiError::TooManyRequests { .. }))
+    }
+
+    #[test]
+    fn registrations_from_one_ipv6_64_share_a_bucket() {
+        let limits = fair_use(2.0);
+        assert!(limits.registration(ip("2001:db8:1:2::1")).is_ok());
+        assert!(limits.registration(ip("2001:db8:1:2::2")).is_ok());
+        assert!(refused(limits.registration(ip("2001:db8:1:2::3"))));
+        assert!(limits.registration(ip("2001:db8:1:3::1")).is_ok());
+    }
 }
