@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use autopush_common::endpoint::{MessageIdInfo, key_hash_in_id};
+use autopush_common::endpoint::MessageIdInfo;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
@@ -31,7 +31,6 @@ use warp::http::HeaderMap;
 use warp::reply::{Reply, Response};
 
 use super::EndpointState;
-use crate::vapid::key_hash_matches;
 
 pub async fn answer(
     state: Arc<EndpointState>,
@@ -66,23 +65,15 @@ pub(super) fn authorize(
         return Ok(());
     };
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let identity = state
+    state
         .vapid
-        .verify(text("authorization"), text("crypto-key"))
+        .verify_pinned(text("authorization"), text("crypto-key"), Some(expected))
         .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?
         .ok_or_else(|| {
             ApiError::InvalidAuthentication(
                 "this message's subscription is restricted to a VAPID key: sign the request".into(),
             )
         })?;
-    let prefix = key_hash_in_id(&identity.key_hash);
-    let mut padded = identity.key_hash;
-    padded[..prefix.len()].copy_from_slice(expected);
-    if !key_hash_matches(&identity, &padded) {
-        return Err(ApiError::InvalidAuthentication(
-            "the VAPID key is not the key of this message's push".into(),
-        ));
-    }
     Ok(())
 }
 
