@@ -1,7 +1,8 @@
 //! One behavioural suite for the `Storage` trait, run against every
-//! backend: the embedded store (redb in a temp dir), DynamoDB (a local
-//! moto server, see `autopush_tests::dynamo`) and Bigtable (Google's
-//! emulator, see `autopush_tests::bigtable`), so they cannot drift.
+//! backend: the embedded store (redb in a temp dir), DynamoDB (local moto
+//! and dynalite servers, see `autopush_tests::dynamo`) and Bigtable
+//! (Google's emulator, see `autopush_tests::bigtable`), so they cannot
+//! drift.
 //! Each test is written once in `suite` and instantiated per backend by
 //! `for_backend!`.
 
@@ -37,6 +38,13 @@ async fn dynamodb() -> Backend {
     }
 }
 
+async fn dynalite() -> Backend {
+    Backend {
+        store: Arc::new(dynamo::fresh_dynalite_store().await),
+        _dir: None,
+    }
+}
+
 async fn bigtable() -> Backend {
     Backend {
         store: Arc::new(emulator::fresh_store().await),
@@ -62,6 +70,17 @@ async fn dynamodb_receipts() -> Backend {
     Backend {
         store: Arc::new(
             dynamo::fresh_store()
+                .await
+                .with_receipt_retention(RETENTION),
+        ),
+        _dir: None,
+    }
+}
+
+async fn dynalite_receipts() -> Backend {
+    Backend {
+        store: Arc::new(
+            dynamo::fresh_dynalite_store()
                 .await
                 .with_receipt_retention(RETENTION),
         ),
@@ -921,7 +940,7 @@ macro_rules! suite_for {
     };
 }
 
-suite_for!(embedded, dynamodb, bigtable);
+suite_for!(embedded, dynamodb, dynalite, bigtable);
 
 macro_rules! receipts_for {
     ($($backend:ident),*) => {
@@ -943,4 +962,9 @@ macro_rules! receipts_for {
     };
 }
 
-receipts_for!(embedded_receipts, dynamodb_receipts, bigtable_receipts);
+receipts_for!(
+    embedded_receipts,
+    dynamodb_receipts,
+    dynalite_receipts,
+    bigtable_receipts
+);
