@@ -371,18 +371,23 @@ mod suite {
         assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![t2]);
     }
 
-    /// The receipt of message `m`, wherever it is kept: its own row for a
-    /// Topic message, else the message's row.
+    /// The receipt of message `m`, wherever it is kept: the message's row,
+    /// or for a Topic message, a row of its own (once a newer message took
+    /// the Topic's row, or wherever the backend keeps it).
     async fn receipt_of(
         store: &dyn Storage,
         uaid: &Uuid,
         m: &Notification,
     ) -> Option<MessageState> {
-        let key = receipt_key(&m.sort_key(), &m.version).unwrap_or_else(|| m.sort_key());
-        match store.read_message(uaid, &key).await.unwrap() {
-            Some(StoredMessage::Settled(r)) if r.version == m.version => Some(r.state),
-            _ => None,
+        let own = receipt_key(&m.sort_key(), &m.version);
+        for key in std::iter::once(m.sort_key()).chain(own) {
+            if let Some(StoredMessage::Settled(r)) = store.read_message(uaid, &key).await.unwrap()
+                && r.version == m.version
+            {
+                return Some(r.state);
+            }
         }
+        None
     }
 
     /// A Topic message's receipt outlives the Topic's row: delivered stays

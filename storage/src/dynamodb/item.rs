@@ -279,6 +279,38 @@ pub fn receipt_to_item(uaid: &Uuid, sort_key: &str, receipt: &Receipt) -> Item {
     item
 }
 
+/// What a settle writes into a message's row: the receipt's attributes,
+/// and none of those that make it a message (so no reader of the seeds'
+/// schema takes it for one: autopush-rs skips a row without `timestamp`).
+/// Names are spelled with `#`: DynamoDB reserves some.
+pub const SETTLE: &str = "SET settled = :state, settled_at = :at, expiry = :expiry \
+    REMOVE #timestamp, #ttl, #data, #headers, #urgency, #durable, #sortkey_timestamp";
+
+/// The names [`SETTLE`] spells with `#`.
+pub fn settle_names() -> HashMap<String, String> {
+    [
+        "timestamp",
+        "ttl",
+        "data",
+        "headers",
+        "urgency",
+        "durable",
+        "sortkey_timestamp",
+    ]
+    .into_iter()
+    .map(|name| (format!("#{name}"), name.to_owned()))
+    .collect()
+}
+
+/// The values of [`SETTLE`] for `receipt`.
+pub fn settle_values(receipt: &Receipt) -> Item {
+    HashMap::from([
+        (":state".to_owned(), s(receipt.state.as_str())),
+        (":at".to_owned(), n(receipt.updated)),
+        (":expiry".to_owned(), n(receipt.expiry)),
+    ])
+}
+
 /// A message-table row other than the channel set: a receipt or a message.
 pub fn stored_from_item(item: &Item) -> Result<StoredMessage> {
     let Some(state) = get_s(item, "settled") else {
