@@ -168,6 +168,71 @@ pub fn json_to_attr(value: &serde_json::Value) -> AttributeValue {
     }
 }
 
+/// A condition expression with the names and values it spells with `#`
+/// and `:`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Condition {
+    pub expression: String,
+    pub names: HashMap<String, String>,
+    pub values: Item,
+}
+
+/// The condition that the attribute `path` holds exactly `value` (as
+/// [`json_to_attr`] writes it), spelled as checks of scalars: each map and
+/// list by its type and size, each scalar by value. dynalite compares maps
+/// and lists by reference (never equal), so `path = :map` would never hold
+/// there; every server answers these.
+pub fn json_equals(path: &str, value: &serde_json::Value) -> Condition {
+    let mut condition = Condition::default();
+    let mut checks = Vec::new();
+    equals_into(path.to_owned(), value, &mut condition, &mut checks);
+    condition.expression = checks.join(" AND ");
+    condition
+}
+
+fn equals_into(
+    path: String,
+    value: &serde_json::Value,
+    condition: &mut Condition,
+    checks: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let mut placeholder = |value: AttributeValue| {
+        let name = format!(":eq{}", condition.values.len());
+        condition.values.insert(name.clone(), value);
+        name
+    };
+    let mut shape = |kind: &str, size: usize| {
+        let (kind, size) = (placeholder(s(kind)), placeholder(n(size)));
+        checks.push(format!("attribute_type({path}, {kind})"));
+        checks.push(format!("size({path}) = {size}"));
+    };
+    match value {
+        Value::Object(map) => {
+            shape("M", map.len());
+            for (key, value) in map {
+                let name = format!("#eq{}", condition.names.len());
+                condition.names.insert(name.clone(), key.clone());
+                equals_into(format!("{path}.{name}"), value, condition, checks);
+            }
+        }
+        Value::Array(items) => {
+            shape("L", items.len());
+            for (i, value) in items.iter().enumerate() {
+                equals_into(format!("{path}[{i}]"), value, condition, checks);
+            }
+        }
+        Value::Null => {
+            let kind = placeholder(s("NULL"));
+            checks.push(format!("attribute_type({path}, {kind})"));
+        }
+        scalar => {
+            let value = placeholder(json_to_attr(scalar));
+            checks.push(format!("{path} = {value}"));
+        }
+    }
+}
+
 pub fn attr_to_json(value: &AttributeValue) -> Result<serde_json::Value> {
     use serde_json::Value;
     Ok(match value {
@@ -418,6 +483,22 @@ mod tests {
         assert_eq!(keys.len(), 29 * 24 * 10);
         assert_eq!(keys[0], 20240201000001);
         assert_eq!(*keys.last().unwrap(), 20240229230010);
+    }
+
+    #[test]
+    fn json_equality_checks_scalars() {
+        let data = serde_json::json!({"token": "t", "n": 1, "l": [true, null], "m": {}});
+        let eq = json_equals("router_data", &data);
+        assert_eq!(eq.names.len(), 4);
+        assert_eq!(eq.values.len(), 10);
+        assert!(
+            eq.expression
+                .starts_with("attribute_type(router_data, :eq0) AND size(router_data) = :eq1 AND ")
+        );
+        assert!(eq.expression.contains("router_data.#eq"));
+        assert!(eq.expression.contains("[1], :eq"));
+        assert_eq!(eq.values[":eq0"], s("M"));
+        assert_eq!(eq.values[":eq1"], n(4));
     }
 
     #[test]

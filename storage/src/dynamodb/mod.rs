@@ -805,9 +805,20 @@ impl Storage for DynamoStore {
             .update_expression("SET router_data = :new")
             .expression_attribute_values(":new", item::json_to_attr(router_data));
         let update = match seen {
-            Some(seen) => update
-                .condition_expression("attribute_exists(uaid) AND router_data = :seen")
-                .expression_attribute_values(":seen", item::json_to_attr(seen)),
+            Some(seen) => {
+                let seen = item::json_equals("router_data", seen);
+                let mut update = update.condition_expression(format!(
+                    "attribute_exists(uaid) AND {}",
+                    seen.expression
+                ));
+                for (name, attribute) in seen.names {
+                    update = update.expression_attribute_names(name, attribute);
+                }
+                for (name, value) in seen.values {
+                    update = update.expression_attribute_values(name, value);
+                }
+                update
+            }
             None => update.condition_expression(
                 "attribute_exists(uaid) AND attribute_not_exists(router_data)",
             ),
@@ -844,9 +855,18 @@ impl Storage for DynamoStore {
             .set_key(Some(item::user_key(&seen.uaid)))
             .expression_attribute_values(":c", n(seen.connected_at));
         let delete = match &seen.router_data {
-            Some(data) => delete
-                .condition_expression("connected_at = :c AND router_data = :rd")
-                .expression_attribute_values(":rd", item::json_to_attr(data)),
+            Some(data) => {
+                let seen = item::json_equals("router_data", data);
+                let mut delete = delete
+                    .condition_expression(format!("connected_at = :c AND {}", seen.expression));
+                for (name, attribute) in seen.names {
+                    delete = delete.expression_attribute_names(name, attribute);
+                }
+                for (name, value) in seen.values {
+                    delete = delete.expression_attribute_values(name, value);
+                }
+                delete
+            }
             None => delete
                 .condition_expression("connected_at = :c AND attribute_not_exists(router_data)"),
         };
