@@ -200,6 +200,8 @@ mod suite {
             .unwrap();
         assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
         assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+        let (key, deleted) = (expired.sort_key(), MessageState::Deleted);
+        assert!(!settle(&*store, &uaid, &key, &expired.version, deleted).await);
         // What the `expired` receipt needs: the pending message by its
         // version. Its body may be gone already where the backend collects
         // expired cells on its own (Bigtable's GC).
@@ -216,6 +218,42 @@ mod suite {
             }
             other => panic!("expected the pending message, read {other:?}"),
         }
+    }
+
+    /// Expired is final: no settle (an ack, a mailbox ack, a sender's
+    /// delete) takes a message past its TTL, plain, Topic or direct. With
+    /// receipts on its row stays pending, so its receipt says `expired`.
+    pub async fn an_expired_message_is_never_settled(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let lapsed = |topic, ts, data| {
+            let mut m = message(chid, topic, ts, 60, data);
+            m.timestamp -= 120;
+            m
+        };
+        let (plain, topic, direct) = (
+            lapsed(None, 1, "plain"),
+            lapsed(Some("t"), 2, "topic"),
+            lapsed(None, 3, "direct"),
+        );
+        store
+            .save_messages(&uaid, vec![plain.clone(), topic.clone()])
+            .await
+            .unwrap();
+        store.save_direct(&uaid, direct.clone()).await.unwrap();
+        use MessageState::*;
+        for m in [&plain, &topic, &direct] {
+            let key = m.sort_key();
+            for state in [Delivered, Fetched, Deleted, Gone] {
+                let settled = settle(&*store, &uaid, &key, &m.version, state).await;
+                assert!(!settled, "{:?} settled {state:?}", m.data);
+            }
+            match store.read_message(&uaid, &key).await.unwrap() {
+                None => {}
+                Some(StoredMessage::Pending(kept)) if kept.version == m.version => {}
+                other => panic!("{:?} left {other:?}", m.data),
+            }
+        }
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
     }
 
     /// A removed user's pending messages leave `gone` receipts; its
@@ -940,6 +978,7 @@ macro_rules! suite_for {
                 channels_and_user_removal,
                 without_receipts_settling_deletes,
                 direct_messages_read_and_settle_like_stored_ones,
+                an_expired_message_is_never_settled,
             );
         )*
     };
@@ -962,6 +1001,7 @@ macro_rules! receipts_for {
                 channels_and_user_removal,
                 direct_messages_read_and_settle_like_stored_ones,
                 direct_messages_leave_receipts,
+                an_expired_message_is_never_settled,
             );
         )*
     };
