@@ -298,7 +298,8 @@ pub fn user_from_item(item: &Item) -> Result<User> {
 
 /// A message's item; `retention` (receipt seconds) keeps it that long past
 /// its TTL, for its `expired` receipt: `expiry`, the table's TTL attribute,
-/// is then later than the message's own deadline (`timestamp + ttl`).
+/// is then later than the message's own deadline (`timestamp + ttl`), which
+/// `deadline` keeps, for the settle's condition (see [`UNEXPIRED`]).
 pub fn message_to_item(uaid: &Uuid, message: &Notification, retention: u64) -> Item {
     let mut item = message_key(uaid, &message.sort_key());
     item.insert("timestamp".into(), n(message.timestamp));
@@ -307,6 +308,9 @@ pub fn message_to_item(uaid: &Uuid, message: &Notification, retention: u64) -> I
         "expiry".into(),
         n(message.expiry().saturating_add(retention)),
     );
+    if retention > 0 {
+        item.insert("deadline".into(), n(message.expiry()));
+    }
     item.insert("updateid".into(), s(&message.version));
     if let Some(ts) = message.sortkey_timestamp {
         item.insert("sortkey_timestamp".into(), n(ts));
@@ -349,7 +353,14 @@ pub fn receipt_to_item(uaid: &Uuid, sort_key: &str, receipt: &Receipt) -> Item {
 /// schema takes it for one: autopush-rs skips a row without `timestamp`).
 /// Names are spelled with `#`: DynamoDB reserves some.
 pub const SETTLE: &str = "SET settled = :state, settled_at = :at, expiry = :expiry \
-    REMOVE #timestamp, #ttl, #data, #headers, #urgency, #durable, #sortkey_timestamp";
+    REMOVE #timestamp, #ttl, #data, #headers, #urgency, #durable, #sortkey_timestamp, #deadline";
+
+/// The condition that a message row is not past its TTL at `:now`: its
+/// `deadline`, or in a row without one (written with receipts off, or by
+/// Python autopush) its `expiry`, which is then the same. A settle holds it
+/// too: expired is final.
+pub const UNEXPIRED: &str =
+    "(#deadline > :now OR (attribute_not_exists(#deadline) AND expiry > :now))";
 
 /// The names [`SETTLE`] spells with `#`.
 pub fn settle_names() -> HashMap<String, String> {
@@ -361,18 +372,20 @@ pub fn settle_names() -> HashMap<String, String> {
         "urgency",
         "durable",
         "sortkey_timestamp",
+        "deadline",
     ]
     .into_iter()
     .map(|name| (format!("#{name}"), name.to_owned()))
     .collect()
 }
 
-/// The values of [`SETTLE`] for `receipt`.
+/// The values of [`SETTLE`] for `receipt`, with `:now` for [`UNEXPIRED`].
 pub fn settle_values(receipt: &Receipt) -> Item {
     HashMap::from([
         (":state".to_owned(), s(receipt.state.as_str())),
         (":at".to_owned(), n(receipt.updated)),
         (":expiry".to_owned(), n(receipt.expiry)),
+        (":now".to_owned(), n(receipt.updated)),
     ])
 }
 
@@ -521,8 +534,10 @@ mod tests {
                 message_from_item(&message_to_item(&uaid, &m, 0)).unwrap(),
                 m
             );
+            assert!(!message_to_item(&uaid, &m, 0).contains_key("deadline"));
             let kept = message_to_item(&uaid, &m, 100);
             assert_eq!(kept["expiry"], n(m.expiry() + 100));
+            assert_eq!(kept["deadline"], n(m.expiry()));
             assert_eq!(message_from_item(&kept).unwrap(), m);
         }
         let receipt = Receipt::new("v1", MessageState::Delivered, 1000, 60);

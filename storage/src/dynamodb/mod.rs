@@ -416,24 +416,30 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Delete the message under `sort_key` in `table` if it is still `version`.
+    /// Delete the message under `sort_key` in `table` if it is still
+    /// `version` (and, for a `settle`, not past its TTL: expired is final).
     async fn delete_version(
         &self,
         table: &str,
         uaid: &Uuid,
         sort_key: &str,
         version: &str,
+        settle: bool,
     ) -> Result<bool> {
         let delete = self
             .client
             .delete_item()
             .table_name(table)
             .set_key(Some(item::message_key(uaid, sort_key)))
-            .condition_expression("updateid = :v")
-            .expression_attribute_values(":v", s(version))
-            .send()
-            .await;
-        condition_held(delete, "DeleteItem")
+            .expression_attribute_values(":v", s(version));
+        let delete = match settle {
+            true => delete
+                .condition_expression(format!("updateid = :v AND {}", item::UNEXPIRED))
+                .expression_attribute_names("#deadline", "deadline")
+                .expression_attribute_values(":now", n(now_secs())),
+            false => delete.condition_expression("updateid = :v"),
+        };
+        condition_held(delete.send().await, "DeleteItem")
     }
 
     /// One page of `uaid`'s unexpired messages in `table` (sort keys after
@@ -555,21 +561,25 @@ impl DynamoStore {
     }
 
     /// Delete the message under `sort_key` (or the key Python autopush gave
-    /// it) in `table` if it is still `version`.
+    /// it) in `table` if it is still `version` (see [`Self::delete_version`]).
     async fn delete_message_in(
         &self,
         table: &str,
         uaid: &Uuid,
         sort_key: &str,
         version: &str,
+        settle: bool,
     ) -> Result<bool> {
-        if self.delete_version(table, uaid, sort_key, version).await? {
-            return Ok(true);
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            if self
+                .delete_version(table, uaid, key, version, settle)
+                .await?
+            {
+                return Ok(true);
+            }
         }
-        match item::legacy_sort_key(sort_key) {
-            Some(legacy) => self.delete_version(table, uaid, &legacy, version).await,
-            None => Ok(false),
-        }
+        Ok(false)
     }
 
     /// Turn the pending message `version` under `sort_key` (or the key
@@ -583,7 +593,9 @@ impl DynamoStore {
         state: MessageState,
     ) -> Result<bool> {
         if self.retention == 0 {
-            return self.delete_message_in(table, uaid, sort_key, version).await;
+            return self
+                .delete_message_in(table, uaid, sort_key, version, true)
+                .await;
         }
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         let legacy = item::legacy_sort_key(sort_key);
@@ -618,7 +630,10 @@ impl DynamoStore {
             .table_name(table)
             .set_key(Some(item::message_key(uaid, sort_key)))
             .update_expression(item::SETTLE)
-            .condition_expression("updateid = :v AND attribute_not_exists(settled)")
+            .condition_expression(format!(
+                "updateid = :v AND attribute_not_exists(settled) AND {}",
+                item::UNEXPIRED
+            ))
             .set_expression_attribute_names(Some(item::settle_names()))
             .set_expression_attribute_values(Some(item::settle_values(receipt)))
             .expression_attribute_values(":v", s(version))
@@ -1044,7 +1059,7 @@ impl Storage for DynamoStore {
             if home
                 .unless_absent(
                     table,
-                    self.delete_message_in(table, uaid, sort_key, version),
+                    self.delete_message_in(table, uaid, sort_key, version, false),
                 )
                 .await?
             {
