@@ -63,6 +63,9 @@ async fn each_webpush_state(db: Db) {
     // TTL runs out before the client comes back.
     let expiring = location(&sub.send(&SendOptions::text("expiring").ttl(1)).await);
     wait_for_state(&expiring, "expired").await;
+    // Expired is final: the sender's delete finds nothing to cancel.
+    http::delete(&expiring).await.assert_error(404, 102);
+    assert_eq!(state_of(&expiring).await, "expired");
     // The client comes back: it gets the Topic message only.
     let mut ws = server.reconnect(&uaid).await;
     let (n, d) = sub.receive(&mut ws).await;

@@ -10,13 +10,14 @@
 //!
 //! Most answers cost one point read of the message's row: a settled message
 //! left a receipt there, an unsettled one is still there (kept past its TTL
-//! for its `expired` answer). A settled or replaced Topic message costs a
-//! second: its receipt has a row of its own, since the Topic's row belongs
-//! to the newest message with that Topic. A message settled before the sender got its
-//! id (bridged, dropped) carries its receipt in the id and costs nothing; a
-//! pending one costs one more read, of its user, to tell `sent` (the client
-//! is connected) from `stored`, and a bridged app's mailbox (`bridged`
-//! until the app acks it: `fetched`).
+//! for its `expired` answer). A replaced Topic message (on the embedded
+//! store, a settled one too) costs a second: its receipt has a row of its
+//! own, since the Topic's row belongs to the newest message with that Topic.
+//! A message settled before the sender got its id (bridged, dropped)
+//! carries its receipt in the id and costs nothing; a pending one costs one
+//! more read, of its user, to tell `sent` (the client is connected) from
+//! `stored`, and a bridged app's mailbox (`bridged` until the app acks it:
+//! `fetched`).
 
 use std::sync::Arc;
 

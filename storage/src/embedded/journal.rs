@@ -694,16 +694,18 @@ impl Journal {
         self.wake_by(state, Instant::now())
     }
 
-    /// Settle the journaled message under `key` if it is still `version`:
-    /// drop it from the index, keep its receipt (if any) for the next
-    /// checkpoint, and have a tombstone written with the next batch if the
-    /// file holds the message or the receipt needs one.
+    /// Settle the journaled message under `key` if it is still `version`
+    /// (and, given `unexpired_at`, not past its TTL then: expired is
+    /// final): drop it from the index, keep its receipt (if any) for the
+    /// next checkpoint, and have a tombstone written with the next batch if
+    /// the file holds the message or the receipt needs one.
     pub(super) fn settle(
         &self,
         uaid: u128,
         key: &str,
         version: &str,
         receipt: Option<Receipt>,
+        unexpired_at: Option<u64>,
     ) -> Result<Settled> {
         let record = |receipt: Option<SettledAs>| RecordRef::Settle {
             uaid: Uuid::from_u128(uaid),
@@ -731,7 +733,9 @@ impl Journal {
         if entry.moving {
             return Ok(Settled::NotHere);
         }
-        if entry.message.version != version {
+        if entry.message.version != version
+            || unexpired_at.is_some_and(|now| entry.message.is_expired(now))
+        {
             return Ok(Settled::Here(false));
         }
         // No tombstone for a message acked within its grace with receipts

@@ -725,7 +725,7 @@ impl Storage for EmbeddedStore {
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         if let Settled::Here(removed) =
             self.journal
-                .settle(uaid.as_u128(), sort_key, version, None)?
+                .settle(uaid.as_u128(), sort_key, version, None, None)?
         {
             return Ok(removed);
         }
@@ -749,9 +749,12 @@ impl Storage for EmbeddedStore {
         version: &str,
         state: MessageState,
     ) -> Result<bool> {
-        let (uaid, retention) = (uaid.as_u128(), self.retention);
-        let receipt = (retention > 0).then(|| Receipt::new(version, state, now_secs(), retention));
-        if let Settled::Here(settled) = self.journal.settle(uaid, sort_key, version, receipt)? {
+        let (uaid, retention, now) = (uaid.as_u128(), self.retention, now_secs());
+        let receipt = (retention > 0).then(|| Receipt::new(version, state, now, retention));
+        let journaled = self
+            .journal
+            .settle(uaid, sort_key, version, receipt, Some(now))?;
+        if let Settled::Here(settled) = journaled {
             return Ok(settled);
         }
         // Owned only now: the journal settles almost every message.
@@ -760,8 +763,10 @@ impl Storage for EmbeddedStore {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
             let key = (uaid, sort_key.as_str());
+            // Expired is final: its row stays for its `expired` receipt.
             let pending = match table.get(key).map_err(backend)? {
-                Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m) if m.version == version),
+                Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m)
+                    if m.version == version && !m.is_expired(now_secs())),
                 None => false,
             };
             if !pending {
