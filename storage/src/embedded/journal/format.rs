@@ -230,22 +230,65 @@ pub(super) fn record_at(bytes: &[u8], epoch: u32) -> Option<(Record, usize)> {
     Some((unframe(body)?, (RECORD_HEAD + len).next_multiple_of(8)))
 }
 
-/// The records of `epoch` in a journal file's `bytes`, in order. What is
-/// not one (a record torn by a crash, zeros a writer reserved but never
-/// wrote, an earlier epoch's record) is stepped over 8 bytes at a time.
-pub(super) fn read_records(bytes: &[u8], epoch: u32) -> Vec<Record> {
+/// The current epoch's records in a journal file, as [`read_records`]
+/// finds them.
+pub(super) struct Records {
+    pub(super) records: Vec<Record>,
+    /// Where they end.
+    pub(super) end: usize,
+    /// A record of the epoch starts at `end` but is not whole: the last
+    /// write, cut short by a crash.
+    pub(super) torn: bool,
+}
+
+/// A place in the current epoch that holds no whole record, with whole
+/// records of the epoch after it (the first at `next`).
+#[derive(Debug)]
+pub(super) struct Unreadable {
+    pub(super) at: usize,
+    pub(super) next: usize,
+}
+
+/// The records of `epoch` in a journal file's `bytes`, in order. The one
+/// writer writes them back to back and syncs before it answers, so a
+/// crash leaves at most a torn tail: what follows the last whole record
+/// (a torn record, zeros, an earlier epoch's records) holds none of this
+/// epoch. A record of this epoch past a place that holds none is one a
+/// sender was answered for, and what stood before it is damaged: that is
+/// [`Unreadable`], never stepped over.
+pub(super) fn read_records(bytes: &[u8], epoch: u32) -> std::result::Result<Records, Unreadable> {
     let mut records = Vec::new();
     let mut at = HEADER as usize;
-    while at < bytes.len() {
-        match record_at(&bytes[at..], epoch) {
-            Some((record, size)) => {
-                records.push(record);
-                at += size;
-            }
-            None => at += 8,
-        }
+    while let Some((record, size)) = bytes.get(at..).and_then(|rest| record_at(rest, epoch)) {
+        records.push(record);
+        at += size;
     }
-    records
+    if let Some(next) = next_record(bytes, at + 8, Some(epoch)) {
+        return Err(Unreadable { at, next });
+    }
+    let torn = bytes.get(at..).is_some_and(|rest| {
+        rest.get(0..4) == Some(&RECORD_MAGIC[..]) && u32_at(rest, 4) == Some(epoch)
+    });
+    Ok(Records {
+        records,
+        end: at,
+        torn,
+    })
+}
+
+/// Where the first whole record of `epoch` (of any epoch, with `None`)
+/// starts in `bytes`, at or past `from`.
+pub(super) fn next_record(bytes: &[u8], from: usize, epoch: Option<u32>) -> Option<usize> {
+    let from = from.max(HEADER as usize).next_multiple_of(8);
+    (from..bytes.len()).step_by(8).find(|at| {
+        let rest = &bytes[*at..];
+        let Some(found) = u32_at(rest, 4) else {
+            return false;
+        };
+        rest.get(0..4) == Some(&RECORD_MAGIC[..])
+            && epoch.is_none_or(|epoch| epoch == found)
+            && record_at(rest, found).is_some()
+    })
 }
 
 /// The file's first page for `epoch`.

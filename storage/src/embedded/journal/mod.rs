@@ -30,14 +30,21 @@
 //! receipts are written, and the file starts over.
 //!
 //! The file is written in place, never appended to: it is filled with zeros
-//! once ([`PREALLOCATE`]), and starting over means a new epoch in its first
+//! once ([`rotation::PREALLOCATE`]), and starting over means a new epoch in its first
 //! page, not a shorter file. An `fdatasync` of blocks the file already has
 //! writes the data and nothing else; one that grows the file also writes
 //! its new size and blocks (and on a journaled ext4 commits the journal),
 //! about twice the time, and the pushes waiting for it wait that much. Each
 //! record carries the epoch, so records of earlier epochs that are still in
-//! the file are not read again, and a space reserved by a writer that died
-//! before writing it (zeros, or an older record) is skipped. Every move into redb is
+//! the file are not read again.
+//!
+//! Only the journal thread writes, each batch right after the last, and it
+//! syncs before it answers: a crash leaves at most a torn tail past the
+//! last whole record, which replay drops (with a warning if a record of the
+//! epoch was cut short). A record of the epoch it cannot read with whole
+//! ones after it was answered for: the node refuses to start, naming the
+//! file and the offset (`autopush db replay-journal` reads what it can).
+//! Every move into redb is
 //! conditional: a message is written only where its key is free, a receipt
 //! only where its key is free or holds another receipt, so a replay never
 //! resurrects a settled message whose receipt reached redb, nor overwrites
@@ -159,7 +166,7 @@ impl Journal {
             .truncate(false)
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
-        let epoch = replay(&mut file, db)?;
+        let epoch = replay(&mut file, &path, db)?;
         let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
+use std::path::Path;
 use std::time::Instant;
 
 use autopush_common::{FastMap, Notification};
@@ -13,11 +14,11 @@ use tracing::warn;
 
 use super::super::receipts::{RECEIPTS, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
-use super::format::{HEADER, Record, epoch_of, header, read_records};
+use super::format::{HEADER, Record, Unreadable, epoch_of, header, read_records};
 use super::index::{Entry, State};
 use super::thread::JournalThread;
 use super::{ROTATE_AT, io, lock};
-use crate::{Receipt, Result};
+use crate::{Receipt, Result, StorageError};
 
 /// Bytes of zeros the file is given once, so that records overwrite
 /// blocks it has (see the module's notes); past it (a burst before a
@@ -43,14 +44,26 @@ pub(super) fn move_message(
 /// Move what the file holds into redb, then start it over: write it the
 /// epoch it is to be written in from now on, which is returned (and give it
 /// its zeros, the first time).
-pub(super) fn replay(file: &mut File, db: &Database) -> Result<u32> {
+///
+/// A file it cannot read whole stops it: see [`unreadable`].
+pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| io("cannot read", e))?;
     let epoch = epoch_of(&bytes)?;
-    let records = epoch.map_or_else(Vec::new, |epoch| read_records(&bytes, epoch));
-    if !records.is_empty() {
-        move_records(records, db)?;
+    if let Some(epoch) = epoch {
+        let read = read_records(&bytes, epoch).map_err(|bad| unreadable(path, &bad))?;
+        if read.torn {
+            warn!(
+                file = %path.display(),
+                offset = read.end,
+                "direct journal: the last record was torn by a crash while it was written \
+                 (its sender had not been answered); dropped"
+            );
+        }
+        if !read.records.is_empty() {
+            move_records(read.records, db)?;
+        }
     }
     let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
     file.write_all_at(&header(epoch), 0)
@@ -65,6 +78,20 @@ pub(super) fn replay(file: &mut File, db: &Database) -> Result<u32> {
     }
     file.sync_all().map_err(|e| io("cannot sync", e))?;
     Ok(epoch)
+}
+
+/// Why the node does not start on a journal file with a record it cannot
+/// read before records it can, and what to do.
+fn unreadable(path: &Path, bad: &Unreadable) -> StorageError {
+    let path = path.display();
+    StorageError::Corrupt(format!(
+        "direct journal {path}: nothing whole at offset {}, yet whole records after it \
+         (the next at offset {}): a record there was synced and its sender told it was \
+         saved. Refusing to start rather than drop it. Move the file aside (mv {path} \
+         {path}.unreadable), run `autopush db replay-journal {path}.unreadable` with the \
+         same --db, then start again (README: \"A journal the node refuses to read\")",
+        bad.at, bad.next
+    ))
 }
 
 /// Move replayed records into redb: what they left unsettled as stored
