@@ -300,21 +300,33 @@ pub(super) fn header(epoch: u32) -> [u8; 16] {
     page
 }
 
+/// Why a journal file's first page names no epoch.
+#[derive(Debug)]
+pub(super) enum FirstPage {
+    /// It is not a journal's.
+    Foreign,
+    /// Zeros, yet a whole record starts at this offset: the epoch that
+    /// tells current records from older ones was lost.
+    Zeroed(usize),
+}
+
 /// The epoch in a journal file's first page: `None` for a new file (its
 /// first page never written: nothing was journaled in it).
-pub(super) fn epoch_of(bytes: &[u8]) -> Result<Option<u32>> {
+pub(super) fn epoch_of(bytes: &[u8]) -> std::result::Result<Option<u32>, FirstPage> {
     let page = &bytes[..bytes.len().min(16)];
     if page.iter().all(|b| *b == 0) {
-        return Ok(None);
+        // New, or its first start was cut short, unless a record says
+        // that something was journaled.
+        return match next_record(bytes, HEADER as usize, None) {
+            Some(at) => Err(FirstPage::Zeroed(at)),
+            None => Ok(None),
+        };
     }
     match (page.get(..8), u32_at(page, 8), u32_at(page, 12)) {
         (Some(magic), Some(epoch), Some(check)) if magic == FILE_MAGIC && epoch == !check => {
             Ok(Some(epoch))
         }
-        _ => Err(StorageError::Backend(
-            "direct journal: its first page is not a journal's; move the file aside to start"
-                .into(),
-        )),
+        _ => Err(FirstPage::Foreign),
     }
 }
 

@@ -14,7 +14,7 @@ use tracing::warn;
 
 use super::super::receipts::{RECEIPTS, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
-use super::format::{HEADER, Record, Unreadable, epoch_of, header, read_records};
+use super::format::{FirstPage, HEADER, Record, epoch_of, header, read_records};
 use super::index::{Entry, State};
 use super::thread::JournalThread;
 use super::{ROTATE_AT, io, lock};
@@ -50,9 +50,27 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
         .map_err(|e| io("cannot read", e))?;
-    let epoch = epoch_of(&bytes)?;
+    let epoch = epoch_of(&bytes).map_err(|first| {
+        refuse(
+            path,
+            &match first {
+                FirstPage::Foreign => "its first page is not a journal's".to_owned(),
+                FirstPage::Zeroed(at) => format!(
+                    "its first page is zeros, yet a whole record starts at offset {at}: \
+                     the epoch that tells its current records from older ones was lost"
+                ),
+            },
+        )
+    })?;
     if let Some(epoch) = epoch {
-        let read = read_records(&bytes, epoch).map_err(|bad| unreadable(path, &bad))?;
+        let read = read_records(&bytes, epoch).map_err(|bad| {
+            let what = format!(
+                "nothing whole at offset {}, yet whole records after it (the next at \
+                 offset {}): a record there was synced and its sender told it was saved",
+                bad.at, bad.next
+            );
+            refuse(path, &what)
+        })?;
         if read.torn {
             warn!(
                 file = %path.display(),
@@ -80,17 +98,15 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
     Ok(epoch)
 }
 
-/// Why the node does not start on a journal file with a record it cannot
-/// read before records it can, and what to do.
-fn unreadable(path: &Path, bad: &Unreadable) -> StorageError {
+/// Why the node does not start on the journal file at `path` (`what` it
+/// found there), and what to do.
+fn refuse(path: &Path, what: &str) -> StorageError {
     let path = path.display();
     StorageError::Corrupt(format!(
-        "direct journal {path}: nothing whole at offset {}, yet whole records after it \
-         (the next at offset {}): a record there was synced and its sender told it was \
-         saved. Refusing to start rather than drop it. Move the file aside (mv {path} \
-         {path}.unreadable), run `autopush db replay-journal {path}.unreadable` with the \
-         same --db, then start again (README: \"A journal the node refuses to read\")",
-        bad.at, bad.next
+        "direct journal {path}: {what}. Refusing to start rather than drop what it holds. \
+         Move the file aside (mv {path} {path}.unreadable), run `autopush db replay-journal \
+         {path}.unreadable` with the same --db, then start again (README: \"A journal the \
+         node refuses to read\")"
     ))
 }
 

@@ -747,3 +747,26 @@ fn a_file_that_is_not_a_journal_is_refused() {
     };
     assert!(error.to_string().contains("direct journal"), "{error}");
 }
+
+/// A first page of zeros with whole records after it is not a new file:
+/// its epoch was lost, and with it which records are current. Refused,
+/// naming the file and the first record, rather than read as empty.
+#[tokio::test]
+async fn a_zeroed_first_page_before_records_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let mut bytes = journal_file(
+        3,
+        &[put(uaid, &message(1, "a")), put(uaid, &message(2, "b"))],
+    );
+    bytes[..HEADER as usize].fill(0);
+    let error = refused(dir.path(), &bytes);
+    let path = dir.path().join("direct.journal");
+    assert!(
+        error.contains(&path.display().to_string()) && error.contains(&format!("offset {HEADER}")),
+        "{error}"
+    );
+    // Zeros and nothing else: a file whose first start was cut short.
+    let zeros = vec![0; 3 * HEADER as usize];
+    assert!(replayed(dir.path(), &zeros, &uaid).await.is_empty());
+}
