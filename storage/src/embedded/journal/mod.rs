@@ -45,10 +45,11 @@
 //! ones after it was answered for: the node refuses to start, naming the
 //! file and the offset (`autopush db replay-journal` reads what it can).
 //! Every move into redb is
-//! conditional: a message is written only where its key is free, a receipt
-//! only where its key is free or holds another receipt, so a replay never
-//! resurrects a settled message whose receipt reached redb, nor overwrites
-//! a newer message.
+//! conditional: a message is written only where its key is free in the
+//! messages table and holds no receipt, so a replay never overwrites a
+//! newer message nor resurrects a settled message whose receipt reached
+//! redb. (With receipts off a settled message leaves no row: one whose
+//! tombstone a crash lost is delivered again, never lost.)
 //!
 //! Only messages without a topic are journaled: their key holds a unique
 //! timestamp, so two of them never compete for a key. A topic message

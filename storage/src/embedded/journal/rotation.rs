@@ -12,7 +12,7 @@ use autopush_common::{FastMap, Notification};
 use redb::{Database, ReadableTable, WriteTransaction};
 use tracing::warn;
 
-use super::super::receipts::{RECEIPTS, put as put_receipt};
+use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
 use super::format::{FirstPage, HEADER, Record, epoch_of, header, read_records};
 use super::index::{Entry, State};
@@ -25,14 +25,20 @@ use crate::{Receipt, Result, StorageError};
 /// rotation) it grows.
 pub(super) const PREALLOCATE: u64 = HEADER + ROTATE_AT + ROTATE_AT / 2;
 
-/// Write `message` into redb unless its key holds something already.
+/// Write `message` into redb unless its key holds something already, in
+/// the messages table or in the receipts table: a message settled in redb
+/// (acked while a rotation moved it, or checkpointed while its tombstone
+/// was not synced yet) is not brought back, nor its receipt undone.
 pub(super) fn move_message(
     table: &mut redb::Table<(u128, &str), &[u8]>,
+    receipts: &redb::Table<(u64, u128, &str), &[u8]>,
     uaid: u128,
     message: &Notification,
 ) -> Result<()> {
     let key = message.sort_key();
-    if table.get((uaid, key.as_str())).map_err(backend)?.is_none() {
+    if table.get((uaid, key.as_str())).map_err(backend)?.is_none()
+        && !receipt_held(receipts, uaid, &key)?
+    {
         let json = message.to_json().map_err(corrupt)?;
         table
             .insert((uaid, key.as_str()), json.as_slice())
@@ -156,10 +162,11 @@ pub(super) fn move_state(
     receipts: &FastMap<(u128, String), Receipt>,
 ) -> Result<()> {
     put_receipts(txn, receipts)?;
+    let receipts = txn.open_table(RECEIPTS).map_err(backend)?;
     let mut table = txn.open_table(MESSAGES).map_err(backend)?;
     for (uaid, keys) in live {
         for entry in keys.values() {
-            move_message(&mut table, *uaid, &entry.message)?;
+            move_message(&mut table, &receipts, *uaid, &entry.message)?;
         }
     }
     Ok(())
@@ -256,9 +263,10 @@ impl JournalThread {
                 (live, state.receipts_to_move())
             };
             put_receipts(txn, &receipts)?;
+            let receipts = txn.open_table(RECEIPTS).map_err(backend)?;
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             for (uaid, message) in &live {
-                move_message(&mut table, *uaid, message)?;
+                move_message(&mut table, &receipts, *uaid, message)?;
             }
             Ok(())
         });

@@ -770,3 +770,38 @@ async fn a_zeroed_first_page_before_records_stops_the_start() {
     let zeros = vec![0; 3 * HEADER as usize];
     assert!(replayed(dir.path(), &zeros, &uaid).await.is_empty());
 }
+
+/// A message whose receipt is in redb was settled there: a replay of its
+/// record (left by a kill during the rotation that moved it, when its ack
+/// came meanwhile, or by a power loss after a checkpoint, with the
+/// tombstone unsynced) neither brings it back nor turns its receipt back
+/// into `stored`.
+#[tokio::test]
+async fn a_replay_does_not_resurrect_a_settled_message() {
+    let (dir, uaid, store) = store_with_receipts();
+    let m = message(1, "settled");
+    store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+    let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+    assert!(
+        store
+            .settle_message(&uaid, &key, &m.version, delivered)
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let bytes = journal_file(9, &[put(uaid, &m)]);
+    std::fs::write(dir.path().join("direct.journal"), bytes).unwrap();
+    let store = EmbeddedStore::open(dir.path())
+        .unwrap()
+        .with_receipt_retention(3600);
+    let pending = data(&store.fetch_messages(&uaid, 10).await.unwrap());
+    assert!(
+        pending.is_empty(),
+        "the settled message came back: {pending:?}"
+    );
+    let row = store.read_message(&uaid, &key).await.unwrap();
+    assert!(
+        matches!(&row, Some(StoredMessage::Settled(r)) if r.state == delivered),
+        "{row:?}"
+    );
+}
