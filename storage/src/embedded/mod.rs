@@ -933,11 +933,7 @@ impl Storage for EmbeddedStore {
                 "the embedded store's writer thread has stopped".into(),
             ));
         }
-        if !self.journal.is_running() {
-            return Err(StorageError::Backend(
-                "the embedded store's direct journal thread has stopped".into(),
-            ));
-        }
+        self.journal.health()?;
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             txn.open_table(USERS)

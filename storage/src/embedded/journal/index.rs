@@ -45,6 +45,22 @@ pub(super) struct State {
     pub(super) closing: bool,
     /// The journal thread has stopped (closed, or panicked).
     pub(super) stopped: bool,
+    /// Why the journal takes no message: a write or sync of the file
+    /// failed, and it is not on a new epoch yet (see
+    /// [`super::thread::JournalThread::fail`]).
+    pub(super) fault: Option<String>,
+    /// Failures the journal thread meets on purpose.
+    #[cfg(test)]
+    pub(super) faults: Faults,
+}
+
+/// Test seam: while one is set, every such write or sync of the file fails.
+#[cfg(test)]
+#[derive(Default)]
+pub(super) struct Faults {
+    pub(super) header_sync: bool,
+    pub(super) batch_sync: bool,
+    pub(super) batch_write: bool,
 }
 
 pub(super) struct Entry {
@@ -176,6 +192,11 @@ impl Journal {
             return Err(StorageError::Backend(
                 "the direct journal has stopped".into(),
             ));
+        }
+        if let Some(fault) = &state.fault {
+            return Err(StorageError::Backend(format!(
+                "the direct journal takes no message until it starts over: {fault}"
+            )));
         }
         let keys = state.live.entry(uaid).or_default();
         if let Some(held) = keys.get(&key) {

@@ -114,6 +114,13 @@ const GRACE: Duration = if cfg!(test) {
 /// second at 4 000 pushes/s). Written one by one as acks came, they cost a
 /// `write` per ack, under the state's lock.
 const TOMBSTONES_WAIT: Duration = Duration::from_millis(10);
+/// How long the journal thread waits before it tries again to start over
+/// after a failed write or sync. (Short under test.)
+const RETRY_AFTER: Duration = if cfg!(test) {
+    Duration::from_millis(20)
+} else {
+    Duration::from_secs(1)
+};
 
 /// What the journal did with a settle or a delete.
 pub(super) enum Settled {
@@ -215,12 +222,23 @@ impl Journal {
         }
     }
 
-    /// Whether the journal thread still takes messages (it stops only if
-    /// it panicked).
-    pub(super) fn is_running(&self) -> bool {
-        lock(&self.shared.thread)
+    /// Whether the journal takes messages: its thread runs (it stops only
+    /// if it panicked), and no failed write or sync waits for a new epoch.
+    pub(super) fn health(&self) -> Result<()> {
+        let running = lock(&self.shared.thread)
             .as_ref()
-            .is_some_and(|thread| !thread.is_finished())
+            .is_some_and(|thread| !thread.is_finished());
+        if !running {
+            return Err(StorageError::Backend(
+                "the embedded store's direct journal thread has stopped".into(),
+            ));
+        }
+        match &lock(&self.shared.state).fault {
+            Some(fault) => Err(StorageError::Backend(format!(
+                "the embedded store's direct journal takes no message until it starts over: {fault}"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Whether `message` can be journaled (see the module's notes).

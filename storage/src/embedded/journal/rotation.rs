@@ -16,7 +16,7 @@ use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt
 use super::super::{MESSAGES, backend, corrupt};
 use super::format::{FirstPage, HEADER, Record, epoch_of, header, read_records};
 use super::index::{Entry, State};
-use super::thread::JournalThread;
+use super::thread::{JournalThread, Part};
 use super::{ROTATE_AT, io, lock};
 use crate::{Receipt, Result, StorageError};
 
@@ -315,16 +315,16 @@ impl JournalThread {
     pub(super) fn start_over(&mut self) {
         let epoch = self.epoch.wrapping_add(1);
         let written = self
-            .file
-            .write_all_at(&header(epoch), 0)
-            .and_then(|()| self.file.sync_data())
+            .write_at(&header(epoch), 0, Part::Header)
+            .and_then(|()| self.sync(Part::Header))
             .map_err(|e| io("cannot start over", e));
         match written {
             Ok(()) => {
                 self.epoch = epoch;
                 self.next = HEADER;
+                lock(&self.state).fault = None;
             }
-            Err(e) => warn!(error = %e, "direct journal rotation failed"),
+            Err(e) => self.fail(&e),
         }
     }
 }

@@ -805,3 +805,100 @@ async fn a_replay_does_not_resurrect_a_settled_message() {
         "{row:?}"
     );
 }
+
+/// Wait (hang-guarded) until the store's health says `healthy`.
+async fn await_health(store: &EmbeddedStore, healthy: bool, what: &str) {
+    let guard = Instant::now() + Duration::from_secs(20);
+    while store.health_check().await.is_ok() != healthy {
+        assert!(Instant::now() < guard, "{what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The epoch the first page of the journal file at `path` names.
+fn epoch_in(path: &Path) -> u32 {
+    epoch_of(&std::fs::read(path).unwrap()).unwrap().unwrap()
+}
+
+/// A node killed now: what a start-up on a copy of its journal file alone
+/// (not its redb) finds pending for `uaid`.
+async fn replayed_from_a_copy(path: &Path, uaid: &Uuid) -> Vec<String> {
+    let other = tempfile::tempdir().unwrap();
+    replayed(other.path(), &std::fs::read(path).unwrap(), uaid).await
+}
+
+/// A new epoch's first page written, its sync failed: the first page may
+/// name the new epoch or the old one. Nothing more is stamped with either
+/// until it is synced: the journal takes no message (its sender hears an
+/// error, health says so) until a new first page is synced, then takes
+/// messages again, and a node killed after that replays them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_of_a_new_first_page_stops_the_journal_until_one_is_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let path = dir.path().join("direct.journal");
+    let first = epoch_in(&path);
+    lock(&store.journal.shared.state).faults.header_sync = true;
+    // Past the rotation size (4 KiB under test), the file starts over.
+    let mut ts = 1;
+    while epoch_in(&path) == first {
+        assert!(ts < 1000, "the file did not start over");
+        let _ = store.save_direct(&uaid, message(ts, "before")).await;
+        ts += 1;
+    }
+    await_health(&store, false, "health did not say the journal cannot write").await;
+    let refused = store.save_direct(&uaid, message(ts, "during")).await;
+    assert!(
+        refused.is_err(),
+        "the journal took a message on an unsynced first page"
+    );
+    lock(&store.journal.shared.state).faults.header_sync = false;
+    await_health(&store, true, "the journal did not start over again").await;
+    // The failed epoch's number again: no record was stamped with it.
+    assert_eq!(epoch_in(&path), first + 1);
+    store
+        .save_direct(&uaid, message(ts + 1, "after"))
+        .await
+        .unwrap();
+    assert_eq!(replayed_from_a_copy(&path, &uaid).await, ["after"]);
+}
+
+/// A batch's write or sync failed: what it held may not be on disk, and a
+/// later sync would not say so (Linux marks the pages clean). The journal
+/// takes no message until it is on a new epoch, synced; what it had taken
+/// before is kept (moved into redb), and what it takes after is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_or_sync_of_a_batch_stops_the_journal_until_a_new_epoch() {
+    for fail_write in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let uaid = Uuid::new_v4();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let path = dir.path().join("direct.journal");
+        store.save_direct(&uaid, message(1, "kept")).await.unwrap();
+        let before = epoch_in(&path);
+        let set = |on: bool| {
+            let faults = &mut lock(&store.journal.shared.state).faults;
+            match fail_write {
+                true => faults.batch_write = on,
+                false => faults.batch_sync = on,
+            }
+        };
+        set(true);
+        let failed = store.save_direct(&uaid, message(2, "failed")).await;
+        assert!(failed.is_err(), "a message was answered on a failed batch");
+        await_health(&store, false, "health did not say the journal cannot write").await;
+        set(false);
+        await_health(&store, true, "the journal did not start over").await;
+        assert!(
+            epoch_in(&path) > before,
+            "the journal went on in the same epoch"
+        );
+        store.save_direct(&uaid, message(3, "after")).await.unwrap();
+        assert_eq!(
+            data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+            ["kept", "after"]
+        );
+        assert_eq!(replayed_from_a_copy(&path, &uaid).await, ["after"]);
+    }
+}

@@ -8,13 +8,15 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
-use tracing::warn;
+use tracing::{error, info};
 use uuid::Uuid;
 
 use super::super::writer::Writer;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
-use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, ROTATE_AT, TOMBSTONES_WAIT, io, lock};
+use super::{
+    FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, ROTATE_AT, TOMBSTONES_WAIT, io, lock,
+};
 use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
@@ -63,10 +65,56 @@ impl Drop for Stopped {
     }
 }
 
+/// What of the file a write or a sync is for.
+#[derive(Clone, Copy, PartialEq)]
+pub(super) enum Part {
+    Header,
+    Batch,
+}
+
 impl JournalThread {
+    /// Write `bytes` at `at` in the file (or fail, under test, as asked).
+    pub(super) fn write_at(&self, bytes: &[u8], at: u64, part: Part) -> std::io::Result<()> {
+        #[cfg(test)]
+        if part == Part::Batch && lock(&self.state).faults.batch_write {
+            return Err(std::io::Error::other("a write failed on purpose"));
+        }
+        let _ = part;
+        self.file.write_all_at(bytes, at)
+    }
+
+    /// Sync the file's data (or fail, under test, as asked).
+    pub(super) fn sync(&self, part: Part) -> std::io::Result<()> {
+        #[cfg(test)]
+        {
+            let faults = &lock(&self.state).faults;
+            if (part == Part::Header && faults.header_sync)
+                || (part == Part::Batch && faults.batch_sync)
+            {
+                return Err(std::io::Error::other("a sync failed on purpose"));
+            }
+        }
+        let _ = part;
+        self.file.sync_data()
+    }
+
     pub(super) fn run(mut self) {
         let _stopped = Stopped(self.state.clone());
-        while let Some(batch) = self.next_batch() {
+        loop {
+            if lock(&self.state).fault.is_some() {
+                // Everything the index holds into redb, then a new epoch.
+                self.rotate();
+                if lock(&self.state).fault.is_some() {
+                    if self.wait_to_retry() {
+                        break;
+                    }
+                    continue;
+                }
+                info!("direct journal: started over, takes messages again");
+            }
+            let Some(batch) = self.next_batch() else {
+                break;
+            };
             let Some(batch) = batch else {
                 // A checkpoint's time: the receipts have waited long enough.
                 self.checkpoint();
@@ -84,6 +132,27 @@ impl JournalThread {
         }
         // Closing: leave nothing for the next start-up to replay.
         self.rotate();
+    }
+
+    /// A write or sync of the file failed: what it covered may not be on
+    /// disk, and a later sync would not say so (Linux marks the pages
+    /// clean after a failed writeback). Nothing more is written in this
+    /// epoch: the journal takes no message, and health says so, until
+    /// the thread has moved what the index holds into redb and synced a
+    /// new epoch's first page ([`JournalThread::rotate`]).
+    pub(super) fn fail(&self, e: &StorageError) {
+        error!(error = %e, "direct journal: takes no message until it starts over");
+        lock(&self.state).fault = Some(e.to_string());
+    }
+
+    /// Wait [`RETRY_AFTER`], or less if the store closes: whether it does.
+    fn wait_to_retry(&self) -> bool {
+        let state = lock(&self.state);
+        let (state, _) = self
+            .work
+            .wait_timeout_while(state, RETRY_AFTER, |state| !state.closing)
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.closing
     }
 
     /// Wait for work: the records to write once the first staged message's
@@ -215,15 +284,16 @@ impl JournalThread {
             self.buffer = bytes;
             return;
         }
-        let mut written = self.file.write_all_at(&bytes, at);
+        let mut written = self.write_at(&bytes, at, Part::Batch);
         if !puts.is_empty() {
-            written = written.and_then(|()| self.file.sync_data());
+            written = written.and_then(|()| self.sync(Part::Batch));
         }
         bytes.clear();
         bytes.shrink_to(BUFFER_KEPT);
         self.buffer = bytes;
         let written = written.map_err(|e| io("cannot append", e));
-        if written.is_err() {
+        if let Err(e) = &written {
+            self.fail(e);
             // Not durable: out of the index, and the senders hear it.
             let mut state = lock(&self.state);
             for (uaid, key, version) in &puts {
@@ -235,9 +305,6 @@ impl JournalThread {
                 Ok(()) => Ok(()),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
             });
-        }
-        if let Err(e) = written {
-            warn!(error = %e, "direct journal append failed");
         }
     }
 }
