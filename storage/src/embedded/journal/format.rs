@@ -291,6 +291,43 @@ pub(super) fn next_record(bytes: &[u8], from: usize, epoch: Option<u32>) -> Opti
     })
 }
 
+/// Every whole record of `epoch` in `bytes`, stepping over what is not
+/// one, and where each stretch stepped over starts: what a file the node
+/// refused still holds (see `autopush db replay-journal`).
+pub(super) fn salvage_records(bytes: &[u8], epoch: u32) -> (Vec<Record>, Vec<usize>) {
+    let (mut records, mut skipped) = (Vec::new(), Vec::new());
+    let mut at = HEADER as usize;
+    while at < bytes.len() {
+        match record_at(&bytes[at..], epoch) {
+            Some((record, size)) => {
+                records.push(record);
+                at += size;
+            }
+            None => match next_record(bytes, at + 8, Some(epoch)) {
+                Some(next) => {
+                    skipped.push(at);
+                    at = next;
+                }
+                None => break,
+            },
+        }
+    }
+    (records, skipped)
+}
+
+/// The latest epoch among the whole records in `bytes`: the current one,
+/// for a file whose first page was lost, unless none was written in it.
+pub(super) fn latest_epoch(bytes: &[u8]) -> Option<u32> {
+    let mut latest = None;
+    let mut at = HEADER as usize;
+    while let Some(found) = next_record(bytes, at, None) {
+        let epoch = u32_at(bytes, found + 4)?;
+        latest = latest.max(Some(epoch));
+        at = found + 8;
+    }
+    latest
+}
+
 /// The file's first page for `epoch`.
 pub(super) fn header(epoch: u32) -> [u8; 16] {
     let mut page = [0u8; 16];

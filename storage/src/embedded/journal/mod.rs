@@ -76,7 +76,8 @@ use super::writer::Writer;
 use crate::{Result, StorageError};
 use format::HEADER;
 use index::State;
-use rotation::replay;
+pub use rotation::JournalReplay;
+use rotation::{replay, replay_file};
 use thread::JournalThread;
 
 /// The file outgrows this: its unsettled messages move to redb and it starts over.
@@ -239,6 +240,12 @@ impl Journal {
             ))),
             None => Ok(()),
         }
+    }
+
+    /// Move what can be read of the journal file at `path` (one the node
+    /// refused, moved aside) into `db`: see [`replay_file`].
+    pub(super) fn replay_file(path: &Path, db: &Database) -> Result<JournalReplay> {
+        replay_file(path, db)
     }
 
     /// Whether `message` can be journaled (see the module's notes).

@@ -14,7 +14,9 @@ use tracing::warn;
 
 use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
-use super::format::{FirstPage, HEADER, Record, epoch_of, header, read_records};
+use super::format::{
+    FirstPage, HEADER, Record, epoch_of, header, latest_epoch, read_records, salvage_records,
+};
 use super::index::{Entry, State};
 use super::thread::{JournalThread, Part};
 use super::{ROTATE_AT, io, lock};
@@ -114,6 +116,49 @@ fn refuse(path: &Path, what: &str) -> StorageError {
          {path}.unreadable` with the same --db, then start again (README: \"A journal the \
          node refuses to read\")"
     ))
+}
+
+/// What [`replay_file`] found in a journal file the node refused.
+#[derive(Debug)]
+pub struct JournalReplay {
+    /// The epoch whose records were read: the first page's, else (a page
+    /// lost or not a journal's) the latest among the records; `None` if
+    /// the file holds no whole record.
+    pub epoch: Option<u32>,
+    /// Records of that epoch moved into the store.
+    pub records: usize,
+    /// Where each stretch that holds no whole record starts, before
+    /// records that were read: what was there is lost.
+    pub skipped: Vec<usize>,
+}
+
+/// Move every whole record of the current epoch of the journal file at
+/// `path` into `db`, stepping over what cannot be read (what the node
+/// refused to do by itself). The moves are conditional, as at start-up.
+pub(super) fn replay_file(path: &Path, db: &Database) -> Result<JournalReplay> {
+    let bytes =
+        std::fs::read(path).map_err(|e| io(&format!("cannot read {}", path.display()), e))?;
+    let epoch = match epoch_of(&bytes) {
+        Ok(Some(epoch)) => Some(epoch),
+        Ok(None) | Err(_) => latest_epoch(&bytes),
+    };
+    let Some(epoch) = epoch else {
+        return Ok(JournalReplay {
+            epoch: None,
+            records: 0,
+            skipped: Vec::new(),
+        });
+    };
+    let (records, skipped) = salvage_records(&bytes, epoch);
+    let found = records.len();
+    if found > 0 {
+        move_records(records, db)?;
+    }
+    Ok(JournalReplay {
+        epoch: Some(epoch),
+        records: found,
+        skipped,
+    })
 }
 
 /// Move replayed records into redb: what they left unsettled as stored

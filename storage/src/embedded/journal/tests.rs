@@ -902,3 +902,109 @@ async fn a_failed_write_or_sync_of_a_batch_stops_the_journal_until_a_new_epoch()
         assert_eq!(replayed_from_a_copy(&path, &uaid).await, ["after"]);
     }
 }
+
+/// Three messages' records in a journal file of epoch 5, and where each
+/// record starts.
+fn three_records(uaid: Uuid) -> (Vec<u8>, [usize; 3]) {
+    let records = [1, 2, 3].map(|i| put(uaid, &message(i, &format!("m{i}"))));
+    let first = HEADER as usize;
+    let starts = [
+        first,
+        first + records[0].len(),
+        first + records[0].len() + records[1].len(),
+    ];
+    (journal_file(5, &records), starts)
+}
+
+/// One bit flipped in each part of a record (its magic, epoch, length,
+/// checksum, JSON, data, padding aside): in the middle, the node refuses
+/// and names the record's offset, and `db replay-journal` reads the
+/// others; in the last record, it is a torn tail: the others are kept.
+#[tokio::test]
+async fn a_flipped_bit_in_each_part_of_a_record() {
+    let uaid = Uuid::new_v4();
+    let (bytes, starts) = three_records(uaid);
+    let data_at = |start: usize| {
+        let json = u32_at(&bytes, start + RECORD_HEAD).unwrap() as usize;
+        start + RECORD_HEAD + 4 + json + 1
+    };
+    for (victim, survivors) in [(1, vec!["m1", "m3"]), (2, vec!["m1", "m2"])] {
+        let start = starts[victim];
+        let parts = [
+            ("magic", start + 1),
+            ("epoch", start + 4),
+            ("length", start + 9),
+            ("checksum", start + 13),
+            ("json", start + RECORD_HEAD + 6),
+            ("data", data_at(start)),
+        ];
+        for (part, at) in parts {
+            let dir = tempfile::tempdir().unwrap();
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0x10;
+            if victim == 1 {
+                let error = refused(dir.path(), &flipped);
+                assert!(
+                    error.contains(&format!("offset {start}")),
+                    "{part}: {error}"
+                );
+                let aside = dir.path().join("direct.journal.unreadable");
+                std::fs::rename(dir.path().join("direct.journal"), &aside).unwrap();
+                let store = EmbeddedStore::open(dir.path()).unwrap();
+                let found = store.replay_journal(&aside).unwrap();
+                assert_eq!(
+                    (found.records, &found.skipped[..]),
+                    (2, &[start][..]),
+                    "{part}"
+                );
+                let pending = data(&store.fetch_messages(&uaid, 10).await.unwrap());
+                assert_eq!(pending, survivors, "{part}");
+            } else {
+                let pending = replayed(dir.path(), &flipped, &uaid).await;
+                assert_eq!(pending, survivors, "{part}");
+            }
+        }
+    }
+}
+
+/// A file cut anywhere (a torn tail, or a truncated copy) keeps every
+/// record it still holds whole, and never stops the start.
+#[tokio::test]
+async fn a_file_cut_anywhere_keeps_its_whole_records() {
+    let uaid = Uuid::new_v4();
+    let (bytes, starts) = three_records(uaid);
+    let all = ["m1", "m2", "m3"];
+    for cut in (HEADER as usize..=bytes.len()).step_by(5) {
+        let dir = tempfile::tempdir().unwrap();
+        // Whole up to its body's end; the padding after it may be cut.
+        let whole = starts
+            .iter()
+            .filter(|at| **at + RECORD_HEAD + u32_at(&bytes, **at + 8).unwrap() as usize <= cut)
+            .count();
+        let pending = replayed(dir.path(), &bytes[..cut], &uaid).await;
+        assert_eq!(pending, all[..whole], "cut at {cut}");
+    }
+    // Cut inside the first page: not a journal's any more.
+    let dir = tempfile::tempdir().unwrap();
+    refused(dir.path(), &bytes[..12]);
+}
+
+/// A first page lost: `db replay-journal` reads the records of the latest
+/// epoch it finds, not the older ones still in the file.
+#[tokio::test]
+async fn replay_journal_reads_the_latest_epoch_of_a_file_without_its_first_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let (mut bytes, _) = three_records(uaid);
+    let mut older = put(uaid, &message(9, "older"));
+    stamp(&mut older, 4);
+    bytes.extend(older);
+    bytes[..16].fill(0);
+    let aside = dir.path().join("journal.aside");
+    std::fs::write(&aside, &bytes).unwrap();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let found = store.replay_journal(&aside).unwrap();
+    assert_eq!((found.epoch, found.records), (Some(5), 3));
+    let pending = data(&store.fetch_messages(&uaid, 10).await.unwrap());
+    assert_eq!(pending, ["m1", "m2", "m3"]);
+}
