@@ -216,3 +216,98 @@ async fn a_damaged_journal_stops_the_node_and_replay_journal_recovers_the_rest()
         BTreeSet::from(["kept 0".to_string(), "kept 2".to_string()])
     );
 }
+
+/// `kill -9` at random points of a load that rotates the journal every
+/// few pushes (1 KiB) and settles with receipts on, round after round.
+/// The model: every push answered 201 and not acked is delivered after the
+/// restart (none lost); an acked one may come again (its tombstone waits
+/// 10 ms in memory), unless its receipt has read `delivered` after a
+/// restart: that receipt is in the store, and never goes back.
+/// `JOURNAL_CRASH_ROUNDS` (default 2) makes the hunt longer,
+/// `JOURNAL_CRASH_SEED` repeats one.
+#[tokio::test]
+async fn kill9_at_random_points_loses_nothing_and_no_receipt_goes_back() {
+    use autopush_tests::receipt::state_of;
+    use std::collections::BTreeMap;
+    let env_or = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let rounds = env_or("JOURNAL_CRASH_ROUNDS", 2);
+    let seed = env_or("JOURNAL_CRASH_SEED", fastrand::u64(..));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut server = Server::start_with_env(
+        &["--receipt-retention", "3600"],
+        &[("AUTOPUSH_TEST_JOURNAL_ROTATE_AT", "1024")],
+    )
+    .await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    // text -> Location, of pushes answered 201.
+    let (mut unacked, mut acked) = (BTreeMap::new(), BTreeMap::new());
+    let mut durable = BTreeSet::new();
+    for round in 0..rounds {
+        for i in 0..rng.usize(2..7) {
+            let text = format!("round {round} push {i}");
+            let res = sub.send(&SendOptions::text(&text)).await;
+            let location = res.assert_created().header("location").unwrap().to_owned();
+            // An acked push may come again after a restart: acked again.
+            let (notif, d) = loop {
+                let (notif, d) = sub.receive(&mut ws).await;
+                if d.text == text {
+                    break (notif, d);
+                }
+                assert!(
+                    acked.contains_key(&d.text),
+                    "seed {seed}: {} unexpected",
+                    d.text
+                );
+                assert!(
+                    !durable.contains(&d.text),
+                    "seed {seed}: {} came back",
+                    d.text
+                );
+                ws.ack_notification(&notif).await;
+            };
+            if rng.bool() {
+                ws.ack_notification(&notif).await;
+                acked.insert(d.text, location);
+            } else {
+                unacked.insert(text, location);
+            }
+        }
+        // Somewhere among the acks' tombstones, rotations, checkpoints.
+        tokio::time::sleep(std::time::Duration::from_millis(rng.u64(0..30))).await;
+        drop(ws);
+        server.kill9();
+        server.restart().await;
+        for text in &durable {
+            let state = state_of(&acked[text]).await;
+            assert_eq!(
+                state, "delivered",
+                "seed {seed}, round {round}: {text}'s receipt went back"
+            );
+        }
+        for (text, location) in &acked {
+            if state_of(location).await == "delivered" {
+                durable.insert(text.clone());
+            }
+        }
+        ws = server.reconnect(&uaid).await;
+        while !unacked.is_empty() {
+            let (notif, d) = sub.receive(&mut ws).await;
+            assert!(
+                !durable.contains(&d.text),
+                "seed {seed}, round {round}: {} came back after its receipt was stored",
+                d.text
+            );
+            ws.ack_notification(&notif).await;
+            if let Some(location) = unacked.remove(&d.text) {
+                acked.insert(d.text, location);
+            }
+        }
+    }
+}

@@ -83,6 +83,16 @@ use thread::JournalThread;
 /// The file outgrows this: its unsettled messages move to redb and it starts over.
 /// (Small under test, so that tests rotate.)
 const ROTATE_AT: u64 = if cfg!(test) { 4096 } else { 16 << 20 };
+
+/// [`ROTATE_AT`], or `AUTOPUSH_TEST_JOURNAL_ROTATE_AT` bytes: the crash
+/// tests of the binary rotate every few pushes (hidden: not a setting).
+fn rotate_at() -> u64 {
+    std::env::var("AUTOPUSH_TEST_JOURNAL_ROTATE_AT")
+        .ok()
+        .and_then(|bytes| bytes.parse().ok())
+        .filter(|bytes| *bytes > 0)
+        .unwrap_or(ROTATE_AT)
+}
 /// Receipts waiting in memory past this many reach redb at once: appended
 /// to the receipts table, the more go in one commit, the fewer pages and
 /// syncs each costs, down to about this many. More only make the commit
@@ -186,6 +196,7 @@ impl Journal {
             last_flush: Instant::now(),
             epoch,
             next: HEADER,
+            rotate_at: rotate_at(),
             buffer: Vec::new(),
         };
         let thread = std::thread::Builder::new()

@@ -14,9 +14,7 @@ use uuid::Uuid;
 use super::super::writer::Writer;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
-use super::{
-    FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, ROTATE_AT, TOMBSTONES_WAIT, io, lock,
-};
+use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, io, lock};
 use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
@@ -29,6 +27,8 @@ pub(super) struct JournalThread {
     pub(super) epoch: u32,
     /// Where the next record goes (reset by a rotation).
     pub(super) next: u64,
+    /// The file outgrows this: it rotates (see [`super::rotate_at`]).
+    pub(super) rotate_at: u64,
     /// The last batch's bytes, emptied, for the next: a batch of messages
     /// is tens of kilobytes, which a new buffer would grow to by copying
     /// and fault in page by page.
@@ -122,7 +122,7 @@ impl JournalThread {
             };
             self.write(batch);
             let receipts = lock(&self.state).receipts.len();
-            if self.next - HEADER >= ROTATE_AT {
+            if self.next - HEADER >= self.rotate_at {
                 self.rotate();
             } else if receipts >= FLUSH_AT
                 || (receipts > 0 && self.last_flush.elapsed() >= FLUSH_AFTER)
