@@ -24,6 +24,7 @@ use crate::{DirectCopy, Hurry, Receipt, Result, Storage, StorageError, StoredMes
 use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
+pub use journal::JournalReplay;
 use journal::{Journal, Settled};
 use receipts::RECEIPTS;
 use writer::Writer;
@@ -110,6 +111,13 @@ impl EmbeddedStore {
             user_cursor: Default::default(),
             retention: 0,
         })
+    }
+
+    /// Move every record that can be read from a direct journal file the
+    /// node refused to start on (moved aside, not this store's own) into
+    /// this store: `autopush db replay-journal`.
+    pub fn replay_journal(&self, file: &Path) -> Result<JournalReplay> {
+        Journal::replay_file(file, &self.db)
     }
 
     /// Keep receipts `seconds` after a message's final state (0: off, the
@@ -938,11 +946,7 @@ impl Storage for EmbeddedStore {
                 "the embedded store's writer thread has stopped".into(),
             ));
         }
-        if !self.journal.is_running() {
-            return Err(StorageError::Backend(
-                "the embedded store's direct journal thread has stopped".into(),
-            ));
-        }
+        self.journal.health()?;
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             txn.open_table(USERS)
