@@ -69,6 +69,13 @@ impl Bucket {
         }
     }
 
+    /// Whether a token is there at `now`, without taking it, or how long
+    /// until one is.
+    fn ready(&self, rate: Rate, now: Instant) -> Result<(), Duration> {
+        let mut peek = *self;
+        peek.take(rate, now)
+    }
+
     fn refill(&mut self, rate: Rate, now: Instant) {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
@@ -159,6 +166,22 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
         bucket.take(rate, now)
     }
 
+    /// Whether `key` has a token, without taking it: a key never seen has
+    /// its whole burst (and is not added).
+    pub fn ready(&self, key: &K) -> Result<(), Duration> {
+        self.ready_at(key, Instant::now())
+    }
+
+    /// [`Limiter::ready`] at `now`.
+    pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
+        let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        shard
+            .buckets
+            .get(key)
+            .map_or(Ok(()), |bucket| bucket.ready(self.rate, now))
+    }
+
     /// Drop the buckets that have refilled (at most once a second: it is a
     /// scan), else any one bucket.
     fn make_room(&self, shard: &mut Shard<K>, now: Instant) {
@@ -212,6 +235,28 @@ mod tests {
         let later = start + Duration::from_millis(500);
         assert!(limiter.check_at(&1, later).is_ok());
         assert!(limiter.check_at(&1, later).is_err());
+    }
+
+    #[test]
+    fn ready_peeks_without_taking() {
+        let limiter = limiter(2.0, 2.0, 100);
+        let start = Instant::now();
+        assert!(limiter.ready_at(&1, start).is_ok());
+        assert!(limiter.is_empty(), "a peek adds no key");
+        for _ in 0..2 {
+            assert!(limiter.check_at(&1, start).is_ok());
+        }
+        assert_eq!(limiter.ready_at(&1, start), Err(Duration::from_millis(500)));
+        assert!(
+            limiter
+                .ready_at(&1, start + Duration::from_millis(500))
+                .is_ok()
+        );
+        assert!(
+            limiter
+                .check_at(&1, start + Duration::from_millis(500))
+                .is_ok()
+        );
     }
 
     #[test]

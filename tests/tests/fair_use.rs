@@ -297,6 +297,77 @@ async fn fresh_vapid_keys_do_not_escape_the_limits() {
     assert_eq!(scrape.value("notification_auth", &not_pinned), 2.0);
 }
 
+/// A v2 subscription's key is public: anyone can name it beside a forged
+/// signature, and each such push costs an ECDSA verification. Pushes whose
+/// signature fails count against their source address, and an address out
+/// of that budget is refused before any verification; another address's
+/// sender is not slowed.
+#[tokio::test]
+async fn forged_signatures_for_a_pinned_key_are_limited_by_address() {
+    let server = Server::start_with(&[
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--source-ip-limit",
+        "0.01,2",
+    ])
+    .await;
+    let mut ws = server.client().await;
+    let key = SigningKey::generate();
+    let reply = ws
+        .register(
+            &new_channel_id(),
+            Some(&autopush_crypto::b64(key.public_key())),
+        )
+        .await;
+    let pinned = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    // Signed by another key, but naming the pinned one: only the signature
+    // check can tell.
+    let forger = SigningKey::generate();
+    let forged = forger
+        .authorization(&server.endpoint_base(), "mailto:ops@example.com")
+        .replace(
+            &autopush_crypto::b64(forger.public_key()),
+            &autopush_crypto::b64(key.public_key()),
+        );
+    let push = |client: &'static str, authorization: String| async move {
+        http::post_push(
+            pinned,
+            &[
+                ("ttl", "60"),
+                ("x-forwarded-for", client),
+                ("authorization", authorization.as_str()),
+            ],
+            None,
+        )
+        .await
+    };
+    for _ in 0..2 {
+        push("192.0.2.1", forged.clone())
+            .await
+            .assert_error(401, 109);
+    }
+    assert_429(
+        &push("192.0.2.1", forged.clone()).await,
+        "a 3rd forged signature from one address",
+    );
+    // The real sender, elsewhere, is not slowed.
+    let genuine = key.authorization(&server.endpoint_base(), "mailto:ops@example.com");
+    push("192.0.2.2", genuine).await.assert_created();
+    // Two forged signatures were checked, the refused one was not.
+    let scrape = Scrape::parse(
+        &http::get(&format!("{}/metrics", server.router_base()))
+            .await
+            .text,
+    );
+    let forged = [("outcome", "failed"), ("check", "signature")];
+    assert_eq!(
+        scrape.value("notification_auth", &forged),
+        2.0,
+        "signatures checked and failed"
+    );
+    assert_eq!(refused(&server, "forged").await, 1.0);
+}
+
 /// On a dual-stack listener (`--host [::]`) a proxy that connects over
 /// IPv4 is seen as `::ffff:127.0.0.1`: still the proxy `--trusted-proxies
 /// 127.0.0.1` names, so the clients it forwards are told apart.

@@ -10,7 +10,10 @@
 //! cost us an ECDSA verification each time). So a push to a subscription
 //! that pins no key counts, signed or not, against the subscription it
 //! targets and its source address, before its signature is checked; a
-//! signed one also counts against its key. `/v1` registrations, which
+//! signed one also counts against its key. A pinned key is public, so
+//! anyone can name it beside a forged signature: a push whose signature
+//! fails counts against its source address, and an address out of that
+//! budget is refused before any verification. `/v1` registrations, which
 //! create users without credentials, count against their source address.
 //! Addresses count by [`address_key`] (an IPv6 host by its /64). Limits are
 //! per node: behind a load balancer spreading over N nodes, a sender gets
@@ -35,6 +38,8 @@ pub struct FairUse {
     subscription: Option<Limiter<(Uuid, Uuid)>>,
     source_ip: Option<Limiter<IpAddr>>,
     registration: Option<Limiter<IpAddr>>,
+    /// Failed signature checks by source address (at `source_ip`'s rate).
+    forged: Option<Limiter<IpAddr>>,
     /// Proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<IpAddr>,
 }
@@ -52,6 +57,7 @@ impl FairUse {
             subscription: limiter(limits.subscription, limits.max_keys),
             source_ip: limiter(limits.source_ip, limits.max_keys),
             registration: limiter(limits.registration, limits.max_keys),
+            forged: limiter(limits.source_ip, limits.max_keys),
             trusted_proxies: limits.trusted_proxies.clone(),
         }
     }
@@ -75,6 +81,25 @@ impl FairUse {
         )
     }
 
+    /// Before a signature from `client` is checked: refused while its
+    /// address is out of budget for failed checks ([`FairUse::forged`]).
+    pub fn may_verify(&self, client: IpAddr) -> ApiResult<()> {
+        let Some(limiter) = &self.forged else {
+            return Ok(());
+        };
+        limiter
+            .ready(&address_key(client))
+            .map_err(|wait| refusal(limiter, wait, "forged", "source address"))
+    }
+
+    /// A signature from `client` failed its check.
+    pub fn forged(&self, client: IpAddr) {
+        if let Some(limiter) = &self.forged {
+            // Refused or not, the failure is spent.
+            let _ = limiter.check(&address_key(client));
+        }
+    }
+
     /// A push signed by `sender` (verified), to any subscription.
     pub fn signed_push(&self, sender: &VapidIdentity) -> ApiResult<()> {
         take(&self.sender, &sender.key_hash, "sender", "sender")
@@ -91,6 +116,7 @@ impl FairUse {
         keys("subscription", &self.subscription);
         keys("source_ip", &self.source_ip);
         keys("registration", &self.registration);
+        keys("forged", &self.forged);
     }
 
     /// A `/v1` registration from `client`.
@@ -115,11 +141,22 @@ fn take<K: std::hash::Hash + Eq + Clone>(
         return Ok(());
     };
     limiter
-        .check_counted(key, limit)
-        .map_err(|wait| ApiError::TooManyRequests {
-            what,
-            retry_after: retry_after_secs(wait),
-        })
+        .check(key)
+        .map_err(|wait| refusal(limiter, wait, limit, what))
+}
+
+/// A 429 for `what`, counted in `rate_limit.refused` under `limit`.
+fn refusal<K: std::hash::Hash + Eq + Clone>(
+    limiter: &Limiter<K>,
+    wait: Duration,
+    limit: &'static str,
+    what: &'static str,
+) -> ApiError {
+    metrics::rate_limited(limit, limiter.len());
+    ApiError::TooManyRequests {
+        what,
+        retry_after: retry_after_secs(wait),
+    }
 }
 
 #[cfg(test)]

@@ -59,7 +59,13 @@ pub async fn send(
             .unpinned_push(subscription.uaid, subscription.channel_id, client)?;
     }
     // Who sent it, proven by VAPID: kept for per-sender features and logs.
-    let sender = authenticate(&state, &subscription, &headers)?;
+    // An address whose signatures keep failing gets no more checks.
+    state.fair_use.may_verify(client)?;
+    let sender = authenticate(&state, &subscription, &headers).inspect_err(|e| {
+        if matches!(e, ApiError::InvalidAuthentication(_)) {
+            state.fair_use.forged(client);
+        }
+    })?;
     if let Some(sender) = &sender {
         state.fair_use.signed_push(sender)?;
     }
