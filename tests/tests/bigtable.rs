@@ -543,3 +543,318 @@ async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRe
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
     [direct, stored, drained]
 }
+
+// ---- every cell we write, against what autopush-rs reads ---------------
+
+/// What autopush-rs 1.83.1 reads (`autopush-common/src/db/bigtable`):
+/// `get_user` takes every router cell of row `{uaid}` and fails on one that
+/// is neither one of these nor `chid:{uuid}`.
+const AUTOPUSH_RS_ROUTER_CELLS: [&str; 7] = [
+    "connected_at",
+    "router_type",
+    "record_version",
+    "version",
+    "router_data",
+    "node_id",
+    "current_timestamp",
+];
+/// `row_to_notification` requires `ttl`, `timestamp` and `version` in a
+/// message row and reads `data` and `headers`; it drops other cells.
+const AUTOPUSH_RS_MESSAGE_CELLS: [&str; 5] = ["ttl", "timestamp", "version", "data", "headers"];
+/// Our message cells that autopush-rs drops (read back by us only).
+const OUR_MESSAGE_CELLS: [&str; 3] = ["sortkey_timestamp", "urgency", "durable"];
+
+/// What one scan of the whole table found wrong, and which cells it saw.
+#[derive(Default)]
+struct CellAudit {
+    wrong: Vec<String>,
+    seen: std::collections::BTreeSet<String>,
+}
+
+impl CellAudit {
+    /// Read every row of the table and check each cell against what
+    /// autopush-rs reads; `phase` names the path that wrote them.
+    async fn scan(&mut self, store: &BigtableStore, phase: &str) {
+        let settings = store.settings();
+        let rows = store
+            .connection()
+            .read_rows(proto::ReadRowsRequest {
+                table_name: settings.table_name.clone(),
+                app_profile_id: settings.app_profile_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for row in rows {
+            let key = text(&row.key);
+            for ((family, qualifier), value) in &row.cells {
+                let qualifier = text(qualifier);
+                let kind = match key.split_once('#') {
+                    None => "user",
+                    Some(_) => "message",
+                };
+                self.seen.insert(format!("{kind} {family}:{qualifier}"));
+                if let Err(why) = check_cell(&key, family, &qualifier, value) {
+                    self.wrong
+                        .push(format!("{phase}: {key} {family}:{qualifier}: {why}"));
+                }
+            }
+            if let Some((_, sort_key)) = key.split_once('#') {
+                for required in ["ttl", "timestamp", "version"] {
+                    if !row.cells.keys().any(|(_, q)| q == required.as_bytes()) {
+                        self.wrong
+                            .push(format!("{phase}: {key} lacks {required} ({sort_key})"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether autopush-rs reads cell `family:qualifier` of row `key` without
+/// error (or does not look at it).
+fn check_cell(key: &str, family: &str, qualifier: &str, value: &[u8]) -> Result<(), String> {
+    let eight = |v: &[u8]| match v.len() {
+        8 => Ok(()),
+        n => Err(format!("{n} bytes, not 8")),
+    };
+    let Some((uaid, sort_key)) = key.split_once('#') else {
+        if uaid_ok(key).is_err() {
+            return Err("not a UAID row".into());
+        }
+        return match (family, qualifier) {
+            ("router", "connected_at" | "record_version" | "current_timestamp") => eight(value),
+            ("router", "version") if value.len() == 16 => Ok(()),
+            ("router", "router_type") => match value {
+                b"webpush" | b"fcm" | b"gcm" | b"apns" => Ok(()),
+                _ => Err("unknown router type".into()),
+            },
+            ("router", "router_data") => {
+                serde_json::from_slice::<HashMap<String, serde_json::Value>>(value)
+                    .map(|_| ())
+                    .map_err(|_| "not a JSON object".into())
+            }
+            ("router", "node_id") => std::str::from_utf8(value)
+                .map(|_| ())
+                .map_err(|_| "not UTF-8".into()),
+            ("router", q) if AUTOPUSH_RS_ROUTER_CELLS.contains(&q) => Err("bad value".into()),
+            ("router", q) => match q.strip_prefix("chid:").map(Uuid::parse_str) {
+                Some(Ok(_)) => Ok(()),
+                _ => Err("autopush-rs takes it for a channel and fails".into()),
+            },
+            // Ours, where autopush-rs does not look (its get_user reads
+            // the router family only).
+            ("message", "last_connect") => eight(value),
+            ("message", "over_msg_limit") => Ok(()),
+            _ => Err("a cell of the user row autopush-rs does not know".into()),
+        };
+    };
+    uaid_ok(uaid)?;
+    let family_of_key = match sort_key.split(':').next() {
+        Some("01") => "message_topic",
+        Some("02") => "message",
+        _ => return Err("a sort key autopush-rs cannot parse".into()),
+    };
+    let parts: Vec<&str> = sort_key.splitn(3, ':').collect();
+    let chid = match family_of_key {
+        "message_topic" => parts.get(1),
+        _ => {
+            if parts.get(1).and_then(|t| t.parse::<u64>().ok()).is_none() {
+                return Err("sort key timestamp".into());
+            }
+            parts.get(2)
+        }
+    };
+    if chid.and_then(|c| Uuid::parse_str(c).ok()).is_none() {
+        return Err("sort key channel".into());
+    }
+    if family != family_of_key {
+        return Err(format!("in {family}, autopush-rs reads {family_of_key}"));
+    }
+    match qualifier {
+        "ttl" | "timestamp" | "sortkey_timestamp" => eight(value),
+        "version" | "data" | "urgency" => std::str::from_utf8(value)
+            .map(|_| ())
+            .map_err(|_| "not UTF-8".into()),
+        "headers" => serde_json::from_slice::<HashMap<String, String>>(value)
+            .map(|_| ())
+            .map_err(|_| "not a JSON map of strings".into()),
+        q if OUR_MESSAGE_CELLS.contains(&q) => Ok(()),
+        q if AUTOPUSH_RS_MESSAGE_CELLS.contains(&q) => Ok(()),
+        _ => Err("a message cell nobody listed".into()),
+    }
+}
+
+fn uaid_ok(uaid: &str) -> Result<(), String> {
+    match uaid.len() == 32 && Uuid::parse_str(uaid).is_ok() {
+        true => Ok(()),
+        false => Err("not a UAID".into()),
+    }
+}
+
+/// A push of `body` (aes128gcm, as is) with extra `headers`.
+async fn raw_push(endpoint: &str, headers: &[(&str, &str)]) -> autopush_tests::HttpReply {
+    let mut all = vec![("ttl", "600"), ("content-encoding", "aes128gcm")];
+    all.extend_from_slice(headers);
+    let reply = autopush_tests::http::post_push(endpoint, &all, Some(b"opaque".to_vec())).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    reply
+}
+
+/// Every path that writes to Bigtable (hello, register, direct and stored
+/// pushes, acks, unregister, msg_limit, receipts, `/v1` registrations, a
+/// bridged mailbox, the daily `last_connect`), the whole table read after
+/// each: every cell in the router and message families is one autopush-rs
+/// 1.83.1 reads without error, or one it never looks at. A new cell fails
+/// here before it fails an operator going back to autopush-rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cell_we_write_is_one_autopush_rs_reads() {
+    use autopush_tests::http as h;
+    use reqwest::Method;
+    let (table, store) = fresh_table().await;
+    let google = autopush_tests::google::Google::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = google.write_service_account(dir.path(), "sa.json");
+    let config = dir.path().join("autopush.toml");
+    let fcm = format!(
+        "[fcm.apps.app1]\nproject_id = \"autopush-test\"\ncredential = \"{}\"\nbase_url = \"{}\"\n",
+        key_file.display(),
+        google.base_url()
+    );
+    std::fs::write(&config, fcm).unwrap();
+    let mut args = beside_autopush_rs(&table).await;
+    args.extend([
+        format!("--config={}", config.display()),
+        "--msg-limit=2".into(),
+    ]);
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let mut audit = CellAudit::default();
+
+    // hello, register, a direct push before and after its ack.
+    let mut ws = node.client().await;
+    let uaid = ws.uaid().to_owned();
+    let (chid, other) = (
+        autopush_tests::new_channel_id(),
+        autopush_tests::new_channel_id(),
+    );
+    let endpoint = ws.register(&chid, None).await["pushEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ws.register(&other, None).await;
+    audit.scan(&store, "hello+register").await;
+    raw_push(&endpoint, &[("urgency", "high")]).await;
+    let n = ws.recv_notification().await;
+    audit.scan(&store, "direct").await;
+    ws.ack_notification(&n).await;
+    ws.unregister(&other, 200).await;
+    ws.close().await;
+
+    // Stored (timestamp and Topic), read and acked at the next hello.
+    let stored = raw_push(&endpoint, &[]).await;
+    raw_push(&endpoint, &[("topic", "news")]).await;
+    audit.scan(&store, "stored").await;
+    // Receipts (off beside autopush-rs): a read, and the sender's delete.
+    let location = stored.header("location").unwrap().to_owned();
+    h::get(&location).await;
+    audit.scan(&store, "receipt").await;
+    let mut ws = node.reconnect(&uaid).await;
+    for n in ws.recv_notifications(2).await {
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let sent = raw_push(&endpoint, &[]).await;
+    h::request(Method::DELETE, sent.header("location").unwrap(), &[], None).await;
+    audit.scan(&store, "acked").await;
+
+    // msg_limit 2: three stored; the next hello marks the user over it,
+    // the one after starts over with a new UAID.
+    for _ in 0..3 {
+        raw_push(&endpoint, &[]).await;
+    }
+    let mut ws = node.reconnect(&uaid).await;
+    ws.recv_notifications(2).await;
+    ws.close().await;
+    audit.scan(&store, "over msg_limit").await;
+    let ws = WsClient::connect_hello(&node.ws_url(), Some(&uaid)).await;
+    let fresh = Uuid::parse_str(ws.uaid()).unwrap();
+    assert_ne!(fresh.simple().to_string(), uaid);
+    ws.close().await;
+    audit.scan(&store, "msg_limit reset").await;
+
+    // The daily refresh of last_connect.
+    assert!(store.touch_user(&fresh, now_millis()).await.unwrap());
+    audit.scan(&store, "touch").await;
+
+    // /v1: a webpush registration, a new channel, a bridged one with a
+    // mailbox, its token updated, a message acked from the mailbox.
+    let v1 =
+        |t: &str, path: &str| format!("{}/v1/{t}/app1/registration{path}", node.endpoint_base());
+    let json = [("content-type", "application/json")];
+    let web = h::request(
+        Method::POST,
+        &v1("webpush", ""),
+        &json,
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(web.status, 200, "{}", web.text);
+    raw_push(web.json["endpoint"].as_str().unwrap(), &[]).await;
+    let body = serde_json::json!({"token": "fcm-token", "mailbox": true}).to_string();
+    let fcm = h::request(Method::POST, &v1("fcm", ""), &json, Some(body.into_bytes())).await;
+    assert_eq!(fcm.status, 200, "{}", fcm.text);
+    let (fcm_uaid, secret) = (fcm.field("uaid"), fcm.field("secret"));
+    let auth = format!("Bearer {secret}");
+    let with_auth = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+    ];
+    let sub = h::request(
+        Method::POST,
+        &v1("fcm", &format!("/{fcm_uaid}/subscription")),
+        &with_auth,
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(sub.status, 200, "{}", sub.text);
+    let token = serde_json::json!({"token": "fcm-token-2"}).to_string();
+    let updated = h::request(
+        Method::PUT,
+        &v1("fcm", &format!("/{fcm_uaid}")),
+        &with_auth,
+        Some(token.into_bytes()),
+    )
+    .await;
+    assert_eq!(updated.status, 200, "{}", updated.text);
+    let boxed = raw_push(fcm.json["endpoint"].as_str().unwrap(), &[]).await;
+    raw_push(fcm.json["endpoint"].as_str().unwrap(), &[("topic", "t")]).await;
+    audit.scan(&store, "v1 + mailbox").await;
+    let id = autopush_tests::receipt::id_of(boxed.header("location").unwrap()).to_owned();
+    let acked = h::request(
+        Method::DELETE,
+        &v1("fcm", &format!("/{fcm_uaid}/messages/{id}")),
+        &with_auth,
+        None,
+    )
+    .await;
+    assert_eq!(acked.status, 200, "{}", acked.text);
+    audit.scan(&store, "mailbox ack").await;
+
+    assert!(audit.wrong.is_empty(), "{:#?}", audit.wrong);
+    // The scans saw what they are meant to check.
+    for cell in [
+        "user router:connected_at",
+        "user message:last_connect",
+        "user message:over_msg_limit",
+        "user router:router_data",
+        "message message:data",
+        "message message_topic:sortkey_timestamp",
+        "message message:urgency",
+    ] {
+        assert!(
+            audit.seen.contains(cell),
+            "{cell} never written: {:?}",
+            audit.seen
+        );
+    }
+}

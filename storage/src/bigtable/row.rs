@@ -16,9 +16,20 @@
 //! every cell's timestamp is the message's expiry, which the families' GC
 //! (`maxage=1s`) eventually deletes, so reads skip expired cells.
 //!
-//! Cells autopush-rs does not know and ignores: `last_connect` and
-//! `over_msg_limit` in the router row, `sortkey_timestamp` (topic messages:
-//! which of two is newer), `urgency` and `durable` in messages.
+//! autopush-rs's `get_user` reads every router cell of the user row and
+//! takes each one it does not know for a channel (`chid:{uuid}`), failing
+//! the whole read otherwise: the router family holds only the cells above.
+//! What we keep of a user beside them, `last_connect` and `over_msg_limit`,
+//! is in the user row's *message* family ([`OWN_USER_CELLS`]), stamped like
+//! router cells: autopush-rs reads that row only through its router family
+//! and message families only in rows `{uaid}#...`, and its `remove_user`
+//! deletes the whole row, these cells with it. Older versions of ours wrote
+//! them in the router family; every connection deletes those.
+//!
+//! Message cells autopush-rs does not know and ignores (its
+//! `row_to_notification` takes the cells it knows and drops the rest):
+//! `sortkey_timestamp` (topic messages: which of two is newer), `urgency`
+//! and `durable`.
 //!
 //! Receipts (a receipt retention window set) add cells of our own to a
 //! message row, in its family, stamped with when they go:
@@ -189,7 +200,7 @@ pub fn delete_row() -> pb::Mutation {
     }
 }
 
-/// Replace a router column with `value`, or remove it when `None`: the old
+/// Replace a column of the user row with `value`, or remove it when `None`: the old
 /// cells go first, so the new value is the one read whatever timestamp a
 /// node with a skewed clock gave them.
 fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>) -> Vec<pb::Mutation> {
@@ -240,6 +251,10 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
     m
 }
 
+/// The user row's cells of ours, kept in its message family where
+/// autopush-rs does not look (see the module's notes).
+pub const OWN_USER_CELLS: [&str; 2] = ["last_connect", "over_msg_limit"];
+
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`.
 pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
@@ -257,19 +272,26 @@ pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutatio
     ));
     m.extend(last_connect_mutations(families, user.last_connect));
     m.extend(replace(
-        f,
+        &families.message,
         "over_msg_limit",
         user.over_msg_limit.then(|| vec![1]),
     ));
     m
 }
 
+/// Sets `last_connect`, and removes the router cells of ours older
+/// versions wrote, which autopush-rs cannot read.
 pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb::Mutation> {
-    replace(
-        &families.router,
+    let mut m: Vec<_> = OWN_USER_CELLS
+        .iter()
+        .map(|q| delete_column(&families.router, q.as_bytes()))
+        .collect();
+    m.extend(replace(
+        &families.message,
         "last_connect",
         Some(last_connect.to_be_bytes().to_vec()),
-    )
+    ));
+    m
 }
 
 pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
@@ -505,7 +527,8 @@ pub fn channels(families: &Families) -> RowFilter {
 }
 
 /// The newest cell of every router column but the channel set (a user
-/// may have thousands of channels: reading it has no use).
+/// may have thousands of channels: reading it has no use), and of our own
+/// cells of the user in its message family.
 pub fn user_columns(families: &Families) -> RowFilter {
     let range = |start, end| {
         filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
@@ -528,6 +551,7 @@ pub fn user_columns(families: &Families) -> RowFilter {
                 )),
                 None,
             ),
+            chain(vec![family(&families.message), qualifiers(&OWN_USER_CELLS)]),
         ]),
         latest(),
     ])
@@ -664,7 +688,9 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         .get(f, "node_id")
         .map(|v| text_of(v, "node_id"))
         .transpose()?;
-    let last_connect = match row.get(f, "last_connect") {
+    // Ours, in the message family; older versions wrote them in router.
+    let own = |name| row.get(&families.message, name).or(row.get(f, name));
+    let last_connect = match own("last_connect") {
         Some(v) => u64_of(v, "last_connect")?,
         None => connected_at,
     };
@@ -675,7 +701,7 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         node_id,
         connected_at,
         last_connect,
-        over_msg_limit: row.get(f, "over_msg_limit").is_some(),
+        over_msg_limit: own("over_msg_limit").is_some(),
         current_month: None,
     }))
 }
