@@ -15,6 +15,11 @@
 //! data: Prometheus scrapers cannot sign. And while autopush-rs's endpoints
 //! share the table (a migration), its unsigned `PUT /push` and `PUT /notif`
 //! from the peers `--unsigned-node-calls-from` names, each counted.
+//!
+//! Every answer carries [`SETTLES_DURABLE_COPY`]: this node deletes a
+//! durable direct copy when its client acks. autopush-rs's nodes do not (a
+//! direct ack never touches its storage), so an endpoint that gets a 200
+//! without it removes its copy itself.
 
 use std::sync::Arc;
 
@@ -24,6 +29,7 @@ use autopush_common::node_auth::NodeAuthError;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
 use autopush_serving::http::Peer;
+pub use autopush_webpush::SETTLES_DURABLE_COPY;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
@@ -222,6 +228,13 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .unify()
         .recover(refusal)
         .unify()
+        .map(|mut reply: Response| {
+            reply.headers_mut().insert(
+                SETTLES_DURABLE_COPY,
+                warp::http::HeaderValue::from_static("1"),
+            );
+            reply
+        })
         .boxed()
 }
 

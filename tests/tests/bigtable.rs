@@ -858,3 +858,103 @@ async fn every_cell_we_write_is_one_autopush_rs_reads() {
         );
     }
 }
+
+// ---- durable direct copies and nodes that do not settle them -------------
+
+/// A connection node that takes every push (200) and counts them; it says
+/// it settles durable copies (as ours do) when `settles`, else it is
+/// autopush-rs's kind: its direct acks never touch storage.
+async fn taking_node(settles: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use warp::{Filter, Reply};
+    let taken = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = taken.clone();
+    let routes = warp::put()
+        .and(warp::path!("push" / String))
+        .and(warp::body::bytes())
+        .map(move |_: String, _: bytes::Bytes| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let reply = warp::reply::with_status("", warp::http::StatusCode::OK);
+            match settles {
+                true => warp::reply::with_header(reply, "x-autopush-settles-durable-copy", "1")
+                    .into_response(),
+                false => reply.into_response(),
+            }
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(warp::serve(routes).incoming(listener).run());
+    (base, taken)
+}
+
+/// A push our endpoint delivers through a node that does not settle
+/// durable copies (autopush-rs's) leaves no copy behind: it would be
+/// delivered again at the client's next hello. Through one of ours, the
+/// copy stays until the client's ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_durable_copy_stays_behind_a_node_that_does_not_settle_it() {
+    let (table, store) = fresh_table().await;
+    let node = Server::start_node(node_on(
+        &bigtable::local().await.host,
+        beside_autopush_rs(&table).await,
+    )("all"))
+    .await;
+    for settles in [false, true] {
+        let (node_id, taken) = taking_node(settles).await;
+        let (uaid, sub) = node.offline_subscription(false).await;
+        // Newer than the cell hello wrote (stamped now + 60 days).
+        let stamp = now_millis() + 90 * 86_400_000;
+        write_row(
+            &store,
+            uaid.clone(),
+            vec![cell("router", "node_id", node_id.into_bytes(), stamp)],
+        )
+        .await;
+        sub.push_text("direct").await;
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let left = store
+            .fetch_messages(&Uuid::parse_str(&uaid).unwrap(), 10)
+            .await
+            .unwrap();
+        assert_eq!(left.len(), usize::from(settles), "settles: {settles}");
+    }
+}
+
+/// The copy is removed on its version, and not once someone wrote the
+/// message again (autopush-rs's node storing it as its client left
+/// without an ack, its cells stamped by its own clock).
+#[tokio::test]
+async fn a_direct_copy_written_again_is_not_removed() {
+    let (_, store) = fresh_table().await;
+    let uaid = Uuid::new_v4();
+    let message = autopush_common::Notification {
+        channel_id: Uuid::new_v4(),
+        version: "v1".into(),
+        ttl: 600,
+        timestamp: now_secs(),
+        topic: None,
+        sortkey_timestamp: Some(now_millis() * 1000),
+        data: Some("ZGF0YQ".into()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    };
+    store.save_direct(&uaid, message.clone()).await.unwrap();
+    let mut other = message.clone();
+    other.version = "v2".into();
+    assert!(!store.remove_direct_copy(&uaid, &other).await.unwrap());
+    assert!(store.remove_direct_copy(&uaid, &message).await.unwrap());
+    assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+
+    store.save_direct(&uaid, message.clone()).await.unwrap();
+    let key = autopush_storage::bigtable::row::message_key(&uaid, &message.sort_key());
+    let rewritten = (now_millis() + 1) + message.ttl * 1000;
+    write_row(
+        &store,
+        String::from_utf8(key).unwrap(),
+        vec![cell("message", "version", b"v1".to_vec(), rewritten)],
+    )
+    .await;
+    assert!(!store.remove_direct_copy(&uaid, &message).await.unwrap());
+    assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap().len(), 1);
+}

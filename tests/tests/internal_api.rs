@@ -333,6 +333,7 @@ async fn unsigned_calls_from_the_peers_named_during_a_migration() {
     let push = format!("/push/{hyphenated}");
     let reply = raw_router_call(&server, Method::PUT, &push, None, Some(&body.to_string())).await;
     assert_eq!(reply.status, 200, "{reply:?}");
+    assert!(reply.header("x-autopush-settles-durable-copy").is_some());
     let (n, d) = sub.receive(&mut ws).await;
     assert_eq!(d.text, "unsigned");
     ws.ack_notification(&n).await;

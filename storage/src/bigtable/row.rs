@@ -615,6 +615,28 @@ pub fn unexpired() -> RowFilter {
     ))
 }
 
+/// Cells of column `qualifier` in `family` stamped other than at
+/// `expiry` (unix seconds), where we stamp a message's cells: a write of
+/// the message by someone else (autopush-rs stamps its cells with its
+/// clock's now + TTL, in milliseconds).
+pub fn stamped_otherwise(family_name: &str, qualifier: &str, expiry: u64) -> RowFilter {
+    let ours = micros(expiry);
+    let stamps = |start, end| {
+        filter(row_filter::Filter::TimestampRangeFilter(
+            pb::TimestampRange {
+                start_timestamp_micros: start,
+                end_timestamp_micros: end,
+            },
+        ))
+    };
+    chain(vec![
+        family(family_name),
+        qualifiers(&[qualifier]),
+        // Bigtable's granularity is the millisecond; 0 ends nowhere.
+        interleave(vec![stamps(0, ours), stamps(ours + 1000, 0)]),
+    ])
+}
+
 /// A family name or literal for RE2: everything but letters, digits and
 /// `_` escaped.
 fn regex_escape(name: &str) -> String {
