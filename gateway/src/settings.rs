@@ -382,12 +382,17 @@ fn rate(name: &str, value: Option<&str>, default: &str) -> Result<Option<Rate>, 
     }
 }
 
-fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
+/// The items of a comma-separated setting, trimmed, empty ones skipped.
+fn items(value: Option<&str>) -> impl Iterator<Item = &str> {
     value
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
         .filter(|v| !v.is_empty())
+}
+
+fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
+    items(value)
         .map(|v| {
             v.parse()
                 .map_err(|_| format!("trusted_proxies: {v:?} is not an IP address"))
@@ -399,11 +404,7 @@ fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
 /// one. A network of every address (`/0`) is refused: the setting names
 /// the autopush-rs endpoints, not the world.
 fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String> {
-    value
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
+    items(value)
         .map(|v| {
             let net = v
                 .parse::<ipnet::IpNet>()

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use autopush_common::time::{now_millis, now_secs};
 use autopush_storage::Storage;
-use autopush_storage::bigtable::{BigtableStore, proto};
+use autopush_storage::bigtable::{BigtableStore, proto, row};
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, bigtable, scenarios};
 use uuid::Uuid;
@@ -312,23 +312,28 @@ async fn rows_written_by_autopush_rs_are_delivered() {
     ws.assert_nothing_arrives().await;
 }
 
-/// Every cell of row `key`, newest per column, by `family:qualifier`.
-async fn raw_row(store: &BigtableStore, key: &str) -> Option<HashMap<String, Vec<u8>>> {
+/// The rows of `rows` (`None`: the whole table), every cell as read.
+async fn read(store: &BigtableStore, rows: Option<proto::RowSet>) -> Vec<row::Row> {
     let settings = store.settings();
-    let rows = store
+    store
         .connection()
         .read_rows(proto::ReadRowsRequest {
             table_name: settings.table_name.clone(),
             app_profile_id: settings.app_profile_id.clone(),
-            rows: Some(proto::RowSet {
-                row_keys: vec![key.as_bytes().to_vec()],
-                row_ranges: Vec::new(),
-            }),
+            rows,
             ..Default::default()
         })
         .await
-        .unwrap();
-    rows.into_iter().next().map(|row| {
+        .unwrap()
+}
+
+/// Every cell of row `key`, newest per column, by `family:qualifier`.
+async fn raw_row(store: &BigtableStore, key: &str) -> Option<HashMap<String, Vec<u8>>> {
+    let rows = proto::RowSet {
+        row_keys: vec![key.as_bytes().to_vec()],
+        row_ranges: Vec::new(),
+    };
+    read(store, Some(rows)).await.into_iter().next().map(|row| {
         row.cells
             .into_iter()
             .map(|((f, q), v)| (format!("{f}:{}", text(&q)), v))
@@ -575,17 +580,7 @@ impl CellAudit {
     /// Read every row of the table and check each cell against what
     /// autopush-rs reads; `phase` names the path that wrote them.
     async fn scan(&mut self, store: &BigtableStore, phase: &str) {
-        let settings = store.settings();
-        let rows = store
-            .connection()
-            .read_rows(proto::ReadRowsRequest {
-                table_name: settings.table_name.clone(),
-                app_profile_id: settings.app_profile_id.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        for row in rows {
+        for row in read(store, None).await {
             let key = text(&row.key);
             for ((family, qualifier), value) in &row.cells {
                 let qualifier = text(qualifier);
@@ -947,7 +942,7 @@ async fn a_direct_copy_written_again_is_not_removed() {
     assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
 
     store.save_direct(&uaid, message.clone()).await.unwrap();
-    let key = autopush_storage::bigtable::row::message_key(&uaid, &message.sort_key());
+    let key = row::message_key(&uaid, &message.sort_key());
     let rewritten = (now_millis() + 1) + message.ttl * 1000;
     write_row(
         &store,
