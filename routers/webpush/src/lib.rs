@@ -229,9 +229,10 @@ impl Router for WebPushRouter {
                 // autopush-rs's node: it keeps the message until the ack,
                 // and stores it itself if the client leaves without one.
                 // Our copy would be delivered again at the next hello.
-                self.storage
-                    .remove_direct_copy(&uaid, &notification)
-                    .await?;
+                // Delivered either way: a failure here is not the sender's.
+                if let Err(e) = self.storage.remove_direct_copy(&uaid, &notification).await {
+                    warn!(error = %e, "could not remove a durable copy an autopush-rs node took");
+                }
             }
             return Ok(Delivery::Direct);
         }
