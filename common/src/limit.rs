@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -77,6 +78,18 @@ impl Bucket {
     fn is_full(&self, rate: Rate, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         self.tokens + elapsed * rate.per_second >= rate.burst
+    }
+}
+
+/// The key every limit by address counts a client under: an IPv4 address
+/// (also when it arrives IPv4-mapped on a dual-stack socket), or the /64 of
+/// an IPv6 one, which one host usually holds whole. Keyed by full IPv6
+/// address, one host would get a fresh bucket per address, and its flood of
+/// fresh keys would evict other clients' refused buckets.
+pub fn address_key(client: IpAddr) -> IpAddr {
+    match client.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+        v4 => v4,
     }
 }
 
@@ -199,6 +212,20 @@ mod tests {
         let later = start + Duration::from_millis(500);
         assert!(limiter.check_at(&1, later).is_ok());
         assert!(limiter.check_at(&1, later).is_err());
+    }
+
+    #[test]
+    fn addresses_count_as_ipv4_addresses_and_ipv6_64s() {
+        let key = |ip: &str| address_key(ip.parse().unwrap());
+        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
+        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
+        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_eq!(
+            key("2001:db8:1:2::1"),
+            "2001:db8:1:2::".parse::<IpAddr>().unwrap()
+        );
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 
     #[test]

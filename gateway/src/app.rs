@@ -87,7 +87,7 @@ async fn answering<S: Storage + 'static>(store: S, db: &str) -> Result<Arc<dyn S
 
 /// The embedded store in `dir`, created if missing; every refusal names
 /// the directory and says what is wrong with it.
-fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
+pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
     let name = dir.display();
     match std::fs::metadata(dir) {
         Ok(meta) if !meta.is_dir() => {

@@ -1,10 +1,12 @@
-//! `autopush db ...`: DynamoDB and Bigtable maintenance for operators.
+//! `autopush db ...`: DynamoDB and Bigtable maintenance for operators, and
+//! the embedded store's recovery of a direct journal it refused.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Subcommand;
 
-use crate::app::{open_bigtable, open_dynamodb};
+use crate::app::{open_bigtable, open_dynamodb, open_embedded};
 use crate::settings::{Db, Settings};
 
 #[derive(Subcommand, Debug)]
@@ -31,16 +33,33 @@ pub enum DbCommand {
         #[arg(long, default_value_t = 0.2)]
         pause: f64,
     },
+    /// Embedded store (stopped): move every record that can be read from a
+    /// direct journal file the node refused to start on, moved aside
+    /// first, into the store at --db; prints what could not be read
+    ReplayJournal {
+        /// The journal file, moved aside (not <db>/direct.journal)
+        file: PathBuf,
+    },
 }
 
+const REPLAY_JOURNAL_ONLY_EMBEDDED: &str =
+    "`autopush db replay-journal` works on the embedded store (--db DIR)";
+
 pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> {
+    if let DbCommand::ReplayJournal { file } = &command {
+        return match &settings.db {
+            Db::Embedded(dir) => replay_journal(dir, file),
+            _ => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
+        };
+    }
     if let Db::Bigtable(bigtable) = &settings.db {
         return run_bigtable(bigtable, command).await;
     }
     if settings.db != Db::DynamoDb {
         return Err(
             "`autopush db` works on --db dynamodb; the embedded store makes its own tables \
-             and drops idle users itself (--drop-idle-users-after-days)"
+             and drops idle users itself (--drop-idle-users-after-days), and needs only \
+             `autopush db replay-journal` (a journal it refused to read)"
                 .into(),
         );
     }
@@ -83,7 +102,40 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
             println!("dropped {dropped} users");
             Ok(())
         }
+        DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
     }
+}
+
+/// `db replay-journal`: what can be read of `file` into the store at `dir`.
+fn replay_journal(dir: &Path, file: &Path) -> Result<(), String> {
+    let own = dir.join("direct.journal");
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(file, &own) {
+        return Err(format!(
+            "{} is the store's own journal: move it aside first (mv {0} {0}.unreadable)",
+            own.display()
+        ));
+    }
+    // Opening the store fails while a node runs on it.
+    let store = open_embedded(dir)?;
+    let found = store.replay_journal(file).map_err(|e| e.to_string())?;
+    let file = file.display();
+    for at in &found.skipped {
+        println!("lost: nothing whole at offset {at} of {file}, before records that were read");
+    }
+    match found.epoch {
+        None => println!("{file} holds no whole record: nothing to move"),
+        Some(epoch) => println!(
+            "moved {} record(s) of epoch {epoch} from {file} into the store ({} stretch(es) lost); \
+             the node can start",
+            found.records,
+            found.skipped.len()
+        ),
+    }
+    Ok(())
 }
 
 /// `db create-tables` and `db preflight` on Bigtable (the table and
@@ -114,6 +166,7 @@ async fn run_bigtable(
              index on last_connect to find them by"
                 .into(),
         ),
+        DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
     }
 }
 

@@ -153,13 +153,16 @@ pub struct SettingsLayer {
     /// turns the limit off [default: 1000,10000]
     #[arg(long, env = "AUTOPUSH_SENDER_LIMIT", global = true)]
     pub sender_limit: Option<String>,
-    /// Unsigned pushes per subscription, as `PER_SECOND,BURST` [default: 10,100]
+    /// Pushes per subscription not signed with a key it pins (unsigned, or
+    /// to a v1 endpoint), as `PER_SECOND,BURST` [default: 10,100]
     #[arg(long, env = "AUTOPUSH_SUBSCRIPTION_LIMIT", global = true)]
     pub subscription_limit: Option<String>,
-    /// Unsigned pushes per source address, as `PER_SECOND,BURST` [default: 100,1000]
+    /// The same pushes per source address (an IPv6 /64), as
+    /// `PER_SECOND,BURST` [default: 100,1000]
     #[arg(long, env = "AUTOPUSH_SOURCE_IP_LIMIT", global = true)]
     pub source_ip_limit: Option<String>,
-    /// `/v1` registrations per source address, as `PER_SECOND,BURST` [default: 1,20]
+    /// `/v1` registrations per source address (an IPv6 /64), as
+    /// `PER_SECOND,BURST` [default: 1,20]
     #[arg(long, env = "AUTOPUSH_REGISTRATION_LIMIT", global = true)]
     pub registration_limit: Option<String>,
     /// New UAIDs handed out at websocket hello per source address, as

@@ -68,8 +68,14 @@ pub struct Peer(pub IpAddr);
 /// `trusted` proxies, in which case the nearest address in
 /// `X-Forwarded-For` that is not a trusted proxy (a client can put anything
 /// at the start of that header; only what our proxies appended counts).
+///
+/// Addresses are compared and returned canonical: on a dual-stack listener
+/// an IPv4 proxy connects as `::ffff:10.0.0.1`, which must match a proxy
+/// configured as `10.0.0.1` (and the other way round).
 pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
-    if !trusted.contains(&peer) {
+    let peer = peer.to_canonical();
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|t| t.to_canonical() == ip);
+    if !is_trusted(peer) {
         return peer;
     }
     let forwarded = headers
@@ -80,8 +86,8 @@ pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpAddr]) ->
         .map(str::trim)
         .collect::<Vec<_>>();
     for hop in forwarded.iter().rev() {
-        match hop.parse::<IpAddr>() {
-            Ok(ip) if trusted.contains(&ip) => continue,
+        match hop.parse::<IpAddr>().map(|ip| ip.to_canonical()) {
+            Ok(ip) if is_trusted(ip) => continue,
             Ok(ip) => return ip,
             // Garbage where a proxy should have written an address: the
             // last trustworthy hop is the proxy itself.
@@ -524,6 +530,27 @@ mod client_ip_tests {
         assert_eq!(client_ip(proxy, &h, &[proxy]), client);
         assert_eq!(client_ip(proxy, &headers("garbage"), &[proxy]), proxy);
         assert_eq!(client_ip(proxy, &http::HeaderMap::new(), &[proxy]), proxy);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_the_ipv4_ones() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let h = headers("198.51.100.1, 203.0.113.9, ::ffff:10.0.0.1");
+        // A proxy configured as IPv4, seen IPv4-mapped on a dual-stack
+        // socket, and each hop compared the same way.
+        let trusted = [ip("10.0.0.1"), ip("10.0.0.2")];
+        assert_eq!(
+            client_ip(ip("::ffff:10.0.0.2"), &h, &trusted),
+            ip("203.0.113.9")
+        );
+        // Configured IPv4-mapped, seen IPv4.
+        let h = headers("::ffff:203.0.113.9");
+        assert_eq!(
+            client_ip(ip("10.0.0.1"), &h, &[ip("::ffff:10.0.0.1")]),
+            ip("203.0.113.9")
+        );
+        // An untrusted peer is its canonical self.
+        assert_eq!(client_ip(ip("::ffff:192.0.2.1"), &h, &[]), ip("192.0.2.1"));
     }
 }
 

@@ -1,5 +1,6 @@
-//! The three storage backends the binary runs on, for tests that must hold
-//! on each: the embedded store, DynamoDB (moto, see [`crate::dynamo`]) and
+//! The storage backends the binary runs on, for tests that must hold on
+//! each: the embedded store, DynamoDB (on moto and on dynalite, which
+//! speak its API differently enough to matter, see [`crate::dynamo`]) and
 //! Bigtable (Google's emulator, see [`crate::bigtable`]).
 
 use crate::server::{Node, Server};
@@ -8,7 +9,10 @@ use crate::{bigtable, dynamo};
 #[derive(Clone, Copy, Debug)]
 pub enum Db {
     Embedded,
+    /// DynamoDB on moto.
     Dynamo,
+    /// DynamoDB on dynalite.
+    Dynalite,
     Bigtable,
 }
 
@@ -31,9 +35,12 @@ pub async fn node(db: Db, args: &[&str]) -> Node {
             args,
             ..Node::default()
         },
-        Db::Dynamo => {
+        Db::Dynamo | Db::Dynalite => {
             let tables = dynamo::tables();
-            let endpoint = &dynamo::local().await.endpoint;
+            let endpoint = match db {
+                Db::Dynalite => &dynamo::dynalite().await.endpoint,
+                _ => &dynamo::local().await.endpoint,
+            };
             dynamo::connect(endpoint, tables.clone())
                 .await
                 .create_tables()
@@ -82,7 +89,8 @@ pub async fn start(db: Db, args: &[&str]) -> Server {
 }
 
 /// Tests `async fn test(db: Db)` of the calling module, run on every
-/// backend: `embedded::test`, `dynamodb::test` and `bigtable::test`.
+/// backend: `embedded::test`, `dynamodb::test` (moto), `dynalite::test`
+/// and `bigtable::test`.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -99,6 +107,14 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn $test() {
                     super::$test($crate::backend::Db::Dynamo).await;
+                }
+            )*
+        }
+        mod dynalite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::backend::Db::Dynalite).await;
                 }
             )*
         }

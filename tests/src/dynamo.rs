@@ -171,10 +171,19 @@ pub async fn connect(endpoint: &str, tables: Tables) -> DynamoStore {
 /// span several pages.
 pub const PAGE_SIZE: usize = 25;
 
-/// A store on the shared local server with fresh, created tables, reading
+/// A store on the shared moto server with fresh, created tables, reading
 /// [`PAGE_SIZE`] items per page.
 pub async fn fresh_store() -> DynamoStore {
-    let store = connect(&local().await.endpoint, tables())
+    fresh_store_on(local().await).await
+}
+
+/// [`fresh_store`] on the shared dynalite server.
+pub async fn fresh_dynalite_store() -> DynamoStore {
+    fresh_store_on(dynalite().await).await
+}
+
+async fn fresh_store_on(server: &LocalDynamo) -> DynamoStore {
+    let store = connect(&server.endpoint, tables())
         .await
         .with_page_size(PAGE_SIZE);
     store.create_tables().await.expect("create tables");

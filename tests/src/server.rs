@@ -254,6 +254,11 @@ impl Server {
         .await
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the server is not running").id()
+    }
+
     /// The current run's stderr so far.
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.log_path("stderr")).unwrap_or_default()

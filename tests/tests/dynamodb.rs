@@ -1,13 +1,13 @@
-//! `--db dynamodb` end to end, on a local DynamoDB-compatible server (moto,
-//! not AWS): the `db` subcommands, and split mode with two connection nodes
-//! and an endpoint node as separate processes.
+//! `--db dynamodb` end to end, on local DynamoDB-compatible servers (moto
+//! and dynalite, not AWS): the `db` subcommands, and split mode with two
+//! connection nodes and an endpoint node as separate processes.
 
 use std::collections::BTreeMap;
 
 use autopush_common::{User, time::now_millis};
 use autopush_storage::Storage;
 use autopush_storage::dynamodb::Tables;
-use autopush_tests::dynamo::ThrottlingProxy;
+use autopush_tests::dynamo::{LocalDynamo, ThrottlingProxy};
 use autopush_tests::scenarios::{self, receive_and_ack};
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, dynamo};
@@ -197,28 +197,61 @@ async fn nodes_refuse_to_start_without_a_region_or_tables() {
     );
 }
 
+/// Tests `async fn test(server: &LocalDynamo)`, run on moto
+/// (`moto::test`) and on dynalite (`dynalite::test`).
+macro_rules! on_both_servers {
+    ($($test:ident),* $(,)?) => {
+        mod moto {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(autopush_tests::dynamo::local().await).await;
+                }
+            )*
+        }
+        mod dynalite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(autopush_tests::dynamo::dynalite().await).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_servers!(
+    clients_move_between_connection_nodes_without_loss_or_duplicates,
+    clients_move_between_nodes_whose_clocks_disagree,
+    clients_of_a_paused_connection_node_keep_receiving_when_it_resumes,
+    throttling_is_retried_then_refused_and_nothing_accepted_is_lost,
+    records_written_by_the_seeds_schema_are_read,
+    requests_per_delivered_message,
+);
+
 /// Split mode on one DynamoDB: an endpoint node and two connection nodes.
 struct Cluster {
     endpoint: Server,
     a: Server,
     b: Server,
     tables: Tables,
+    server: &'static LocalDynamo,
 }
 
 impl Cluster {
-    /// Start the three nodes on fresh tables. Every node gets the same
-    /// [`shared_args`].
-    async fn start() -> Cluster {
-        Cluster::start_with(|_| {}).await
+    /// Start the three nodes on fresh tables on `server`. Every node gets
+    /// the same [`shared_args`].
+    async fn start(server: &'static LocalDynamo) -> Cluster {
+        Cluster::start_with(server, |_| {}).await
     }
 
     /// [`Cluster::start`], with connection node A set up further by
     /// `tweak_a` (e.g. given a clock offset).
-    async fn start_with(tweak_a: impl FnOnce(&mut Node)) -> Cluster {
+    async fn start_with(server: &'static LocalDynamo, tweak_a: impl FnOnce(&mut Node)) -> Cluster {
         let tables = dynamo::tables();
-        let out = db_command(&tables, &["db", "create-tables"]).await;
+        let out = db_command_on(&server.endpoint, &tables, &["db", "create-tables"]).await;
         assert!(out.status.success(), "{}", text(&out.stderr));
-        let node = node_on(&dynamo::local().await.endpoint, shared_args(&tables).await);
+        let node = node_on(&server.endpoint, shared_args(&tables).await);
         let endpoint = Server::start_node(node("endpoint")).await;
         let connection = || Node {
             endpoint_url: Some(endpoint.endpoint_base()),
@@ -233,12 +266,13 @@ impl Cluster {
             a,
             b,
             tables,
+            server,
         }
     }
 
     /// The user record of `uaid`, as the nodes stored it.
     async fn user(&self, uaid: &str) -> User {
-        let store = dynamo::connect(&dynamo::local().await.endpoint, self.tables.clone()).await;
+        let store = dynamo::connect(&self.server.endpoint, self.tables.clone()).await;
         let uaid = uuid::Uuid::parse_str(uaid).unwrap();
         store.get_user(&uaid).await.unwrap().expect("a user record")
     }
@@ -293,9 +327,10 @@ async fn an_endpoint_node_logs_no_router_url() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
-    let cluster = Cluster::start().await;
+async fn clients_move_between_connection_nodes_without_loss_or_duplicates(
+    server: &'static LocalDynamo,
+) {
+    let cluster = Cluster::start(server).await;
     scenarios::clients_move_between_nodes(&cluster.endpoint, &cluster.a, &cluster.b).await;
 }
 
@@ -303,12 +338,11 @@ async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
 /// client that moves from A to B reconnects "earlier" than the connection
 /// it replaces. Each reconnect wins all the same: the record names the
 /// node the client is on, and pushes reach it on that connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_move_between_nodes_whose_clocks_disagree() {
+async fn clients_move_between_nodes_whose_clocks_disagree(server: &'static LocalDynamo) {
     // Longer than one push and one move take, even on a loaded machine, so
     // that every move from A to B happens while A's clock is still ahead.
     const AHEAD_SECS: i64 = 10;
-    let cluster = Cluster::start_with(|a| a.clock_offset_secs = AHEAD_SECS).await;
+    let cluster = Cluster::start_with(server, |a| a.clock_offset_secs = AHEAD_SECS).await;
     let mut ws = cluster.b.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -345,9 +379,10 @@ async fn clients_move_between_nodes_whose_clocks_disagree() {
 /// it (the node call times out), then thawed (SIGCONT): its client, on the
 /// same connection, gets what is sent afterwards, and nothing answered 201
 /// is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
-    let cluster = Cluster::start().await;
+async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes(
+    server: &'static LocalDynamo,
+) {
+    let cluster = Cluster::start(server).await;
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -387,15 +422,19 @@ async fn clients_of_a_paused_connection_node_keep_receiving_when_it_resumes() {
 /// An all-in-one node on fresh tables, reaching DynamoDB through a
 /// [`ThrottlingProxy`] (which counts requests and can refuse them).
 async fn node_behind_proxy() -> (Tables, ThrottlingProxy, Server) {
-    node_behind_proxy_with(&[]).await
+    node_behind_proxy_with(dynamo::local().await, &[]).await
 }
 
-/// [`node_behind_proxy`], the node started with `extra` arguments too.
-async fn node_behind_proxy_with(extra: &[&str]) -> (Tables, ThrottlingProxy, Server) {
+/// [`node_behind_proxy`] in front of `server`, the node started with
+/// `extra` arguments too.
+async fn node_behind_proxy_with(
+    server: &LocalDynamo,
+    extra: &[&str],
+) -> (Tables, ThrottlingProxy, Server) {
     let tables = dynamo::tables();
-    let out = db_command(&tables, &["db", "create-tables"]).await;
+    let out = db_command_on(&server.endpoint, &tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let proxy = ThrottlingProxy::start(&dynamo::local().await.endpoint).await;
+    let proxy = ThrottlingProxy::start(&server.endpoint).await;
     let mut args = shared_args(&tables).await;
     args.extend(extra.iter().map(|a| a.to_string()));
     let node = Server::start_node(node_on(&proxy.endpoint, args)("all")).await;
@@ -406,9 +445,8 @@ async fn node_behind_proxy_with(extra: &[&str]) -> (Tables, ThrottlingProxy, Ser
 /// the retries; a long one reaches senders as 503 errno 201 with
 /// Retry-After, clients as close 1013 and the heartbeat as failing; when it
 /// ends, everything accepted is delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
-    let (_, proxy, node) = node_behind_proxy().await;
+async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost(server: &LocalDynamo) {
+    let (_, proxy, node) = node_behind_proxy_with(server, &[]).await;
     let (uaid, sub) = node.offline_subscription(false).await;
 
     proxy.throttle_next(3);
@@ -468,6 +506,7 @@ async fn throttling_is_retried_then_refused_and_nothing_accepted_is_lost() {
 /// the seeds' schema, none of our code). Returns its UAID, its channels and
 /// what the script says it wrote.
 async fn seed_like_python(
+    server: &LocalDynamo,
     router: &str,
     message: &str,
 ) -> (uuid::Uuid, uuid::Uuid, uuid::Uuid, serde_json::Value) {
@@ -482,7 +521,7 @@ async fn seed_like_python(
         .args([router, message])
         .arg(uaid.simple().to_string())
         .args([a.to_string(), b.to_string()])
-        .envs(dynamo::local().await.env())
+        .envs(server.env())
         .output()
         .await
         .expect("run seed_dynamo.py");
@@ -495,11 +534,11 @@ async fn seed_like_python(
 /// our code) are read correctly: the router record, the channel set
 /// (dashed or hex), topic and timestamp messages, expired ones skipped, and
 /// an ack of a migrated message removes it.
-#[tokio::test]
-async fn records_written_by_the_seeds_schema_are_read() {
-    let store = dynamo::fresh_store().await;
-    let tables = store.tables().clone();
-    let (uaid, a, b, wrote) = seed_like_python(&tables.router, &tables.message).await;
+async fn records_written_by_the_seeds_schema_are_read(server: &LocalDynamo) {
+    let tables = dynamo::tables();
+    let store = dynamo::connect(&server.endpoint, tables.clone()).await;
+    store.create_tables().await.expect("create tables");
+    let (uaid, a, b, wrote) = seed_like_python(server, &tables.router, &tables.message).await;
 
     let user = store.get_user(&uaid).await.unwrap().expect("migrated user");
     assert_eq!(user.router_type, autopush_common::RouterType::WebPush);
@@ -543,18 +582,20 @@ async fn records_written_by_the_seeds_schema_are_read() {
 /// directly to a connected client, and stored for an offline one then
 /// drained. Printed for BENCHMARKS.md; bounded here so a change that adds
 /// requests per message is noticed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_per_delivered_message() {
-    let off = requests_per_message(&["--receipt-retention", "0"]).await;
-    let on = requests_per_message(&[]).await;
+async fn requests_per_delivered_message(server: &LocalDynamo) {
+    let off = requests_per_message(server, &["--receipt-retention", "0"]).await;
+    let on = requests_per_message(server, &[]).await;
     autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
 }
 
 /// The DynamoDB requests of 10 messages delivered directly (push + ack),
 /// 10 stored (push) and those 10 drained (hello + deliver + ack), by
 /// operation, on a node started with `args`.
-async fn requests_per_message(args: &[&str]) -> autopush_tests::receipt::PathRequests {
-    let (_, proxy, node) = node_behind_proxy_with(args).await;
+async fn requests_per_message(
+    server: &LocalDynamo,
+    args: &[&str],
+) -> autopush_tests::receipt::PathRequests {
+    let (_, proxy, node) = node_behind_proxy_with(server, args).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
@@ -632,7 +673,8 @@ async fn monthly_tables_move_users_forward_without_loss() {
     let last = one_table(&tables.router, &last_month).await;
     let now = one_table(&tables.router, &this_month).await;
 
-    let (uaid, a, b, _) = seed_like_python(&tables.router, &last_month).await;
+    let (uaid, a, b, _) =
+        seed_like_python(dynamo::local().await, &tables.router, &last_month).await;
 
     let month_of = async |uaid| {
         store

@@ -1018,6 +1018,14 @@ mod mailbox {
         assert_eq!(state_of(&first).await, "replaced");
         assert_eq!(state_of(&deleted).await, "deleted");
         wait_for_state(&expiring, "expired").await;
+        // Expired is final: neither the app's ack nor the sender's delete
+        // takes it.
+        bridge
+            .ack(&r, id_of(&expiring))
+            .await
+            .assert_error(404, 102);
+        http::delete(&expiring).await.assert_error(404, 102);
+        assert_eq!(state_of(&expiring).await, "expired");
         let listed = bridge.fetch_all(&r, 10).await;
         assert_eq!(bridge.texts(&listed).await, ["second", "pending"]);
         assert_eq!(listed[0]["topic"], "score");

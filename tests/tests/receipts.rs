@@ -63,6 +63,9 @@ async fn each_webpush_state(db: Db) {
     // TTL runs out before the client comes back.
     let expiring = location(&sub.send(&SendOptions::text("expiring").ttl(1)).await);
     wait_for_state(&expiring, "expired").await;
+    // Expired is final: the sender's delete finds nothing to cancel.
+    http::delete(&expiring).await.assert_error(404, 102);
+    assert_eq!(state_of(&expiring).await, "expired");
     // The client comes back: it gets the Topic message only.
     let mut ws = server.reconnect(&uaid).await;
     let (n, d) = sub.receive(&mut ws).await;
@@ -210,6 +213,40 @@ async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
     let private = unb64(&sub.vapid_key().private_key);
     let key = SigningKey::from_bytes(&private).expect("the subscription's VAPID key");
     assert_eq!(state(&signed_by(&key).await), "stored");
+}
+
+/// Cancelling a message to a VAPID-restricted subscription needs the
+/// push's VAPID key, as reading its receipt does: its URL is not enough.
+#[tokio::test]
+async fn a_v2_message_is_cancelled_only_with_its_vapid_key() {
+    let server = Server::start().await;
+    let (_, sub) = server.offline_subscription(true).await;
+    let message = location(&sub.push_text("restricted").await);
+    let audience = server.endpoint_base();
+    let signed_by = |method: reqwest::Method, key: &SigningKey| {
+        let authorization = key.authorization(&audience, "mailto:ops@example.com");
+        let message = message.clone();
+        async move {
+            let headers = [("authorization", authorization.as_str())];
+            http::request(method, &message, &headers, None).await
+        }
+    };
+    let key = SigningKey::from_bytes(&unb64(&sub.vapid_key().private_key))
+        .expect("the subscription's VAPID key");
+    http::delete(&message).await.assert_error(401, 109);
+    signed_by(reqwest::Method::DELETE, &SigningKey::generate())
+        .await
+        .assert_error(401, 109);
+    assert_eq!(
+        state(&signed_by(reqwest::Method::GET, &key).await),
+        "stored"
+    );
+    let cancelled = signed_by(reqwest::Method::DELETE, &key).await;
+    assert_eq!(cancelled.status, 204, "{}", cancelled.text);
+    assert_eq!(
+        state(&signed_by(reqwest::Method::GET, &key).await),
+        "deleted"
+    );
 }
 
 fn unb64(text: &str) -> Vec<u8> {

@@ -1,7 +1,8 @@
 //! One behavioural suite for the `Storage` trait, run against every
-//! backend: the embedded store (redb in a temp dir), DynamoDB (a local
-//! moto server, see `autopush_tests::dynamo`) and Bigtable (Google's
-//! emulator, see `autopush_tests::bigtable`), so they cannot drift.
+//! backend: the embedded store (redb in a temp dir), DynamoDB (local moto
+//! and dynalite servers, see `autopush_tests::dynamo`) and Bigtable
+//! (Google's emulator, see `autopush_tests::bigtable`), so they cannot
+//! drift.
 //! Each test is written once in `suite` and instantiated per backend by
 //! `for_backend!`.
 
@@ -37,6 +38,13 @@ async fn dynamodb() -> Backend {
     }
 }
 
+async fn dynalite() -> Backend {
+    Backend {
+        store: Arc::new(dynamo::fresh_dynalite_store().await),
+        _dir: None,
+    }
+}
+
 async fn bigtable() -> Backend {
     Backend {
         store: Arc::new(emulator::fresh_store().await),
@@ -62,6 +70,17 @@ async fn dynamodb_receipts() -> Backend {
     Backend {
         store: Arc::new(
             dynamo::fresh_store()
+                .await
+                .with_receipt_retention(RETENTION),
+        ),
+        _dir: None,
+    }
+}
+
+async fn dynalite_receipts() -> Backend {
+    Backend {
+        store: Arc::new(
+            dynamo::fresh_dynalite_store()
                 .await
                 .with_receipt_retention(RETENTION),
         ),
@@ -181,6 +200,8 @@ mod suite {
             .unwrap();
         assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
         assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+        let (key, deleted) = (expired.sort_key(), MessageState::Deleted);
+        assert!(!settle(&*store, &uaid, &key, &expired.version, deleted).await);
         // What the `expired` receipt needs: the pending message by its
         // version. Its body may be gone already where the backend collects
         // expired cells on its own (Bigtable's GC).
@@ -197,6 +218,42 @@ mod suite {
             }
             other => panic!("expected the pending message, read {other:?}"),
         }
+    }
+
+    /// Expired is final: no settle (an ack, a mailbox ack, a sender's
+    /// delete) takes a message past its TTL, plain, Topic or direct. With
+    /// receipts on its row stays pending, so its receipt says `expired`.
+    pub async fn an_expired_message_is_never_settled(store: Arc<dyn Storage>) {
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let lapsed = |topic, ts, data| {
+            let mut m = message(chid, topic, ts, 60, data);
+            m.timestamp -= 120;
+            m
+        };
+        let (plain, topic, direct) = (
+            lapsed(None, 1, "plain"),
+            lapsed(Some("t"), 2, "topic"),
+            lapsed(None, 3, "direct"),
+        );
+        store
+            .save_messages(&uaid, vec![plain.clone(), topic.clone()])
+            .await
+            .unwrap();
+        store.save_direct(&uaid, direct.clone()).await.unwrap();
+        use MessageState::*;
+        for m in [&plain, &topic, &direct] {
+            let key = m.sort_key();
+            for state in [Delivered, Fetched, Deleted, Gone] {
+                let settled = settle(&*store, &uaid, &key, &m.version, state).await;
+                assert!(!settled, "{:?} settled {state:?}", m.data);
+            }
+            match store.read_message(&uaid, &key).await.unwrap() {
+                None => {}
+                Some(StoredMessage::Pending(kept)) if kept.version == m.version => {}
+                other => panic!("{:?} left {other:?}", m.data),
+            }
+        }
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
     }
 
     /// A removed user's pending messages leave `gone` receipts; its
@@ -352,18 +409,23 @@ mod suite {
         assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap(), vec![t2]);
     }
 
-    /// The receipt of message `m`, wherever it is kept: its own row for a
-    /// Topic message, else the message's row.
+    /// The receipt of message `m`, wherever it is kept: the message's row,
+    /// or for a Topic message, a row of its own (once a newer message took
+    /// the Topic's row, or wherever the backend keeps it).
     async fn receipt_of(
         store: &dyn Storage,
         uaid: &Uuid,
         m: &Notification,
     ) -> Option<MessageState> {
-        let key = receipt_key(&m.sort_key(), &m.version).unwrap_or_else(|| m.sort_key());
-        match store.read_message(uaid, &key).await.unwrap() {
-            Some(StoredMessage::Settled(r)) if r.version == m.version => Some(r.state),
-            _ => None,
+        let own = receipt_key(&m.sort_key(), &m.version);
+        for key in std::iter::once(m.sort_key()).chain(own) {
+            if let Some(StoredMessage::Settled(r)) = store.read_message(uaid, &key).await.unwrap()
+                && r.version == m.version
+            {
+                return Some(r.state);
+            }
         }
+        None
     }
 
     /// A Topic message's receipt outlives the Topic's row: delivered stays
@@ -916,12 +978,13 @@ macro_rules! suite_for {
                 channels_and_user_removal,
                 without_receipts_settling_deletes,
                 direct_messages_read_and_settle_like_stored_ones,
+                an_expired_message_is_never_settled,
             );
         )*
     };
 }
 
-suite_for!(embedded, dynamodb, bigtable);
+suite_for!(embedded, dynamodb, dynalite, bigtable);
 
 macro_rules! receipts_for {
     ($($backend:ident),*) => {
@@ -938,9 +1001,15 @@ macro_rules! receipts_for {
                 channels_and_user_removal,
                 direct_messages_read_and_settle_like_stored_ones,
                 direct_messages_leave_receipts,
+                an_expired_message_is_never_settled,
             );
         )*
     };
 }
 
-receipts_for!(embedded_receipts, dynamodb_receipts, bigtable_receipts);
+receipts_for!(
+    embedded_receipts,
+    dynamodb_receipts,
+    dynalite_receipts,
+    bigtable_receipts
+);

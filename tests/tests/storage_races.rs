@@ -18,9 +18,10 @@
 //!   reported, and `gone` only for a message no call settled: a removal's
 //!   `gone` never overwrites a `delivered` or `deleted`.
 //!
-//! It runs on every backend for a few seconds in `cargo test`;
-//! `RACE_SECONDS=60 cargo test -p autopush-tests --test storage_races` hunts
-//! longer, and `RACE_SEED` replays a seed a failure printed.
+//! It runs on every backend (DynamoDB on moto and on dynalite) for a few
+//! seconds in `cargo test`; `RACE_SECONDS=60 cargo test -p autopush-tests
+//! --test storage_races` hunts longer, and `RACE_SEED` replays a seed a
+//! failure printed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -555,6 +556,11 @@ async fn dynamodb_under_random_concurrent_operations() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynalite_under_random_concurrent_operations() {
+    hunt(Arc::new(dynamo::fresh_dynalite_store().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bigtable_under_random_concurrent_operations() {
     hunt(Arc::new(bigtable::fresh_store().await)).await;
 }
@@ -569,6 +575,14 @@ async fn embedded_store_with_receipts_under_random_concurrent_operations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_with_receipts_under_random_concurrent_operations() {
     let store = dynamo::fresh_store().await.with_receipt_retention(3600);
+    hunt_with_receipts(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynalite_with_receipts_under_random_concurrent_operations() {
+    let store = dynamo::fresh_dynalite_store()
+        .await
+        .with_receipt_retention(3600);
     hunt_with_receipts(Arc::new(store)).await;
 }
 

@@ -1,9 +1,10 @@
 //! `hello`: identify the user agent, record where it is connected, and reply.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use autopush_common::ids::uaid_tag;
+use autopush_common::limit::address_key;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, User};
 use tokio_tungstenite::tungstenite::Message;
@@ -27,16 +28,6 @@ async fn known_user(ctx: &NodeContext, offered: Option<&str>) -> Result<Option<U
     Ok(user.filter(|u| u.router_type == RouterType::WebPush))
 }
 
-/// What the quota of new UAIDs counts for a client address: an IPv4
-/// address (also when it arrives IPv4-mapped on a dual-stack socket), or
-/// the /64 of an IPv6 one, which one host usually holds whole.
-fn quota_key(client: IpAddr) -> IpAddr {
-    match client.to_canonical() {
-        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128))),
-        v4 => v4,
-    }
-}
-
 /// A hello that would create a user takes one of its address's new UAIDs
 /// (`--new-uaid-limit`); over the quota it is refused with 429 and the
 /// connection closed with 1013. A known user reconnecting is never counted.
@@ -45,7 +36,7 @@ fn within_new_uaid_quota(ctx: &NodeContext, client: Option<IpAddr>) -> Result<()
         return Ok(());
     };
     limiter
-        .check_counted(&quota_key(client), "new_uaid")
+        .check_counted(&address_key(client), "new_uaid")
         .map_err(|wait| {
             debug!(
                 ?wait,
@@ -437,19 +428,5 @@ mod tests {
             registry.push(&uaid, stored[0].clone()),
             PushOutcome::NotConnected
         );
-    }
-
-    #[test]
-    fn the_new_uaid_quota_counts_ipv4_addresses_and_ipv6_64s() {
-        let key = |ip: &str| quota_key(ip.parse().unwrap());
-        assert_eq!(key("192.0.2.7"), key("192.0.2.7"));
-        assert_ne!(key("192.0.2.7"), key("192.0.2.8"));
-        assert_eq!(key("::ffff:192.0.2.7"), key("192.0.2.7"));
-        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
-        assert_eq!(
-            key("2001:db8:1:2::1"),
-            "2001:db8:1:2::".parse::<IpAddr>().unwrap()
-        );
-        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 }

@@ -1,18 +1,26 @@
-//! Rate limits on the public HTTP API, per sender rather than per address.
+//! Rate limits on the public HTTP API, per sender where a sender is proven,
+//! else per subscription and source address.
 //!
-//! A signed push counts against its sender, the VAPID key: a sender is never
-//! slowed by another behind the same address, and a noisy one is refused
-//! whatever address it comes from. An unsigned push names no sender, so it
-//! counts against the subscription it targets and against its source
-//! address. `/v1` registrations, which create users without credentials,
-//! count against their source address. Limits are per node: behind a load
-//! balancer spreading over N nodes, a sender gets up to N times the rate.
+//! A key proves who sent a push only where the subscription pins it (a v2
+//! endpoint, made for one VAPID key): such a push counts against its
+//! sender, the key, alone, so a sender is never slowed by another behind
+//! the same address, and a noisy one is refused whatever address it comes
+//! from. On a v1 endpoint any key signs, and a key costs nothing to mint: a
+//! sender signing each push with a fresh one would escape every limit (and
+//! cost us an ECDSA verification each time). So a push to a subscription
+//! that pins no key counts, signed or not, against the subscription it
+//! targets and its source address, before its signature is checked; a
+//! signed one also counts against its key. `/v1` registrations, which
+//! create users without credentials, count against their source address.
+//! Addresses count by [`address_key`] (an IPv6 host by its /64). Limits are
+//! per node: behind a load balancer spreading over N nodes, a sender gets
+//! up to N times the rate.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
 use autopush_common::errors::retry_after_secs;
-use autopush_common::limit::{Limiter, Rate};
+use autopush_common::limit::{Limiter, Rate, address_key};
 use autopush_common::{ApiError, ApiResult, metrics};
 use uuid::Uuid;
 
@@ -48,27 +56,28 @@ impl FairUse {
         }
     }
 
-    /// A push from `sender` (if signed) to the subscription `(uaid,
-    /// channel_id)`, from `client`.
-    pub fn push(
-        &self,
-        sender: Option<&VapidIdentity>,
-        uaid: Uuid,
-        channel_id: Uuid,
-        client: IpAddr,
-    ) -> ApiResult<()> {
-        match sender {
-            Some(sender) => take(&self.sender, &sender.key_hash, "sender", "sender"),
-            None => {
-                take(
-                    &self.subscription,
-                    &(uaid, channel_id),
-                    "subscription",
-                    "subscription",
-                )?;
-                take(&self.source_ip, &client, "source_ip", "source address")
-            }
-        }
+    /// A push to the subscription `(uaid, channel_id)`, which pins no
+    /// VAPID key, from `client`: taken before any signature is checked, so
+    /// a refused push costs no verification. The subscription first: a
+    /// push it refuses costs the address nothing.
+    pub fn unpinned_push(&self, uaid: Uuid, channel_id: Uuid, client: IpAddr) -> ApiResult<()> {
+        take(
+            &self.subscription,
+            &(uaid, channel_id),
+            "subscription",
+            "subscription",
+        )?;
+        take(
+            &self.source_ip,
+            &address_key(client),
+            "source_ip",
+            "source address",
+        )
+    }
+
+    /// A push signed by `sender` (verified), to any subscription.
+    pub fn signed_push(&self, sender: &VapidIdentity) -> ApiResult<()> {
+        take(&self.sender, &sender.key_hash, "sender", "sender")
     }
 
     /// Report how many keys each limiter tracks (`rate_limit.keys`).
@@ -88,7 +97,7 @@ impl FairUse {
     pub fn registration(&self, client: IpAddr) -> ApiResult<()> {
         take(
             &self.registration,
-            &client,
+            &address_key(client),
             "registration",
             "source address",
         )
@@ -111,4 +120,55 @@ fn take<K: std::hash::Hash + Eq + Clone>(
             what,
             retry_after: retry_after_secs(wait),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every limit a burst of `burst` that never refills within a test.
+    fn fair_use(burst: f64) -> FairUse {
+        let rate = Rate::new(0.001, burst);
+        FairUse::new(&RateLimits {
+            sender: rate,
+            subscription: rate,
+            source_ip: rate,
+            registration: rate,
+            new_uaid: rate,
+            bridge_app: rate,
+            max_keys: 1000,
+            trusted_proxies: Vec::new(),
+        })
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn refused(result: ApiResult<()>) -> bool {
+        matches!(result, Err(ApiError::TooManyRequests { .. }))
+    }
+
+    #[test]
+    fn registrations_from_one_ipv6_64_share_a_bucket() {
+        let limits = fair_use(2.0);
+        assert!(limits.registration(ip("2001:db8:1:2::1")).is_ok());
+        assert!(limits.registration(ip("2001:db8:1:2::2")).is_ok());
+        assert!(refused(limits.registration(ip("2001:db8:1:2::3"))));
+        assert!(limits.registration(ip("2001:db8:1:3::1")).is_ok());
+    }
+
+    #[test]
+    fn unpinned_pushes_from_one_ipv6_64_share_a_bucket() {
+        let limits = fair_use(2.0);
+        let push = |client: &str| limits.unpinned_push(Uuid::new_v4(), Uuid::new_v4(), ip(client));
+        assert!(push("2001:db8:1:2::1").is_ok());
+        assert!(push("2001:db8:1:2::2").is_ok());
+        assert!(refused(push("2001:db8:1:2:ffff::3")));
+        assert!(push("2001:db8:1:3::1").is_ok());
+        // An IPv4 sender seen IPv4-mapped is the IPv4 one.
+        assert!(push("192.0.2.1").is_ok());
+        assert!(push("::ffff:192.0.2.1").is_ok());
+        assert!(refused(push("192.0.2.1")));
+    }
 }

@@ -138,8 +138,11 @@ pub fn routes(
         );
     let cancel = warp::delete()
         .and(warp::path!("m" / String))
+        .and(warp::header::headers_cloned())
         .and(with_state.clone())
-        .then(|id, state| async move { render(message::cancel(state, id).await) });
+        .then(
+            |id, headers, state| async move { render(message::cancel(state, id, headers).await) },
+        );
     let receipt = warp::get()
         .and(warp::path!("m" / String))
         .and(warp::header::headers_cloned())

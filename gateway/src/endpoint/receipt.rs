@@ -4,23 +4,24 @@
 //! [`MessageState`] for the states) while the message is pending and for
 //! `--receipt-retention` seconds after its final state; after that, for an
 //! id this service never gave, or with receipts off, `404`/102. Whoever
-//! holds the URL may read it, as for `DELETE` (the id is sealed, so it
-//! cannot be guessed); a message to a VAPID-restricted (v2) subscription
-//! also needs a VAPID signature with the key of the push, else `401`/109.
+//! holds the URL may read it (the id is sealed, so it cannot be guessed);
+//! a message to a VAPID-restricted (v2) subscription also needs a VAPID
+//! signature with the key of the push, else `401`/109 (as for `DELETE`).
 //!
 //! Most answers cost one point read of the message's row: a settled message
 //! left a receipt there, an unsettled one is still there (kept past its TTL
-//! for its `expired` answer). A settled or replaced Topic message costs a
-//! second: its receipt has a row of its own, since the Topic's row belongs
-//! to the newest message with that Topic. A message settled before the sender got its
-//! id (bridged, dropped) carries its receipt in the id and costs nothing; a
-//! pending one costs one more read, of its user, to tell `sent` (the client
-//! is connected) from `stored`, and a bridged app's mailbox (`bridged`
-//! until the app acks it: `fetched`).
+//! for its `expired` answer). A replaced Topic message (on the embedded
+//! store, a settled one too) costs a second: its receipt has a row of its
+//! own, since the Topic's row belongs to the newest message with that Topic.
+//! A message settled before the sender got its id (bridged, dropped)
+//! carries its receipt in the id and costs nothing; a pending one costs one
+//! more read, of its user, to tell `sent` (the client is connected) from
+//! `stored`, and a bridged app's mailbox (`bridged` until the app acks it:
+//! `fetched`).
 
 use std::sync::Arc;
 
-use autopush_common::endpoint::{MessageIdInfo, key_hash_in_id};
+use autopush_common::endpoint::MessageIdInfo;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
@@ -31,7 +32,6 @@ use warp::http::HeaderMap;
 use warp::reply::{Reply, Response};
 
 use super::EndpointState;
-use crate::vapid::key_hash_matches;
 
 pub async fn answer(
     state: Arc<EndpointState>,
@@ -55,30 +55,26 @@ pub async fn answer(
     Ok(warp::reply::json(&json!({"state": settled, "updated": updated})).into_response())
 }
 
-/// A message to a v2 subscription: its receipt is for the holder of the
-/// subscription's VAPID key alone.
-fn authorize(state: &EndpointState, message: &MessageIdInfo, headers: &HeaderMap) -> ApiResult<()> {
+/// A message to a v2 subscription: its receipt, and cancelling it
+/// (`DELETE`), are for the holder of the subscription's VAPID key alone.
+pub(super) fn authorize(
+    state: &EndpointState,
+    message: &MessageIdInfo,
+    headers: &HeaderMap,
+) -> ApiResult<()> {
     let Some(expected) = &message.key_hash else {
         return Ok(());
     };
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let identity = state
+    state
         .vapid
-        .verify(text("authorization"), text("crypto-key"))
+        .verify_pinned(text("authorization"), text("crypto-key"), Some(expected))
         .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?
         .ok_or_else(|| {
             ApiError::InvalidAuthentication(
                 "this message's subscription is restricted to a VAPID key: sign the request".into(),
             )
         })?;
-    let prefix = key_hash_in_id(&identity.key_hash);
-    let mut padded = identity.key_hash;
-    padded[..prefix.len()].copy_from_slice(expected);
-    if !key_hash_matches(&identity, &padded) {
-        return Err(ApiError::InvalidAuthentication(
-            "the VAPID key is not the key of this message's push".into(),
-        ));
-    }
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use warp::reply::{Reply, Response};
 
 use super::headers::{self, PushHeaders};
 use super::{EndpointState, mailbox};
-use crate::vapid::{VapidIdentity, key_hash_matches};
+use crate::vapid::VapidIdentity;
 
 /// One push request as it arrived.
 pub struct Push {
@@ -49,15 +49,20 @@ pub async fn send(
     } = request;
     let subscription = state.crypto.parse_token(&version, &token)?;
     let push = headers::parse(&headers, !body.is_empty())?;
+    // Before any storage read, and where it can be before the signature
+    // is checked: a push over a rate costs us nothing more. A key that the
+    // subscription does not pin proves nothing (anyone mints one), so such
+    // a push counts as an unsigned one does, whatever it is signed with.
+    if subscription.key_hash.is_none() {
+        state
+            .fair_use
+            .unpinned_push(subscription.uaid, subscription.channel_id, client)?;
+    }
     // Who sent it, proven by VAPID: kept for per-sender features and logs.
     let sender = authenticate(&state, &subscription, &headers)?;
-    // Before any storage read: a sender over its rate costs us nothing more.
-    state.fair_use.push(
-        sender.as_deref(),
-        subscription.uaid,
-        subscription.channel_id,
-        client,
-    )?;
+    if let Some(sender) = &sender {
+        state.fair_use.signed_push(sender)?;
+    }
 
     let (user, subscribed) = state
         .storage
@@ -206,29 +211,26 @@ async fn forget_gone_device(state: &EndpointState, seen: &User) -> ApiResult<()>
 }
 
 /// VAPID is optional on v1 endpoints (but checked when present) and
-/// required, with the subscription's own key, on v2 endpoints. Returns the
-/// verified sender, if the request was signed.
+/// required, with the subscription's own key, on v2 endpoints (another key
+/// is refused before its signature is checked). Returns the verified
+/// sender, if the request was signed.
 fn authenticate(
     state: &EndpointState,
     subscription: &TokenInfo,
     headers: &HeaderMap,
 ) -> ApiResult<Option<Arc<VapidIdentity>>> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let identity: Option<Arc<VapidIdentity>> = state
+    let pinned = subscription.key_hash.as_ref().map(|hash| &hash[..]);
+    let identity = state
         .vapid
-        .verify(text("authorization"), text("crypto-key"))
+        .verify_pinned(text("authorization"), text("crypto-key"), pinned)
         .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?;
-    match (&subscription.key_hash, &identity) {
-        (Some(_), None) => Err(ApiError::InvalidAuthentication(
+    if pinned.is_some() && identity.is_none() {
+        return Err(ApiError::InvalidAuthentication(
             "this subscription is restricted to a VAPID key: sign the request".into(),
-        )),
-        (Some(expected), Some(identity)) if !key_hash_matches(identity, expected) => {
-            Err(ApiError::InvalidAuthentication(
-                "the VAPID key is not the key this subscription was created with".into(),
-            ))
-        }
-        _ => Ok(identity),
+        ));
     }
+    Ok(identity)
 }
 
 /// The notification to route, and what its id says.

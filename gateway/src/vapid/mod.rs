@@ -8,7 +8,8 @@
 //!
 //! * a v2 endpoint was minted for one public key (its SHA-256 is sealed inside the
 //!   endpoint token), so a push to it must be signed by that key — see
-//!   [`key_hash_matches`];
+//!   [`VapidVerifier::verify_pinned`], which refuses another key before checking its
+//!   signature;
 //! * operators get a stable identity to contact (`sub`) or throttle (`key_hash`).
 //!
 //! The work is split the way the checks are ordered:
@@ -36,6 +37,7 @@ mod tests;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use autopush_common::endpoint::KEY_HASH_IN_ID;
 use autopush_common::metrics;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -107,6 +109,9 @@ pub enum VapidError {
         /// The origin the token should have named.
         expected: String,
     },
+    /// The key is not the one the subscription was made for (v2).
+    #[error("the VAPID key is not the key this subscription was created with")]
+    NotPinned,
 }
 
 impl VapidError {
@@ -121,6 +126,7 @@ impl VapidError {
             VapidError::Expired => "expired",
             VapidError::ExpTooFar => "exp_too_far",
             VapidError::MissingAud | VapidError::WrongAud { .. } => "aud",
+            VapidError::NotPinned => "pinned",
         }
     }
 }
@@ -197,7 +203,21 @@ impl VapidVerifier {
         authorization: Option<&str>,
         crypto_key: Option<&str>,
     ) -> Result<Option<Arc<VapidIdentity>>, VapidError> {
-        match self.verify_counted(authorization, crypto_key) {
+        self.verify_pinned(authorization, crypto_key, None)
+    }
+
+    /// [`Self::verify`], where only the key `pinned` names may sign (its
+    /// SHA-256, or a prefix of it, as a v2 endpoint or a message id carries
+    /// it): any other key is refused with [`VapidError::NotPinned`] before
+    /// its signature is checked. Anyone can mint keys; an ECDSA verification
+    /// is the costly part of a push.
+    pub fn verify_pinned(
+        &self,
+        authorization: Option<&str>,
+        crypto_key: Option<&str>,
+        pinned: Option<&[u8]>,
+    ) -> Result<Option<Arc<VapidIdentity>>, VapidError> {
+        match self.verify_counted(authorization, crypto_key, pinned) {
             Ok(None) => Ok(None),
             Ok(Some((identity, cached))) => {
                 metrics::vapid(if cached { "cached" } else { "verified" });
@@ -215,6 +235,7 @@ impl VapidVerifier {
         &self,
         authorization: Option<&str>,
         crypto_key: Option<&str>,
+        pinned: Option<&[u8]>,
     ) -> Result<Option<(Arc<VapidIdentity>, bool)>, VapidError> {
         let Some(credentials) = header::parse(authorization, crypto_key)? else {
             return Ok(None);
@@ -222,17 +243,23 @@ impl VapidVerifier {
         let now = (self.clock)();
 
         let Some(cache) = &self.cache else {
-            return Ok(Some((self.verify_uncached(&credentials, now)?, false)));
+            return Ok(Some((
+                self.verify_uncached(&credentials, pinned, now)?,
+                false,
+            )));
         };
         let cache_key = CacheKey::new(credentials.token, credentials.key);
         if let Some(identity) = cache.get(&cache_key) {
+            if pinned.is_some_and(|pinned| !key_hash_matches(&identity.key_hash, pinned)) {
+                return Err(VapidError::NotPinned);
+            }
             if let Err(error) = claims::check_exp(identity.exp, now) {
                 cache.remove(&cache_key);
                 return Err(error);
             }
             return Ok(Some((identity, true)));
         }
-        let identity = self.verify_uncached(&credentials, now)?;
+        let identity = self.verify_uncached(&credentials, pinned, now)?;
         cache.insert(cache_key, Arc::clone(&identity), now);
         Ok(Some((identity, false)))
     }
@@ -242,12 +269,16 @@ impl VapidVerifier {
     fn verify_uncached(
         &self,
         credentials: &Credentials<'_>,
+        pinned: Option<&[u8]>,
         now: u64,
     ) -> Result<Arc<VapidIdentity>, VapidError> {
         let public_key = jws::decode_public_key(credentials.key)?;
+        let key_hash = Sha256::digest(&public_key).into();
+        if pinned.is_some_and(|pinned| !key_hash_matches(&key_hash, pinned)) {
+            return Err(VapidError::NotPinned);
+        }
         let token_claims = jws::verify_es256(credentials.token, &public_key)?;
         let checked = claims::check(&token_claims, &self.audience, now)?;
-        let key_hash = Sha256::digest(&public_key).into();
         Ok(Arc::new(VapidIdentity {
             public_key,
             key_hash,
@@ -257,13 +288,18 @@ impl VapidVerifier {
     }
 }
 
-/// Constant-time check that `identity.key_hash` equals the hash carried in a v2
-/// endpoint token.
+/// Constant-time check that `key_hash` (a key's SHA-256) begins with
+/// `pinned`, the hash a v2 endpoint token carries (whole) or a message id
+/// (a prefix of it).
 ///
 /// The hash is of a public key, so it is not a secret in itself, but it is sealed
 /// inside the encrypted endpoint for a reason: an early-exit comparison would let a
 /// prober learn it byte by byte from response times. Constant time costs nothing here.
-/// A hash of the wrong length never matches.
-pub fn key_hash_matches(identity: &VapidIdentity, token_key_hash: &[u8]) -> bool {
-    identity.key_hash[..].ct_eq(token_key_hash).into()
+/// A `pinned` shorter than a message id's prefix (easier to collide with) or
+/// longer than a hash never matches.
+fn key_hash_matches(key_hash: &[u8; 32], pinned: &[u8]) -> bool {
+    pinned.len() >= KEY_HASH_IN_ID
+        && key_hash
+            .get(..pinned.len())
+            .is_some_and(|prefix| prefix.ct_eq(pinned).into())
 }

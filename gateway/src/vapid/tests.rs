@@ -587,13 +587,40 @@ fn key_hash_matching() {
     let identity =
         verify_vapid(&verifier(0).0, &sender.vapid_header(&good_claims())).expect("valid");
     let hash = Sha256::digest(sender.public_key());
-    assert!(key_hash_matches(&identity, &hash));
-    assert!(!key_hash_matches(
-        &identity,
-        &Sha256::digest(b"another key")
+    let key_hash = &identity.key_hash;
+    assert!(key_hash_matches(key_hash, &hash));
+    assert!(!key_hash_matches(key_hash, &Sha256::digest(b"another key")));
+    // A message id's prefix; nothing shorter, nothing longer.
+    assert!(key_hash_matches(key_hash, &hash[..16]));
+    assert!(!key_hash_matches(key_hash, &hash[..15]));
+    assert!(!key_hash_matches(key_hash, &[]));
+    let mut longer = hash.to_vec();
+    longer.push(0);
+    assert!(!key_hash_matches(key_hash, &longer));
+}
+
+/// Only the pinned key may sign, and another is refused before its
+/// signature is checked: a garbage signature by another key is `NotPinned`,
+/// not `BadSignature`, and a cached token by another key is refused too.
+#[test]
+fn another_key_than_the_pinned_one_is_refused_unverified() {
+    let (pinned, other) = (Sender::new(), Sender::new());
+    let hash = Sha256::digest(pinned.public_key());
+    let (verifier, _) = verifier(16);
+    let verify = |header: &str| verifier.verify_pinned(Some(header), None, Some(&hash));
+    assert!(verify(&pinned.vapid_header(&good_claims())).is_ok_and(|i| i.is_some()));
+    let header = other.vapid_header(&good_claims());
+    assert_eq!(verify(&header).unwrap_err(), VapidError::NotPinned);
+    let (token, key) = header.split_once(", k=").unwrap();
+    let forged = format!("{}AAAA, k={key}", &token[..token.len() - 4]);
+    assert_eq!(verify(&forged).unwrap_err(), VapidError::NotPinned);
+    // Verified unpinned (so cached), then presented to a pinned check.
+    assert!(verifier.verify(Some(&header), None).is_ok());
+    assert_eq!(verify(&header).unwrap_err(), VapidError::NotPinned);
+    assert!(matches!(
+        verifier.verify_pinned(None, None, Some(&hash)),
+        Ok(None)
     ));
-    assert!(!key_hash_matches(&identity, &hash[..16]));
-    assert!(!key_hash_matches(&identity, &[]));
 }
 
 #[test]

@@ -386,12 +386,16 @@ impl BigtableStore {
 /// Conditional writes of one user's removal in flight at once.
 const REMOVAL_CONCURRENCY: usize = 16;
 
-/// The message row in `family` is still `version`, and not settled yet.
+/// The message row in `family` is still `version`, not past its TTL (its
+/// `version` cell is stamped with its expiry: expired is final), and not
+/// settled yet.
 fn still_pending(family: &str, version: &str) -> RowFilter {
-    row::and(
-        row::column_is(family, "version", version.as_bytes()),
-        row::absent(row::settled(family)),
-    )
+    let version = row::chain(vec![
+        row::column(family, b"version"),
+        row::unexpired(),
+        row::value_is(version.as_bytes()),
+    ]);
+    row::and(version, row::absent(row::settled(family)))
 }
 
 #[async_trait]
@@ -608,7 +612,19 @@ impl Storage for BigtableStore {
         state: MessageState,
     ) -> Result<bool> {
         if self.retention == 0 {
-            return self.remove_message(uaid, sort_key, version).await;
+            // Deleted, on a settle's condition.
+            let family = row::message_family(self.families(), sort_key);
+            for key in row::message_keys(uaid, sort_key) {
+                let pending = still_pending(family, version);
+                let delete = vec![row::delete_row()];
+                if self
+                    .check_and_mutate(key, pending, delete, Vec::new())
+                    .await?
+                {
+                    return Ok(true);
+                }
+            }
+            return Ok(false);
         }
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         for key in row::message_keys(uaid, sort_key) {

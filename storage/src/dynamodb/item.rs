@@ -168,6 +168,71 @@ pub fn json_to_attr(value: &serde_json::Value) -> AttributeValue {
     }
 }
 
+/// A condition expression with the names and values it spells with `#`
+/// and `:`.
+#[derive(Debug, Default, PartialEq)]
+pub struct Condition {
+    pub expression: String,
+    pub names: HashMap<String, String>,
+    pub values: Item,
+}
+
+/// The condition that the attribute `path` holds exactly `value` (as
+/// [`json_to_attr`] writes it), spelled as checks of scalars: each map and
+/// list by its type and size, each scalar by value. dynalite compares maps
+/// and lists by reference (never equal), so `path = :map` would never hold
+/// there; every server answers these.
+pub fn json_equals(path: &str, value: &serde_json::Value) -> Condition {
+    let mut condition = Condition::default();
+    let mut checks = Vec::new();
+    equals_into(path.to_owned(), value, &mut condition, &mut checks);
+    condition.expression = checks.join(" AND ");
+    condition
+}
+
+fn equals_into(
+    path: String,
+    value: &serde_json::Value,
+    condition: &mut Condition,
+    checks: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    let mut placeholder = |value: AttributeValue| {
+        let name = format!(":eq{}", condition.values.len());
+        condition.values.insert(name.clone(), value);
+        name
+    };
+    let mut shape = |kind: &str, size: usize| {
+        let (kind, size) = (placeholder(s(kind)), placeholder(n(size)));
+        checks.push(format!("attribute_type({path}, {kind})"));
+        checks.push(format!("size({path}) = {size}"));
+    };
+    match value {
+        Value::Object(map) => {
+            shape("M", map.len());
+            for (key, value) in map {
+                let name = format!("#eq{}", condition.names.len());
+                condition.names.insert(name.clone(), key.clone());
+                equals_into(format!("{path}.{name}"), value, condition, checks);
+            }
+        }
+        Value::Array(items) => {
+            shape("L", items.len());
+            for (i, value) in items.iter().enumerate() {
+                equals_into(format!("{path}[{i}]"), value, condition, checks);
+            }
+        }
+        Value::Null => {
+            let kind = placeholder(s("NULL"));
+            checks.push(format!("attribute_type({path}, {kind})"));
+        }
+        scalar => {
+            let value = placeholder(json_to_attr(scalar));
+            checks.push(format!("{path} = {value}"));
+        }
+    }
+}
+
 pub fn attr_to_json(value: &AttributeValue) -> Result<serde_json::Value> {
     use serde_json::Value;
     Ok(match value {
@@ -233,7 +298,8 @@ pub fn user_from_item(item: &Item) -> Result<User> {
 
 /// A message's item; `retention` (receipt seconds) keeps it that long past
 /// its TTL, for its `expired` receipt: `expiry`, the table's TTL attribute,
-/// is then later than the message's own deadline (`timestamp + ttl`).
+/// is then later than the message's own deadline (`timestamp + ttl`), which
+/// `deadline` keeps, for the settle's condition (see [`UNEXPIRED`]).
 pub fn message_to_item(uaid: &Uuid, message: &Notification, retention: u64) -> Item {
     let mut item = message_key(uaid, &message.sort_key());
     item.insert("timestamp".into(), n(message.timestamp));
@@ -242,6 +308,9 @@ pub fn message_to_item(uaid: &Uuid, message: &Notification, retention: u64) -> I
         "expiry".into(),
         n(message.expiry().saturating_add(retention)),
     );
+    if retention > 0 {
+        item.insert("deadline".into(), n(message.expiry()));
+    }
     item.insert("updateid".into(), s(&message.version));
     if let Some(ts) = message.sortkey_timestamp {
         item.insert("sortkey_timestamp".into(), n(ts));
@@ -277,6 +346,47 @@ pub fn receipt_to_item(uaid: &Uuid, sort_key: &str, receipt: &Receipt) -> Item {
     item.insert("settled_at".into(), n(receipt.updated));
     item.insert("expiry".into(), n(receipt.expiry));
     item
+}
+
+/// What a settle writes into a message's row: the receipt's attributes,
+/// and none of those that make it a message (so no reader of the seeds'
+/// schema takes it for one: autopush-rs skips a row without `timestamp`).
+/// Names are spelled with `#`: DynamoDB reserves some.
+pub const SETTLE: &str = "SET settled = :state, settled_at = :at, expiry = :expiry \
+    REMOVE #timestamp, #ttl, #data, #headers, #urgency, #durable, #sortkey_timestamp, #deadline";
+
+/// The condition that a message row is not past its TTL at `:now`: its
+/// `deadline`, or in a row without one (written with receipts off, or by
+/// Python autopush) its `expiry`, which is then the same. A settle holds it
+/// too: expired is final.
+pub const UNEXPIRED: &str =
+    "(#deadline > :now OR (attribute_not_exists(#deadline) AND expiry > :now))";
+
+/// The names [`SETTLE`] spells with `#`.
+pub fn settle_names() -> HashMap<String, String> {
+    [
+        "timestamp",
+        "ttl",
+        "data",
+        "headers",
+        "urgency",
+        "durable",
+        "sortkey_timestamp",
+        "deadline",
+    ]
+    .into_iter()
+    .map(|name| (format!("#{name}"), name.to_owned()))
+    .collect()
+}
+
+/// The values of [`SETTLE`] for `receipt`, with `:now` for [`UNEXPIRED`].
+pub fn settle_values(receipt: &Receipt) -> Item {
+    HashMap::from([
+        (":state".to_owned(), s(receipt.state.as_str())),
+        (":at".to_owned(), n(receipt.updated)),
+        (":expiry".to_owned(), n(receipt.expiry)),
+        (":now".to_owned(), n(receipt.updated)),
+    ])
 }
 
 /// A message-table row other than the channel set: a receipt or a message.
@@ -389,6 +499,22 @@ mod tests {
     }
 
     #[test]
+    fn json_equality_checks_scalars() {
+        let data = serde_json::json!({"token": "t", "n": 1, "l": [true, null], "m": {}});
+        let eq = json_equals("router_data", &data);
+        assert_eq!(eq.names.len(), 4);
+        assert_eq!(eq.values.len(), 10);
+        assert!(
+            eq.expression
+                .starts_with("attribute_type(router_data, :eq0) AND size(router_data) = :eq1 AND ")
+        );
+        assert!(eq.expression.contains("router_data.#eq"));
+        assert!(eq.expression.contains("[1], :eq"));
+        assert_eq!(eq.values[":eq0"], s("M"));
+        assert_eq!(eq.values[":eq1"], n(4));
+    }
+
+    #[test]
     fn messages_round_trip() {
         let uaid = Uuid::new_v4();
         for topic in [None, Some("a:b".to_owned())] {
@@ -408,8 +534,10 @@ mod tests {
                 message_from_item(&message_to_item(&uaid, &m, 0)).unwrap(),
                 m
             );
+            assert!(!message_to_item(&uaid, &m, 0).contains_key("deadline"));
             let kept = message_to_item(&uaid, &m, 100);
             assert_eq!(kept["expiry"], n(m.expiry() + 100));
+            assert_eq!(kept["deadline"], n(m.expiry()));
             assert_eq!(message_from_item(&kept).unwrap(), m);
         }
         let receipt = Receipt::new("v1", MessageState::Delivered, 1000, 60);

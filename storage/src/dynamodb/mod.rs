@@ -26,11 +26,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, Delete, DeleteRequest, Put, ReturnValue, Select, TransactWriteItem,
-    WriteRequest,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, ReturnValue, Select, WriteRequest};
 use futures_util::{StreamExt, TryStreamExt};
 use uuid::Uuid;
 
@@ -150,18 +146,6 @@ fn first_line(error: &dyn std::error::Error) -> String {
 
 fn is_condition_failed<E: ProvideErrorMetadata>(e: &SdkError<E>) -> bool {
     e.code() == Some("ConditionalCheckFailedException")
-}
-
-/// Whether a transaction was cancelled because one of its conditions did
-/// not hold (rather than a conflict or a failure, which are errors).
-fn condition_failed_in_transaction(e: &SdkError<TransactWriteItemsError>) -> bool {
-    match e.as_service_error() {
-        Some(TransactWriteItemsError::TransactionCanceledException(cancelled)) => cancelled
-            .cancellation_reasons()
-            .iter()
-            .any(|reason| reason.code() == Some("ConditionalCheckFailed")),
-        _ => false,
-    }
 }
 
 /// The outcome of a conditional write `op`: whether its condition held (and
@@ -432,24 +416,30 @@ impl DynamoStore {
         Ok(())
     }
 
-    /// Delete the message under `sort_key` in `table` if it is still `version`.
+    /// Delete the message under `sort_key` in `table` if it is still
+    /// `version` (and, for a `settle`, not past its TTL: expired is final).
     async fn delete_version(
         &self,
         table: &str,
         uaid: &Uuid,
         sort_key: &str,
         version: &str,
+        settle: bool,
     ) -> Result<bool> {
         let delete = self
             .client
             .delete_item()
             .table_name(table)
             .set_key(Some(item::message_key(uaid, sort_key)))
-            .condition_expression("updateid = :v")
-            .expression_attribute_values(":v", s(version))
-            .send()
-            .await;
-        condition_held(delete, "DeleteItem")
+            .expression_attribute_values(":v", s(version));
+        let delete = match settle {
+            true => delete
+                .condition_expression(format!("updateid = :v AND {}", item::UNEXPIRED))
+                .expression_attribute_names("#deadline", "deadline")
+                .expression_attribute_values(":now", n(now_secs())),
+            false => delete.condition_expression("updateid = :v"),
+        };
+        condition_held(delete.send().await, "DeleteItem")
     }
 
     /// One page of `uaid`'s unexpired messages in `table` (sort keys after
@@ -571,21 +561,25 @@ impl DynamoStore {
     }
 
     /// Delete the message under `sort_key` (or the key Python autopush gave
-    /// it) in `table` if it is still `version`.
+    /// it) in `table` if it is still `version` (see [`Self::delete_version`]).
     async fn delete_message_in(
         &self,
         table: &str,
         uaid: &Uuid,
         sort_key: &str,
         version: &str,
+        settle: bool,
     ) -> Result<bool> {
-        if self.delete_version(table, uaid, sort_key, version).await? {
-            return Ok(true);
+        let legacy = item::legacy_sort_key(sort_key);
+        for key in std::iter::once(sort_key).chain(legacy.as_deref()) {
+            if self
+                .delete_version(table, uaid, key, version, settle)
+                .await?
+            {
+                return Ok(true);
+            }
         }
-        match item::legacy_sort_key(sort_key) {
-            Some(legacy) => self.delete_version(table, uaid, &legacy, version).await,
-            None => Ok(false),
-        }
+        Ok(false)
     }
 
     /// Turn the pending message `version` under `sort_key` (or the key
@@ -599,7 +593,9 @@ impl DynamoStore {
         state: MessageState,
     ) -> Result<bool> {
         if self.retention == 0 {
-            return self.delete_message_in(table, uaid, sort_key, version).await;
+            return self
+                .delete_message_in(table, uaid, sort_key, version, true)
+                .await;
         }
         let receipt = Receipt::new(version, state, now_secs(), self.retention);
         let legacy = item::legacy_sort_key(sort_key);
@@ -612,11 +608,14 @@ impl DynamoStore {
     }
 
     /// Settle the row under exactly `sort_key` in `table` into `receipt` if
-    /// it is still the pending message `version`: one conditional write
-    /// that turns the row into the receipt, or for a Topic message one
-    /// transaction that deletes the row and puts the receipt in a row of its
-    /// own (see [`receipt_key`]), so the next message with that Topic
-    /// cannot hide it.
+    /// it is still the pending message `version`: one conditional
+    /// `UpdateItem` that turns the row itself into the receipt, a Topic
+    /// message's too. What made it a message goes with it (`timestamp`,
+    /// which autopush-rs requires of a message; `sortkey_timestamp`, so
+    /// the Topic's next message takes the row as it would an empty one),
+    /// and that next message moves the receipt to a row of its own (see
+    /// [`Self::keep_receipt`]). No transaction: dynalite and ScyllaDB
+    /// Alternator have none, and it would cost twice the write units.
     async fn settle_key(
         &self,
         table: &str,
@@ -625,59 +624,44 @@ impl DynamoStore {
         version: &str,
         receipt: &Receipt,
     ) -> Result<bool> {
-        const PENDING: &str = "updateid = :v AND attribute_not_exists(settled)";
-        let Some(own) = receipt_key(sort_key, version) else {
-            let put = self
-                .client
-                .put_item()
-                .table_name(table)
-                .set_item(Some(item::receipt_to_item(uaid, sort_key, receipt)))
-                .condition_expression(PENDING)
-                .expression_attribute_values(":v", s(version))
-                .send()
-                .await;
-            return condition_held(put, "PutItem");
-        };
-        let build = |e: aws_sdk_dynamodb::error::BuildError| StorageError::Backend(e.to_string());
-        let delete = Delete::builder()
+        let update = self
+            .client
+            .update_item()
             .table_name(table)
             .set_key(Some(item::message_key(uaid, sort_key)))
-            .condition_expression(PENDING)
+            .update_expression(item::SETTLE)
+            .condition_expression(format!(
+                "updateid = :v AND attribute_not_exists(settled) AND {}",
+                item::UNEXPIRED
+            ))
+            .set_expression_attribute_names(Some(item::settle_names()))
+            .set_expression_attribute_values(Some(item::settle_values(receipt)))
             .expression_attribute_values(":v", s(version))
-            .build()
-            .map_err(build)?;
-        let put = Put::builder()
-            .table_name(table)
-            .set_item(Some(item::receipt_to_item(uaid, &own, receipt)))
-            .build()
-            .map_err(build)?;
-        let moved = self
-            .client
-            .transact_write_items()
-            .transact_items(TransactWriteItem::builder().delete(delete).build())
-            .transact_items(TransactWriteItem::builder().put(put).build())
             .send()
             .await;
-        match moved {
-            Ok(_) => Ok(true),
-            Err(e) if condition_failed_in_transaction(&e) => Ok(false),
-            Err(e) => Err(backend("TransactWriteItems", e)),
-        }
+        condition_held(update, "UpdateItem")
     }
 
-    /// After a Topic message replaced `old` under `sort_key` in `table`:
-    /// `old`'s receipt (`replaced`, or `expired`) in its own row.
-    async fn put_replaced_receipt(
+    /// After a Topic message took the row under `sort_key` in `table` from
+    /// `old`: `old`'s receipt in a row of its own, where the Topic's next
+    /// messages leave it. A pending `old` was `replaced` (or `expired`);
+    /// a settled one keeps the receipt its settle wrote.
+    async fn keep_receipt(
         &self,
         table: &str,
         uaid: &Uuid,
         sort_key: &str,
-        old: &Notification,
+        old: &StoredMessage,
     ) -> Result<()> {
-        let Some(own) = receipt_key(sort_key, &old.version) else {
+        let Some(own) = receipt_key(sort_key, old.version()) else {
             return Ok(());
         };
-        let receipt = Receipt::replaced(old, now_secs(), self.retention);
+        let now = now_secs();
+        let receipt = match old {
+            StoredMessage::Pending(old) => Receipt::replaced(old, now, self.retention),
+            StoredMessage::Settled(receipt) if receipt.expiry > now => receipt.clone(),
+            StoredMessage::Settled(_) => return Ok(()),
+        };
         let put = self
             .client
             .put_item()
@@ -836,9 +820,20 @@ impl Storage for DynamoStore {
             .update_expression("SET router_data = :new")
             .expression_attribute_values(":new", item::json_to_attr(router_data));
         let update = match seen {
-            Some(seen) => update
-                .condition_expression("attribute_exists(uaid) AND router_data = :seen")
-                .expression_attribute_values(":seen", item::json_to_attr(seen)),
+            Some(seen) => {
+                let seen = item::json_equals("router_data", seen);
+                let mut update = update.condition_expression(format!(
+                    "attribute_exists(uaid) AND {}",
+                    seen.expression
+                ));
+                for (name, attribute) in seen.names {
+                    update = update.expression_attribute_names(name, attribute);
+                }
+                for (name, value) in seen.values {
+                    update = update.expression_attribute_values(name, value);
+                }
+                update
+            }
             None => update.condition_expression(
                 "attribute_exists(uaid) AND attribute_not_exists(router_data)",
             ),
@@ -875,9 +870,18 @@ impl Storage for DynamoStore {
             .set_key(Some(item::user_key(&seen.uaid)))
             .expression_attribute_values(":c", n(seen.connected_at));
         let delete = match &seen.router_data {
-            Some(data) => delete
-                .condition_expression("connected_at = :c AND router_data = :rd")
-                .expression_attribute_values(":rd", item::json_to_attr(data)),
+            Some(data) => {
+                let seen = item::json_equals("router_data", data);
+                let mut delete = delete
+                    .condition_expression(format!("connected_at = :c AND {}", seen.expression));
+                for (name, attribute) in seen.names {
+                    delete = delete.expression_attribute_names(name, attribute);
+                }
+                for (name, value) in seen.values {
+                    delete = delete.expression_attribute_values(name, value);
+                }
+                delete
+            }
             None => delete
                 .condition_expression("connected_at = :c AND attribute_not_exists(router_data)"),
         };
@@ -974,7 +978,8 @@ impl Storage for DynamoStore {
                 .set_item(Some(item::message_to_item(uaid, message, self.retention)));
             let put = match message.topic {
                 // With receipts on, the row it replaces comes back: a
-                // pending message there gets its `replaced` receipt.
+                // pending message there gets its `replaced` receipt, a
+                // settled one keeps its own, each in a row of its own.
                 Some(_) => put
                     .condition_expression(
                         "attribute_not_exists(sortkey_timestamp) OR sortkey_timestamp <= :ts",
@@ -991,10 +996,10 @@ impl Storage for DynamoStore {
             match put.send().await {
                 Ok(out) => {
                     let old = out.attributes.as_ref().map(item::stored_from_item);
-                    if let Some(Ok(StoredMessage::Pending(old))) = old
-                        && old.version != message.version
+                    if let Some(Ok(old)) = old
+                        && old.version() != message.version
                     {
-                        self.put_replaced_receipt(&table, uaid, &message.sort_key(), &old)
+                        self.keep_receipt(&table, uaid, &message.sort_key(), &old)
                             .await?;
                     }
                 }
@@ -1054,7 +1059,7 @@ impl Storage for DynamoStore {
             if home
                 .unless_absent(
                     table,
-                    self.delete_message_in(table, uaid, sort_key, version),
+                    self.delete_message_in(table, uaid, sort_key, version, false),
                 )
                 .await?
             {

@@ -24,6 +24,7 @@ use crate::{DirectCopy, Hurry, Receipt, Result, Storage, StorageError, StoredMes
 use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
+pub use journal::JournalReplay;
 use journal::{Journal, Settled};
 use receipts::RECEIPTS;
 use writer::Writer;
@@ -110,6 +111,13 @@ impl EmbeddedStore {
             user_cursor: Default::default(),
             retention: 0,
         })
+    }
+
+    /// Move every record that can be read from a direct journal file the
+    /// node refused to start on (moved aside, not this store's own) into
+    /// this store: `autopush db replay-journal`.
+    pub fn replay_journal(&self, file: &Path) -> Result<JournalReplay> {
+        Journal::replay_file(file, &self.db)
     }
 
     /// Keep receipts `seconds` after a message's final state (0: off, the
@@ -725,7 +733,7 @@ impl Storage for EmbeddedStore {
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         if let Settled::Here(removed) =
             self.journal
-                .settle(uaid.as_u128(), sort_key, version, None)?
+                .settle(uaid.as_u128(), sort_key, version, None, None)?
         {
             return Ok(removed);
         }
@@ -749,9 +757,12 @@ impl Storage for EmbeddedStore {
         version: &str,
         state: MessageState,
     ) -> Result<bool> {
-        let (uaid, retention) = (uaid.as_u128(), self.retention);
-        let receipt = (retention > 0).then(|| Receipt::new(version, state, now_secs(), retention));
-        if let Settled::Here(settled) = self.journal.settle(uaid, sort_key, version, receipt)? {
+        let (uaid, retention, now) = (uaid.as_u128(), self.retention, now_secs());
+        let receipt = (retention > 0).then(|| Receipt::new(version, state, now, retention));
+        let journaled = self
+            .journal
+            .settle(uaid, sort_key, version, receipt, Some(now))?;
+        if let Settled::Here(settled) = journaled {
             return Ok(settled);
         }
         // Owned only now: the journal settles almost every message.
@@ -760,8 +771,10 @@ impl Storage for EmbeddedStore {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
             let key = (uaid, sort_key.as_str());
+            // Expired is final: its row stays for its `expired` receipt.
             let pending = match table.get(key).map_err(backend)? {
-                Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m) if m.version == version),
+                Some(row) => matches!(decode(row.value())?, StoredMessage::Pending(m)
+                    if m.version == version && !m.is_expired(now_secs())),
                 None => false,
             };
             if !pending {
@@ -933,11 +946,7 @@ impl Storage for EmbeddedStore {
                 "the embedded store's writer thread has stopped".into(),
             ));
         }
-        if !self.journal.is_running() {
-            return Err(StorageError::Backend(
-                "the embedded store's direct journal thread has stopped".into(),
-            ));
-        }
+        self.journal.health()?;
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             txn.open_table(USERS)

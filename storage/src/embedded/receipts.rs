@@ -94,6 +94,18 @@ pub(super) fn get(
         .transpose()
 }
 
+/// Whether a receipt is kept under `key` (read or not).
+pub(super) fn holds(
+    table: &impl ReadableTable<(u64, u128, &'static str), &'static [u8]>,
+    uaid: u128,
+    key: &str,
+) -> Result<bool> {
+    Ok(table
+        .get((arrival(key), uaid, key))
+        .map_err(backend)?
+        .is_some())
+}
+
 /// Remove the receipt under `key` if it is `version`'s; returns whether it
 /// was there.
 pub(super) fn remove_version(
