@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod legacy;
 pub mod row;
 pub mod settings;
 

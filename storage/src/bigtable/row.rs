@@ -294,6 +294,81 @@ pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb:
     m
 }
 
+/// Whether user row `row` (read with [`legacy_cells`]) still holds a
+/// router cell of ours, which autopush-rs cannot read.
+pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
+    OWN_USER_CELLS
+        .iter()
+        .any(|q| row.get(&families.router, q).is_some())
+}
+
+/// The cells [`legacy_cells_moved`] needs of a user row: `connected_at`
+/// (valueless: a user row) and our cells in both families, newest only.
+pub fn legacy_cells(families: &Families) -> RowFilter {
+    let ours = |f| chain(vec![family(f), qualifiers(&OWN_USER_CELLS), latest()]);
+    interleave(vec![
+        chain(vec![
+            column(&families.router, b"connected_at"),
+            strip_values(),
+        ]),
+        ours(&families.router),
+        ours(&families.message),
+    ])
+}
+
+/// Matches while our cells of the user, in both families, are what `row`
+/// read: the same value at the same timestamp, or still absent. Any
+/// connection since (ours rewrites them, an older build of ours stamps its
+/// router copies anew) or a removal fails it.
+pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
+    let mut conditions = Vec::new();
+    for f in [&families.router, &families.message] {
+        for q in OWN_USER_CELLS {
+            let column = || column(f, q.as_bytes());
+            conditions.push(match row.get_stamped(f, q) {
+                Some((value, stamp)) => {
+                    chain(vec![column(), value_is(value), stamped_in_ms_of(stamp)])
+                }
+                None => absent(column()),
+            });
+        }
+    }
+    let last = conditions.pop().unwrap_or_else(pass_all);
+    conditions.into_iter().rfold(last, |all, c| and(c, all))
+}
+
+/// What moves the router cells of ours in `row` to the message family,
+/// where this build reads them: a router copy goes; its value is kept
+/// unless the message family has one (which this build reads first),
+/// except a later `last_connect`. Stamped like a fresh write, since the
+/// message family's GC (`maxage`) would take a cell stamped in the past.
+pub fn legacy_cells_moved(families: &Families, row: &Row) -> Vec<pb::Mutation> {
+    let mut m = Vec::new();
+    for q in OWN_USER_CELLS {
+        let Some(old) = row.get(&families.router, q) else {
+            continue;
+        };
+        m.push(delete_column(&families.router, q.as_bytes()));
+        let keep = match row.get(&families.message, q) {
+            None => true,
+            Some(current) => q == "last_connect" && later(old, current),
+        };
+        if keep {
+            m.extend(replace(&families.message, q, Some(old.to_vec())));
+        }
+    }
+    m
+}
+
+/// `a` is a larger 8-byte big-endian integer than `b` (`false` when either
+/// is not one).
+fn later(a: &[u8], b: &[u8]) -> bool {
+    match (<[u8; 8]>::try_from(a), <[u8; 8]>::try_from(b)) {
+        (Ok(a), Ok(b)) => u64::from_be_bytes(a) > u64::from_be_bytes(b),
+        _ => false,
+    }
+}
+
 pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
     let mut m = replace(&families.router, "router_data", Some(json_bytes(data)));
     m.extend(new_version(families));
@@ -615,6 +690,18 @@ pub fn unexpired() -> RowFilter {
     ))
 }
 
+/// Cells stamped within the millisecond of `stamp` (microseconds):
+/// Bigtable's granularity.
+pub fn stamped_in_ms_of(stamp: i64) -> RowFilter {
+    let start = stamp - stamp.rem_euclid(1000);
+    filter(row_filter::Filter::TimestampRangeFilter(
+        pb::TimestampRange {
+            start_timestamp_micros: start,
+            end_timestamp_micros: start + 1000,
+        },
+    ))
+}
+
 /// Cells of column `qualifier` in `family` stamped other than at
 /// `expiry` (unix seconds), where we stamp a message's cells: a write of
 /// the message by someone else (autopush-rs stamps its cells with its
@@ -657,6 +744,9 @@ fn regex_escape(name: &str) -> String {
 pub struct Row {
     pub key: Vec<u8>,
     pub cells: HashMap<(String, Vec<u8>), Vec<u8>>,
+    /// Each of those cells' timestamp (microseconds), for writes
+    /// conditional on the very cell that was read.
+    pub stamps: HashMap<(String, Vec<u8>), i64>,
 }
 
 impl Row {
@@ -664,6 +754,12 @@ impl Row {
         self.cells
             .get(&(family.to_owned(), qualifier.as_bytes().to_vec()))
             .map(Vec::as_slice)
+    }
+
+    /// The cell `family:qualifier` with its timestamp.
+    pub fn get_stamped(&self, family: &str, qualifier: &str) -> Option<(&[u8], i64)> {
+        let at = (family.to_owned(), qualifier.as_bytes().to_vec());
+        Some((self.cells.get(&at)?.as_slice(), *self.stamps.get(&at)?))
     }
 
     /// The cell `qualifier` in whichever family holds it.
@@ -774,7 +870,7 @@ pub fn stored_from_row(row: &Row, retention: u64) -> Result<Option<StoredMessage
         serde_json::from_slice(hold).map_err(|_| corrupt(format!("{HOLD} is not JSON")))?;
     let mut held = Row {
         key: row.key.clone(),
-        cells: HashMap::new(),
+        ..Row::default()
     };
     let family = String::new();
     for (name, value) in [
@@ -869,7 +965,7 @@ mod tests {
     fn set_cells(mutations: Vec<pb::Mutation>, key: Vec<u8>, only: Option<&str>) -> Row {
         let mut row = Row {
             key,
-            cells: HashMap::new(),
+            ..Row::default()
         };
         for m in mutations {
             if let Some(mutation::Mutation::SetCell(c)) = m.mutation
