@@ -953,3 +953,205 @@ async fn a_direct_copy_written_again_is_not_removed() {
     assert!(!store.remove_direct_copy(&uaid, &message).await.unwrap());
     assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap().len(), 1);
 }
+
+// ---- rows older builds of ours left --------------------------------------
+
+/// A user row as builds before 8bfba7c wrote it: autopush-rs's router
+/// cells and one channel, and `last_connect` (and `over_msg_limit` when
+/// `over`) in the router family, stamped now + 60 days as router cells are.
+async fn write_old_layout_user(store: &BigtableStore, uaid: &Uuid, last_connect: u64, over: bool) {
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let connected_at = now_millis() - 86_400_000;
+    let chid = format!("chid:{}", Uuid::new_v4().as_hyphenated());
+    let mut cells = vec![
+        cell(
+            "router",
+            "connected_at",
+            connected_at.to_be_bytes().to_vec(),
+            stamp,
+        ),
+        cell("router", "router_type", b"webpush".to_vec(), stamp),
+        cell(
+            "router",
+            "record_version",
+            1u64.to_be_bytes().to_vec(),
+            stamp,
+        ),
+        cell(
+            "router",
+            "version",
+            Uuid::new_v4().as_bytes().to_vec(),
+            stamp,
+        ),
+        cell("router", &chid, Vec::new(), stamp),
+        cell(
+            "router",
+            "last_connect",
+            last_connect.to_be_bytes().to_vec(),
+            stamp,
+        ),
+    ];
+    if over {
+        cells.push(cell("router", "over_msg_limit", vec![1], stamp));
+    }
+    write_row(store, uaid.simple().to_string(), cells).await;
+}
+
+/// The lines `db move-legacy-cells` printed; asserts it succeeded.
+async fn move_legacy_cells(table: &str) -> String {
+    let out = db_command(table, &["db", "move-legacy-cells"]).await;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    said
+}
+
+/// `autopush db move-legacy-cells` on rows older builds left (our own
+/// cells in the router family, which autopush-rs takes for channels and
+/// fails on): afterwards every cell of the table is one autopush-rs reads,
+/// the values read the same, rows already in the current layout and
+/// message rows are left alone, a second run has nothing to do, and the
+/// users keep their UAIDs at their next hello here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_leaves_every_row_readable_by_autopush_rs() {
+    let (table, store) = fresh_table().await;
+    let day = 86_400_000;
+    let (over, plain, both) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let last = now_millis() - 3 * day;
+    write_old_layout_user(&store, &over, last, true).await;
+    write_old_layout_user(&store, &plain, last - day, false).await;
+    // Router and message copies at once (an older node wrote the router
+    // one after ours had moved it): the later last_connect stays.
+    write_old_layout_user(&store, &both, last, false).await;
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let earlier = (last - day).to_be_bytes().to_vec();
+    write_row(
+        &store,
+        both.simple().to_string(),
+        vec![cell("message", "last_connect", earlier, stamp)],
+    )
+    .await;
+    // A user in the current layout, with a stored message.
+    let args = beside_autopush_rs(&table).await;
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let (current, sub) = node.offline_subscription(false).await;
+    sub.push_text("stored").await;
+    let current_row = raw_row(&store, &current).await.unwrap();
+
+    let mut before = CellAudit::default();
+    before.scan(&store, "old layout").await;
+    assert_eq!(before.wrong.len(), 4, "{:#?}", before.wrong);
+
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("scanned 4 user rows"), "{said}");
+    assert!(said.contains("family in 3 rows"), "{said}");
+    assert!(said.contains("skipped 0 rows"), "{said}");
+    let mut after = CellAudit::default();
+    after.scan(&store, "moved").await;
+    assert!(after.wrong.is_empty(), "{:#?}", after.wrong);
+
+    // The values moved intact, as this build reads them.
+    let row = raw_row(&store, &over.simple().to_string()).await.unwrap();
+    assert_eq!(row["message:last_connect"], last.to_be_bytes());
+    assert_eq!(row["message:over_msg_limit"], [1]);
+    for (uaid, last_connect, over_limit) in [
+        (over, last, true),
+        (plain, last - day, false),
+        (both, last, false),
+    ] {
+        let user = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(
+            (user.last_connect, user.over_msg_limit),
+            (last_connect, over_limit)
+        );
+    }
+    assert_eq!(raw_row(&store, &current).await.unwrap(), current_row);
+
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("family in 0 rows"), "{said}");
+    // Other stores never held them: nothing to do, said plainly.
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = dir.path().join("data");
+    let out = run_autopush(&[
+        "db",
+        "move-legacy-cells",
+        "--db",
+        embedded.to_str().unwrap(),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("nothing to do"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    for uaid in [over, plain, both] {
+        node.reconnect(&uaid.simple().to_string())
+            .await
+            .close()
+            .await;
+    }
+    let mut ws = node.reconnect(&current).await;
+    assert_eq!(sub.receive(&mut ws).await.1.text, "stored");
+}
+
+/// A node changing a user between the command's read and its write wins:
+/// the write is conditional on the cells read, value and timestamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_never_overwrites_a_change_since_its_read() {
+    let (table, store) = fresh_table().await;
+    let day = 86_400_000;
+    let (old_node, our_node) = (Uuid::new_v4(), Uuid::new_v4());
+    let last = now_millis() - 3 * day;
+    write_old_layout_user(&store, &old_node, last, true).await;
+    write_old_layout_user(&store, &our_node, last, true).await;
+    let stale_old = store.read_legacy_cells(&old_node).await.unwrap().unwrap();
+    let stale_ours = store.read_legacy_cells(&our_node).await.unwrap().unwrap();
+
+    // An older build of ours connects the first user: its router cells
+    // again, one second later, the same value of over_msg_limit.
+    let stamp = (now_secs() + 60 * 86_400 + 1) * 1000;
+    let newer = now_millis();
+    write_row(
+        &store,
+        old_node.simple().to_string(),
+        vec![
+            cell(
+                "router",
+                "last_connect",
+                newer.to_be_bytes().to_vec(),
+                stamp,
+            ),
+            cell("router", "over_msg_limit", vec![1], stamp),
+        ],
+    )
+    .await;
+    // This build connects the second: it moves them itself.
+    let mut user = store.get_user(&our_node).await.unwrap().unwrap();
+    let seen = user.connected_at;
+    user.connected_at = seen + 1;
+    user.last_connect = newer;
+    user.over_msg_limit = false;
+    assert!(store.take_over_user(&user, seen).await.unwrap());
+
+    assert!(!store.move_legacy_row(&stale_old).await.unwrap());
+    assert!(!store.move_legacy_row(&stale_ours).await.unwrap());
+    let row = raw_row(&store, &old_node.simple().to_string())
+        .await
+        .unwrap();
+    assert_eq!(row["router:last_connect"], newer.to_be_bytes());
+    assert!(!row.contains_key("message:last_connect"));
+    let user = store.get_user(&our_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, false));
+
+    // The command reads again: the newer cells move, the moved ones stay.
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("family in 1 rows"), "{said}");
+    let user = store.get_user(&old_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, true));
+    let user = store.get_user(&our_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, false));
+    let mut audit = CellAudit::default();
+    audit.scan(&store, "moved").await;
+    assert!(audit.wrong.is_empty(), "{:#?}", audit.wrong);
+}
