@@ -8,10 +8,12 @@
 //! endpoint URLs either side issued working on the other, nothing acked
 //! delivered again. Mixed: both sides' connection and endpoint nodes at
 //! once, every push reaching its client live, once.
+//! A row an older build of ours left (its cells in the router family):
+//! autopush-rs's again after `autopush db move-legacy-cells`.
 
 use autopush_tests::autopush_rs::{AutoConnect, AutoEndpoint, Front, Shared, via};
-use autopush_tests::server::free_ports;
-use autopush_tests::{SendOptions, Server, Subscription, WsClient};
+use autopush_tests::server::{free_ports, run_autopush};
+use autopush_tests::{SendOptions, Server, Subscription, WsClient, bigtable};
 
 /// A client's subscriptions, by channel, to decrypt what arrives.
 struct Client {
@@ -247,4 +249,98 @@ async fn mixed_fleet_without_the_setting_stores_instead() {
     ws.close().await;
     let mut ws = y.hello(&our_connect.ws_url()).await;
     assert_eq!(y.texts(&mut ws).await, ["unsigned"]);
+}
+
+/// Put user `uaid`'s cells of ours back where builds before 8bfba7c wrote
+/// them: the router family, which autopush-rs's `get_user` takes for
+/// channels.
+async fn to_old_layout(shared: &Shared, uaid: &str) {
+    use autopush_storage::bigtable::{BigtableStore, proto, row};
+    let store = BigtableStore::connect(bigtable::local().await.settings(&shared.table))
+        .await
+        .unwrap();
+    let uaid = uuid::Uuid::parse_str(uaid).unwrap();
+    let read = store.read_legacy_cells(&uaid).await.unwrap().unwrap();
+    let (last_connect, stamp) = read.get_stamped("message", "last_connect").unwrap();
+    let set = |qualifier: &str, value: Vec<u8>| proto::Mutation {
+        mutation: Some(proto::mutation::Mutation::SetCell(
+            proto::mutation::SetCell {
+                family_name: "router".into(),
+                column_qualifier: qualifier.as_bytes().to_vec(),
+                timestamp_micros: stamp,
+                value,
+            },
+        )),
+    };
+    let settings = store.settings();
+    store
+        .connection()
+        .mutate_row(proto::MutateRowRequest {
+            table_name: settings.table_name.clone(),
+            app_profile_id: settings.app_profile_id.clone(),
+            row_key: row::user_key(&uaid),
+            mutations: vec![
+                row::delete_column("message", b"last_connect"),
+                row::delete_column("message", b"over_msg_limit"),
+                set("last_connect", last_connect.to_vec()),
+                set("over_msg_limit", vec![1]),
+            ],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// A user an older build of ours left with its cells in the router
+/// family: autopush-rs's endpoint fails its pushes until `autopush db
+/// move-legacy-cells` has run; then a push through it is stored and
+/// autopush-rs's connection node accepts the user's hello, keeps its UAID
+/// and delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs autopush-rs binaries: scripts/interop-autopush-rs"]
+async fn old_layout_rows_read_by_autopush_rs_after_move_legacy_cells() {
+    let shared = Shared::new().await;
+    let front = Front::start().await;
+    let node = ours(&shared, &front).await;
+    let mut ws = hello(&node.ws_url(), None).await;
+    let client = Client {
+        uaid: ws.uaid().to_owned(),
+        subs: vec![Subscription::new(&mut ws).await],
+    };
+    ws.close().await;
+    drop(node);
+    to_old_layout(&shared, &client.uaid).await;
+
+    let theirs = Theirs::start(&shared, &front).await;
+    let sub = &client.subs[0];
+    let refused = autopush_tests::py::send(
+        &via(&sub.endpoint, &front.base),
+        &sub.keys,
+        &SendOptions::text("before"),
+    )
+    .await;
+    assert_ne!(
+        refused.status, 201,
+        "autopush-rs took a push for an old-layout row: the scenario proves nothing"
+    );
+
+    let dsn = bigtable::local().await.dsn();
+    let settings = bigtable::db_settings(&shared.table);
+    let out = run_autopush(&[
+        "db",
+        "move-legacy-cells",
+        "--db",
+        &dsn,
+        "--db-settings",
+        &settings,
+    ])
+    .await;
+    let said = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}{stderr}");
+    assert!(said.contains("family in 1 rows"), "{said}");
+
+    push(sub, &front.base, "after", None).await;
+    let mut ws = client.hello(&theirs.connect.ws_url()).await;
+    assert_eq!(client.texts(&mut ws).await, ["after"]);
 }
