@@ -255,40 +255,22 @@ async fn mixed_fleet_without_the_setting_stores_instead() {
 /// them: the router family, which autopush-rs's `get_user` takes for
 /// channels.
 async fn to_old_layout(shared: &Shared, uaid: &str) {
-    use autopush_storage::bigtable::{BigtableStore, proto, row};
+    use autopush_storage::bigtable::{BigtableStore, row};
+    use autopush_tests::bigtable::{cell, write_row};
     let store = BigtableStore::connect(bigtable::local().await.settings(&shared.table))
         .await
         .unwrap();
     let uaid = uuid::Uuid::parse_str(uaid).unwrap();
     let read = store.read_legacy_cells(&uaid).await.unwrap().unwrap();
     let (last_connect, stamp) = read.get_stamped("message", "last_connect").unwrap();
-    let set = |qualifier: &str, value: Vec<u8>| proto::Mutation {
-        mutation: Some(proto::mutation::Mutation::SetCell(
-            proto::mutation::SetCell {
-                family_name: "router".into(),
-                column_qualifier: qualifier.as_bytes().to_vec(),
-                timestamp_micros: stamp,
-                value,
-            },
-        )),
-    };
-    let settings = store.settings();
-    store
-        .connection()
-        .mutate_row(proto::MutateRowRequest {
-            table_name: settings.table_name.clone(),
-            app_profile_id: settings.app_profile_id.clone(),
-            row_key: row::user_key(&uaid),
-            mutations: vec![
-                row::delete_column("message", b"last_connect"),
-                row::delete_column("message", b"over_msg_limit"),
-                set("last_connect", last_connect.to_vec()),
-                set("over_msg_limit", vec![1]),
-            ],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let stamp_ms = u64::try_from(stamp / 1000).unwrap();
+    let mutations = vec![
+        row::delete_column("message", b"last_connect"),
+        row::delete_column("message", b"over_msg_limit"),
+        cell("router", "last_connect", last_connect.to_vec(), stamp_ms),
+        cell("router", "over_msg_limit", vec![1], stamp_ms),
+    ];
+    write_row(&store, uaid.simple().to_string(), mutations).await;
 }
 
 /// A user an older build of ours left with its cells in the router

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use autopush_common::time::{now_millis, now_secs};
 use autopush_storage::Storage;
 use autopush_storage::bigtable::{BigtableStore, proto, row};
+use autopush_tests::bigtable::{cell, write_row};
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, bigtable, scenarios};
 use uuid::Uuid;
@@ -105,36 +106,6 @@ async fn fresh_table() -> (String, BigtableStore) {
 }
 
 // ---- interop with autopush-rs's layout ----------------------------------
-
-/// A cell as autopush-rs writes one: its timestamp in milliseconds (as
-/// microseconds), the value as given.
-fn cell(family: &str, qualifier: &str, value: Vec<u8>, stamp_ms: u64) -> proto::Mutation {
-    proto::Mutation {
-        mutation: Some(proto::mutation::Mutation::SetCell(
-            proto::mutation::SetCell {
-                family_name: family.into(),
-                column_qualifier: qualifier.as_bytes().to_vec(),
-                timestamp_micros: (stamp_ms * 1000) as i64,
-                value,
-            },
-        )),
-    }
-}
-
-async fn write_row(store: &BigtableStore, key: String, mutations: Vec<proto::Mutation>) {
-    let settings = store.settings();
-    store
-        .connection()
-        .mutate_row(proto::MutateRowRequest {
-            table_name: settings.table_name.clone(),
-            app_profile_id: settings.app_profile_id.clone(),
-            row_key: key.into_bytes(),
-            mutations,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-}
 
 /// A stored message as autopush-rs's `save_message` lays it out: row
 /// `{uaid}#{chidmessageid}`, family by topic, `ttl`/`timestamp` 8 bytes
