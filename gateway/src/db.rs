@@ -176,7 +176,10 @@ async fn run_bigtable(
                 .into(),
         ),
         DbCommand::MoveLegacyCells => {
-            let done = store.move_legacy_cells().await.map_err(|e| e.to_string())?;
+            let done = store
+                .move_legacy_cells(&mut |line| println!("{line}"))
+                .await
+                .map_err(|e| e.to_string())?;
             println!("scanned {} user rows", done.scanned);
             println!(
                 "moved last_connect/over_msg_limit from the router to the message family in {} rows",

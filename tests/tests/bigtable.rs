@@ -1126,3 +1126,33 @@ async fn db_move_legacy_cells_never_overwrites_a_change_since_its_read() {
     audit.scan(&store, "moved").await;
     assert!(audit.wrong.is_empty(), "{:#?}", audit.wrong);
 }
+
+/// More user rows than one page of the command's scan (500): every one is
+/// read once and moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_pages_through_the_table() {
+    let (table, store) = fresh_table().await;
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let entries = (0..1201u64)
+        .map(|i| proto::mutate_rows_request::Entry {
+            row_key: row::user_key(&Uuid::new_v4()),
+            mutations: vec![
+                cell("router", "connected_at", i.to_be_bytes().to_vec(), stamp),
+                cell("router", "last_connect", i.to_be_bytes().to_vec(), stamp),
+            ],
+            ..Default::default()
+        })
+        .collect();
+    store.connection().mutate_rows(entries).await.unwrap();
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("scanned 1201 user rows"), "{said}");
+    assert!(said.contains("family in 1201 rows"), "{said}");
+    let mut audit = CellAudit::default();
+    audit.scan(&store, "moved").await;
+    assert!(
+        audit.wrong.is_empty(),
+        "{} wrong, first {:?}",
+        audit.wrong.len(),
+        audit.wrong.first()
+    );
+}

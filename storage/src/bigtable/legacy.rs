@@ -21,6 +21,8 @@ use crate::Result;
 const PAGE: usize = 500;
 /// Conditional writes tried on one row before it is left for another run.
 const TRIES: usize = 3;
+/// Pages between progress lines (a large table takes a while).
+const PAGES_PER_LINE: u64 = 100;
 
 /// What one pass did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -60,13 +62,17 @@ fn rows_after(after: Option<Vec<u8>>) -> RowSet {
 
 impl BigtableStore {
     /// Move every user row's router `last_connect`/`over_msg_limit` to the
-    /// message family (see the module's notes).
-    pub async fn move_legacy_cells(&self) -> Result<LegacyCells> {
+    /// message family (see the module's notes); `progress` gets a line
+    /// every [`PAGES_PER_LINE`] pages.
+    pub async fn move_legacy_cells(
+        &self,
+        progress: &mut (dyn FnMut(String) + Send),
+    ) -> Result<LegacyCells> {
         let families = self.families();
         let filter = row::chain(vec![user_rows(), row::legacy_cells(families)]);
         let mut done = LegacyCells::default();
         let mut after = None;
-        loop {
+        for pages in 1.. {
             let page = self
                 .conn
                 .read_rows(self.read_request(rows_after(after.take()), filter.clone(), PAGE))
@@ -80,9 +86,16 @@ impl BigtableStore {
                 }
             }
             if !full {
-                return Ok(done);
+                break;
+            }
+            if pages % PAGES_PER_LINE == 0 {
+                progress(format!(
+                    "scanned {} user rows so far, moved cells in {}",
+                    done.scanned, done.moved
+                ));
             }
         }
+        Ok(done)
     }
 
     /// User `uaid`'s cells as [`move_legacy_row`](Self::move_legacy_row)

@@ -24,7 +24,8 @@
 //! router cells: autopush-rs reads that row only through its router family
 //! and message families only in rows `{uaid}#...`, and its `remove_user`
 //! deletes the whole row, these cells with it. Older versions of ours wrote
-//! them in the router family; every connection deletes those.
+//! them in the router family; every connection deletes those, and
+//! `autopush db move-legacy-cells` moves them ([`super::legacy`]).
 //!
 //! Message cells autopush-rs does not know and ignores (its
 //! `row_to_notification` takes the cells it knows and drops the rest):
@@ -1025,6 +1026,43 @@ mod tests {
             stored_from_row(&settled, 3600).unwrap(),
             Some(StoredMessage::Settled(receipt))
         );
+    }
+
+    /// A router copy moves unless the message family has one, which this
+    /// build reads first; a later `last_connect` wins either way.
+    #[test]
+    fn legacy_cells_move_to_the_message_family() {
+        let families = Families::default();
+        let at = |family: &str, q: &str| (family.to_owned(), q.as_bytes().to_vec());
+        let mut row = Row::default();
+        row.cells
+            .insert(at("router", "last_connect"), 7u64.to_be_bytes().to_vec());
+        row.cells.insert(at("router", "over_msg_limit"), vec![1]);
+        let moved = |row: &Row| {
+            let m = legacy_cells_moved(&families, row);
+            let deleted = m
+                .iter()
+                .filter(|m| matches!(&m.mutation, Some(mutation::Mutation::DeleteFromColumn(d)) if d.family_name == "router"))
+                .count();
+            (deleted, set_cells(m, Vec::new(), None).cells)
+        };
+        let (deleted, set) = moved(&row);
+        assert_eq!(deleted, 2);
+        assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
+        assert_eq!(set[&at("message", "over_msg_limit")], [1]);
+        assert!(!set.keys().any(|(f, _)| f == "router"));
+
+        row.cells
+            .insert(at("message", "last_connect"), 5u64.to_be_bytes().to_vec());
+        row.cells.insert(at("message", "over_msg_limit"), vec![1]);
+        let (_, set) = moved(&row);
+        assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
+        assert!(!set.contains_key(&at("message", "over_msg_limit")));
+        row.cells
+            .insert(at("message", "last_connect"), 9u64.to_be_bytes().to_vec());
+        let (deleted, set) = moved(&row);
+        assert_eq!(deleted, 2);
+        assert!(set.is_empty());
     }
 
     #[test]
