@@ -62,6 +62,9 @@ pub const STORAGE_REQUESTS: &str = "storage.request";
 pub const RATE_LIMITED: &str = "rate_limit.refused";
 /// Keys a rate limiter tracks now: `limit`.
 pub const RATE_LIMIT_KEYS: &str = "rate_limit.keys";
+/// Router API calls taken unsigned from an autopush-rs endpoint during a
+/// migration (`--unsigned-node-calls-from`): `route` (`push`, `notif`).
+pub const UNSIGNED_NODE_CALLS: &str = "node.unsigned_call";
 
 /// A request refused by the `limit` limiter, which now tracks `keys` keys.
 pub fn rate_limited(limit: &'static str, keys: usize) {
@@ -178,6 +181,10 @@ pub fn stored_sent(count: usize) {
 
 pub fn ack(source: &'static str) {
     increment(Series::Ack(source), || counter!(ACKS, "source" => source));
+}
+
+pub fn unsigned_node_call(route: &'static str) {
+    counter!(UNSIGNED_NODE_CALLS, "route" => route).increment(1);
 }
 
 pub fn nack() {

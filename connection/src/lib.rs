@@ -56,6 +56,10 @@ pub struct ConnectionSettings {
     /// Proxies whose `X-Forwarded-For` names the client of a websocket
     /// upgrade (for the quota of new UAIDs).
     pub trusted_proxies: Vec<IpAddr>,
+    /// During a migration from autopush-rs, whose endpoints call the router
+    /// API unsigned: peers whose unsigned `PUT /push` and `PUT /notif` are
+    /// taken. Empty (the default): every call must be signed.
+    pub unsigned_node_calls_from: Vec<ipnet::IpNet>,
 }
 
 impl Default for ConnectionSettings {
@@ -72,6 +76,7 @@ impl Default for ConnectionSettings {
             send_timeout: Duration::from_secs(5),
             refresh_last_connect: Duration::from_secs(86_400),
             trusted_proxies: Vec::new(),
+            unsigned_node_calls_from: Vec::new(),
         }
     }
 }

@@ -10,16 +10,26 @@
 //!
 //! Every call must be signed with the shared router key
 //! ([`autopush_common::node_auth`]); anything else gets 401 (errno 109).
-//! The one exception, `GET /metrics` (served ahead of these routes, see
-//! [`crate::server::serve_router_api`]), is read-only and carries no user
-//! data: Prometheus scrapers cannot sign.
+//! The exceptions: `GET /metrics` (served ahead of these routes, see
+//! [`crate::server::serve_router_api`]) is read-only and carries no user
+//! data: Prometheus scrapers cannot sign. And while autopush-rs's endpoints
+//! share the table (a migration), its unsigned `PUT /push` and `PUT /notif`
+//! from the peers `--unsigned-node-calls-from` names, each counted.
+//!
+//! Every answer carries [`SETTLES_DURABLE_COPY`]: this node deletes a
+//! durable direct copy when its client acks. autopush-rs's nodes do not (a
+//! direct ack never touches its storage), so an endpoint that gets a 200
+//! without it removes its copy itself.
 
 use std::sync::Arc;
 
+use autopush_common::metrics;
 use autopush_common::node::{LocalNode, PushOutcome};
 use autopush_common::node_auth::NodeAuthError;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
+use autopush_serving::http::Peer;
+pub use autopush_webpush::SETTLES_DURABLE_COPY;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
@@ -50,17 +60,33 @@ fn error(error: &ApiError) -> Response {
 }
 
 /// The body of a call whose signature (over method, path, time and body)
-/// verifies; any other call is rejected with [`Refused`].
-fn signed(ctx: Arc<NodeContext>) -> impl Filter<Extract = (Bytes,), Error = Rejection> + Clone {
+/// verifies, or, for `route` (`Some`: one autopush-rs calls), an unsigned
+/// call from a peer `--unsigned-node-calls-from` names; any other call is
+/// rejected with [`Refused`].
+fn signed(
+    ctx: Arc<NodeContext>,
+    route: Option<&'static str>,
+) -> impl Filter<Extract = (Bytes,), Error = Rejection> + Clone {
     warp::method()
         .and(warp::path::full())
         .and(warp::header::optional::<String>("authorization"))
+        .and(warp::ext::optional::<Peer>())
         .and(warp::body::stream())
         .and_then(
-            move |method: Method, path: FullPath, authorization: Option<String>, body| {
+            move |method: Method,
+                  path: FullPath,
+                  authorization: Option<String>,
+                  peer: Option<Peer>,
+                  body| {
                 let ctx = ctx.clone();
                 async move {
                     let body = read_bounded(body).await?;
+                    if let (None, Some(route), Some(Peer(peer))) = (&authorization, route, peer)
+                        && unsigned_allowed(&ctx, peer)
+                    {
+                        metrics::unsigned_node_call(route);
+                        return Ok(body);
+                    }
                     ctx.nodes
                         .keys()
                         .verify(
@@ -75,6 +101,15 @@ fn signed(ctx: Arc<NodeContext>) -> impl Filter<Extract = (Bytes,), Error = Reje
                 }
             },
         )
+}
+
+/// Whether `peer` is one whose unsigned calls are taken.
+fn unsigned_allowed(ctx: &NodeContext, peer: std::net::IpAddr) -> bool {
+    let peer = peer.to_canonical();
+    ctx.settings
+        .unsigned_node_calls_from
+        .iter()
+        .any(|net| net.contains(&peer))
 }
 
 /// The whole body, refused once it grows past [`MAX_BODY`] (chunked bodies
@@ -125,7 +160,7 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let registry = ctx.registry.clone();
     let push = warp::put()
         .and(warp::path!("push" / String))
-        .and(signed(ctx.clone()))
+        .and(signed(ctx.clone(), Some("push")))
         .map(move |uaid: String, body: Bytes| {
             let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
                 return error(&ApiError::BadRequest(
@@ -145,7 +180,7 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let registry = ctx.registry.clone();
     let notify = warp::put()
         .and(warp::path!("notif" / String))
-        .and(signed(ctx.clone()))
+        .and(signed(ctx.clone(), Some("notif")))
         .map(move |uaid: String, _: Bytes| {
             match parse_uaid(&uaid).filter(|u| registry.notify(u)) {
                 Some(_) => status(StatusCode::OK),
@@ -156,7 +191,7 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let registry = ctx.registry.clone();
     let drop_client = warp::delete()
         .and(warp::path!("notif" / String / u64))
-        .and(signed(ctx.clone()))
+        .and(signed(ctx.clone(), None))
         .map(move |uaid: String, connected_at: u64, _: Bytes| {
             match parse_uaid(&uaid).filter(|u| registry.kick(u, connected_at)) {
                 Some(_) => status(StatusCode::OK),
@@ -166,7 +201,7 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
 
     let user = warp::get()
         .and(warp::path!("user" / String))
-        .and(signed(ctx.clone()))
+        .and(signed(ctx.clone(), None))
         .then(move |uaid: String, _: Bytes| {
             let ctx = ctx.clone();
             async move {
@@ -193,6 +228,13 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .unify()
         .recover(refusal)
         .unify()
+        .map(|mut reply: Response| {
+            reply.headers_mut().insert(
+                SETTLES_DURABLE_COPY,
+                warp::http::HeaderValue::from_static("1"),
+            );
+            reply
+        })
         .boxed()
 }
 

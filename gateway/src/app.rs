@@ -26,7 +26,7 @@ use autopush_webpush::WebPushRouter;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::endpoint::{self, EndpointState};
 use crate::keys::{self, Key, Missing};
@@ -354,6 +354,7 @@ async fn start_connection(
             send_timeout: settings.ws_send_timeout,
             refresh_last_connect: refresh_last_connect(settings.drop_idle_users_after),
             trusted_proxies: settings.limits.trusted_proxies.clone(),
+            unsigned_node_calls_from: settings.unsigned_node_calls_from.clone(),
             ..ConnectionSettings::default()
         },
         storage: shared.storage.clone(),
@@ -366,6 +367,19 @@ async fn start_connection(
             .new_uaid
             .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
     });
+    if !settings.unsigned_node_calls_from.is_empty() {
+        let from: Vec<String> = settings
+            .unsigned_node_calls_from
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        warn!(
+            from = %from.join(","),
+            "MIGRATION: unsigned PUT /push and PUT /notif are taken from these peers \
+             (autopush-rs's endpoints), counted in node.unsigned_call; turn \
+             --unsigned-node-calls-from off once no autopush-rs endpoint is left"
+        );
+    }
     let websocket = bind(&settings.host, settings.port, "websocket").await?;
     let router_api = bind(
         &settings.router_host,

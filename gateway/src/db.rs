@@ -33,6 +33,11 @@ pub enum DbCommand {
         #[arg(long, default_value_t = 0.2)]
         pause: f64,
     },
+    /// Bigtable: move the `last_connect` and `over_msg_limit` cells older
+    /// builds wrote in a user row's router family (where autopush-rs
+    /// fails on them) to its message family, one conditional write per
+    /// row; safe while nodes run, and again
+    MoveLegacyCells,
     /// Embedded store (stopped): move every record that can be read from a
     /// direct journal file the node refused to start on, moved aside
     /// first, into the store at --db; prints what could not be read
@@ -54,6 +59,9 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
     }
     if let Db::Bigtable(bigtable) = &settings.db {
         return run_bigtable(bigtable, command).await;
+    }
+    if let DbCommand::MoveLegacyCells = command {
+        return nothing_to_move();
     }
     if settings.db != Db::DynamoDb {
         return Err(
@@ -102,6 +110,7 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
             println!("dropped {dropped} users");
             Ok(())
         }
+        DbCommand::MoveLegacyCells => nothing_to_move(),
         DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
     }
 }
@@ -139,7 +148,7 @@ fn replay_journal(dir: &Path, file: &Path) -> Result<(), String> {
 }
 
 /// `db create-tables` and `db preflight` on Bigtable (the table and
-/// families autopush-rs's setup_bt.sh makes).
+/// families autopush-rs's setup_bt.sh makes), and `db move-legacy-cells`.
 async fn run_bigtable(
     settings: &crate::settings::BigtableSettings,
     command: DbCommand,
@@ -166,8 +175,43 @@ async fn run_bigtable(
              index on last_connect to find them by"
                 .into(),
         ),
+        DbCommand::MoveLegacyCells => {
+            let done = store
+                .move_legacy_cells(&mut |line| println!("{line}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("scanned {} user rows", done.scanned);
+            println!(
+                "moved last_connect/over_msg_limit from the router to the message family in {} rows",
+                done.moved
+            );
+            println!(
+                "skipped {} rows that changed while read (a node connected or removed the user: \
+                 nothing left to move)",
+                done.changed
+            );
+            for uaid in &done.left {
+                println!("left: {uaid} changed on every try");
+            }
+            match done.left.len() {
+                0 => Ok(()),
+                n => Err(format!(
+                    "{n} rows still hold router cells autopush-rs cannot read: run it again"
+                )),
+            }
+        }
         DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
     }
+}
+
+/// `db move-legacy-cells` off Bigtable: only our Bigtable rows ever held
+/// those cells where autopush-rs reads.
+fn nothing_to_move() -> Result<(), String> {
+    println!(
+        "nothing to do: `autopush db move-legacy-cells` is for Bigtable (--db grpc://... or \
+         bigtable); this store never held those cells"
+    );
+    Ok(())
 }
 
 /// What `create-tables` did, a line each.

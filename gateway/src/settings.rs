@@ -182,6 +182,13 @@ pub struct SettingsLayer {
     /// the client; from anyone else the header is ignored [default: none]
     #[arg(long, env = "AUTOPUSH_TRUSTED_PROXIES", global = true)]
     pub trusted_proxies: Option<String>,
+    /// During a migration from autopush-rs only: its endpoints call the
+    /// router API unsigned; take their `PUT /push` and `PUT /notif` from
+    /// these addresses or networks (comma-separated, e.g.
+    /// 10.0.2.0/24,10.0.3.7), counted in node.unsigned_call. Every other
+    /// call stays signed [default: none]
+    #[arg(long, env = "AUTOPUSH_UNSIGNED_NODE_CALLS_FROM", global = true)]
+    pub unsigned_node_calls_from: Option<String>,
     /// Seconds an HTTP client has to send a request head, from connecting or
     /// from its first byte, on every port [default: 10]
     #[arg(long, env = "AUTOPUSH_HTTP_HEADER_TIMEOUT", global = true)]
@@ -328,6 +335,9 @@ pub struct Settings {
     pub limits: RateLimits,
     /// Timeouts and connection cap of every HTTP port.
     pub http: HttpLimits,
+    /// Peers whose unsigned `PUT /push`, `PUT /notif` are taken (autopush-rs's
+    /// endpoints during a migration); empty: none.
+    pub unsigned_node_calls_from: Vec<ipnet::IpNet>,
     pub vapid_cache_size: usize,
     pub metrics_port: Option<u16>,
     pub statsd: Option<Statsd>,
@@ -376,15 +386,40 @@ fn rate(name: &str, value: Option<&str>, default: &str) -> Result<Option<Rate>, 
     }
 }
 
-fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
+/// The items of a comma-separated setting, trimmed, empty ones skipped.
+fn items(value: Option<&str>) -> impl Iterator<Item = &str> {
     value
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
         .filter(|v| !v.is_empty())
+}
+
+fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
+    items(value)
         .map(|v| {
             v.parse()
                 .map_err(|_| format!("trusted_proxies: {v:?} is not an IP address"))
+        })
+        .collect()
+}
+
+/// Addresses and networks, comma-separated; an address is a network of
+/// one. A network of every address (`/0`) is refused: the setting names
+/// the autopush-rs endpoints, not the world.
+fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String> {
+    items(value)
+        .map(|v| {
+            let net = v
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| v.parse::<IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| format!("{name}: {v:?} is neither an IP address nor a network"))?;
+            match net.prefix_len() {
+                0 => Err(format!(
+                    "{name}: {v:?} is every address; name the autopush-rs endpoints"
+                )),
+                _ => Ok(net.trunc()),
+            }
         })
         .collect()
 }
@@ -554,6 +589,10 @@ impl Settings {
                     other => other.unwrap_or(1024),
                 },
             },
+            unsigned_node_calls_from: networks(
+                "unsigned_node_calls_from",
+                l.unsigned_node_calls_from.as_deref(),
+            )?,
             vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
             metrics_port: l.metrics_port,
             statsd: l.statsd_host.as_deref().map(parse_statsd).transpose()?,
@@ -584,6 +623,21 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsigned_node_calls_name_addresses_and_networks_never_everyone() {
+        let nets = networks("n", Some(" 10.0.2.7 , 10.0.3.9/24,::1")).unwrap();
+        let shown: Vec<String> = nets.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.2.7/32", "10.0.3.0/24", "::1/128"]);
+        assert!(networks("n", None).unwrap().is_empty());
+        assert!(
+            networks("n", Some("0.0.0.0/0"))
+                .unwrap_err()
+                .contains("every address")
+        );
+        assert!(networks("n", Some("::/0")).is_err());
+        assert!(networks("n", Some("example.com")).is_err());
+    }
 
     #[test]
     fn bigtable_takes_autopush_rs_dsn_and_db_settings() {

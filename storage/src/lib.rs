@@ -209,6 +209,16 @@ pub trait Storage: Send + Sync {
         Ok(DirectCopy::saved())
     }
 
+    /// Remove the durable copy of `message` that [`Storage::stage_direct`]
+    /// wrote, once a node that does not settle copies (autopush-rs's) took
+    /// the message: if it is still that version, and no one wrote the
+    /// message again since (that node storing it because its client left
+    /// without an ack). Returns whether it was removed.
+    async fn remove_direct_copy(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
+        self.remove_message(uaid, &message.sort_key(), &message.version)
+            .await
+    }
+
     /// Up to `limit` unexpired messages: topic messages first, then the rest
     /// in arrival order. Expired messages are never returned; a backend
     /// either deletes those it finds, each on the condition that it is still

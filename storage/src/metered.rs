@@ -123,6 +123,11 @@ impl Storage for MeteredStorage {
         self.timed("stage_direct", call).await
     }
 
+    async fn remove_direct_copy(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
+        let call = self.inner.remove_direct_copy(uaid, message);
+        self.timed("remove_direct_copy", call).await
+    }
+
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
         let call = self.inner.fetch_messages(uaid, limit);
         self.timed("fetch_messages", call).await

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
+use autopush_storage::bigtable::{BigtableSettings, BigtableStore, proto};
 use tokio::sync::OnceCell;
 
 use crate::server::free_ports;
@@ -120,6 +120,37 @@ pub async fn fresh_store() -> BigtableStore {
         .expect("connect to the Bigtable emulator");
     store.create_tables().await.expect("create the table");
     store
+}
+
+/// A cell as autopush-rs writes one: its timestamp in milliseconds (as
+/// microseconds), the value as given.
+pub fn cell(family: &str, qualifier: &str, value: Vec<u8>, stamp_ms: u64) -> proto::Mutation {
+    proto::Mutation {
+        mutation: Some(proto::mutation::Mutation::SetCell(
+            proto::mutation::SetCell {
+                family_name: family.into(),
+                column_qualifier: qualifier.as_bytes().to_vec(),
+                timestamp_micros: (stamp_ms * 1000) as i64,
+                value,
+            },
+        )),
+    }
+}
+
+/// Write `mutations` to row `key` as they are (none of our row code).
+pub async fn write_row(store: &BigtableStore, key: String, mutations: Vec<proto::Mutation>) {
+    let settings = store.settings();
+    store
+        .connection()
+        .mutate_row(proto::MutateRowRequest {
+            table_name: settings.table_name.clone(),
+            app_profile_id: settings.app_profile_id.clone(),
+            row_key: key.into_bytes(),
+            mutations,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
 }
 
 /// A TCP forwarder in front of the emulator that can be cut: while cut, it

@@ -25,6 +25,7 @@
 //! Firefox.
 
 pub mod apns;
+pub mod autopush_rs;
 pub mod backend;
 pub mod bigtable;
 pub mod bridge;

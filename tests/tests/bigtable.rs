@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use autopush_common::time::{now_millis, now_secs};
 use autopush_storage::Storage;
-use autopush_storage::bigtable::{BigtableStore, proto};
+use autopush_storage::bigtable::{BigtableStore, proto, row};
+use autopush_tests::bigtable::{cell, write_row};
 use autopush_tests::server::run_autopush;
 use autopush_tests::{Node, SendOptions, Server, Subscription, WsClient, bigtable, scenarios};
 use uuid::Uuid;
@@ -105,36 +106,6 @@ async fn fresh_table() -> (String, BigtableStore) {
 }
 
 // ---- interop with autopush-rs's layout ----------------------------------
-
-/// A cell as autopush-rs writes one: its timestamp in milliseconds (as
-/// microseconds), the value as given.
-fn cell(family: &str, qualifier: &str, value: Vec<u8>, stamp_ms: u64) -> proto::Mutation {
-    proto::Mutation {
-        mutation: Some(proto::mutation::Mutation::SetCell(
-            proto::mutation::SetCell {
-                family_name: family.into(),
-                column_qualifier: qualifier.as_bytes().to_vec(),
-                timestamp_micros: (stamp_ms * 1000) as i64,
-                value,
-            },
-        )),
-    }
-}
-
-async fn write_row(store: &BigtableStore, key: String, mutations: Vec<proto::Mutation>) {
-    let settings = store.settings();
-    store
-        .connection()
-        .mutate_row(proto::MutateRowRequest {
-            table_name: settings.table_name.clone(),
-            app_profile_id: settings.app_profile_id.clone(),
-            row_key: key.into_bytes(),
-            mutations,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-}
 
 /// A stored message as autopush-rs's `save_message` lays it out: row
 /// `{uaid}#{chidmessageid}`, family by topic, `ttl`/`timestamp` 8 bytes
@@ -312,23 +283,28 @@ async fn rows_written_by_autopush_rs_are_delivered() {
     ws.assert_nothing_arrives().await;
 }
 
-/// Every cell of row `key`, newest per column, by `family:qualifier`.
-async fn raw_row(store: &BigtableStore, key: &str) -> Option<HashMap<String, Vec<u8>>> {
+/// The rows of `rows` (`None`: the whole table), every cell as read.
+async fn read(store: &BigtableStore, rows: Option<proto::RowSet>) -> Vec<row::Row> {
     let settings = store.settings();
-    let rows = store
+    store
         .connection()
         .read_rows(proto::ReadRowsRequest {
             table_name: settings.table_name.clone(),
             app_profile_id: settings.app_profile_id.clone(),
-            rows: Some(proto::RowSet {
-                row_keys: vec![key.as_bytes().to_vec()],
-                row_ranges: Vec::new(),
-            }),
+            rows,
             ..Default::default()
         })
         .await
-        .unwrap();
-    rows.into_iter().next().map(|row| {
+        .unwrap()
+}
+
+/// Every cell of row `key`, newest per column, by `family:qualifier`.
+async fn raw_row(store: &BigtableStore, key: &str) -> Option<HashMap<String, Vec<u8>>> {
+    let rows = proto::RowSet {
+        row_keys: vec![key.as_bytes().to_vec()],
+        row_ranges: Vec::new(),
+    };
+    read(store, Some(rows)).await.into_iter().next().map(|row| {
         row.cells
             .into_iter()
             .map(|((f, q), v)| (format!("{f}:{}", text(&q)), v))
@@ -542,4 +518,641 @@ async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRe
     assert!(total(&stored) <= 4 * count + 1, "{stored:?}");
     assert!(total(&drained) <= 2 * count + 10, "{drained:?}");
     [direct, stored, drained]
+}
+
+// ---- every cell we write, against what autopush-rs reads ---------------
+
+/// What autopush-rs 1.83.1 reads (`autopush-common/src/db/bigtable`):
+/// `get_user` takes every router cell of row `{uaid}` and fails on one that
+/// is neither one of these nor `chid:{uuid}`.
+const AUTOPUSH_RS_ROUTER_CELLS: [&str; 7] = [
+    "connected_at",
+    "router_type",
+    "record_version",
+    "version",
+    "router_data",
+    "node_id",
+    "current_timestamp",
+];
+/// `row_to_notification` requires `ttl`, `timestamp` and `version` in a
+/// message row and reads `data` and `headers`; it drops other cells.
+const AUTOPUSH_RS_MESSAGE_CELLS: [&str; 5] = ["ttl", "timestamp", "version", "data", "headers"];
+/// Our message cells that autopush-rs drops (read back by us only).
+const OUR_MESSAGE_CELLS: [&str; 3] = ["sortkey_timestamp", "urgency", "durable"];
+
+/// What one scan of the whole table found wrong, and which cells it saw.
+#[derive(Default)]
+struct CellAudit {
+    wrong: Vec<String>,
+    seen: std::collections::BTreeSet<String>,
+}
+
+impl CellAudit {
+    /// Read every row of the table and check each cell against what
+    /// autopush-rs reads; `phase` names the path that wrote them.
+    async fn scan(&mut self, store: &BigtableStore, phase: &str) {
+        for row in read(store, None).await {
+            let key = text(&row.key);
+            for ((family, qualifier), value) in &row.cells {
+                let qualifier = text(qualifier);
+                let kind = match key.split_once('#') {
+                    None => "user",
+                    Some(_) => "message",
+                };
+                self.seen.insert(format!("{kind} {family}:{qualifier}"));
+                if let Err(why) = check_cell(&key, family, &qualifier, value) {
+                    self.wrong
+                        .push(format!("{phase}: {key} {family}:{qualifier}: {why}"));
+                }
+            }
+            if let Some((_, sort_key)) = key.split_once('#') {
+                for required in ["ttl", "timestamp", "version"] {
+                    if !row.cells.keys().any(|(_, q)| q == required.as_bytes()) {
+                        self.wrong
+                            .push(format!("{phase}: {key} lacks {required} ({sort_key})"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether autopush-rs reads cell `family:qualifier` of row `key` without
+/// error (or does not look at it).
+fn check_cell(key: &str, family: &str, qualifier: &str, value: &[u8]) -> Result<(), String> {
+    let eight = |v: &[u8]| match v.len() {
+        8 => Ok(()),
+        n => Err(format!("{n} bytes, not 8")),
+    };
+    let Some((uaid, sort_key)) = key.split_once('#') else {
+        if uaid_ok(key).is_err() {
+            return Err("not a UAID row".into());
+        }
+        return match (family, qualifier) {
+            ("router", "connected_at" | "record_version" | "current_timestamp") => eight(value),
+            ("router", "version") if value.len() == 16 => Ok(()),
+            ("router", "router_type") => match value {
+                b"webpush" | b"fcm" | b"gcm" | b"apns" => Ok(()),
+                _ => Err("unknown router type".into()),
+            },
+            ("router", "router_data") => {
+                serde_json::from_slice::<HashMap<String, serde_json::Value>>(value)
+                    .map(|_| ())
+                    .map_err(|_| "not a JSON object".into())
+            }
+            ("router", "node_id") => std::str::from_utf8(value)
+                .map(|_| ())
+                .map_err(|_| "not UTF-8".into()),
+            ("router", q) if AUTOPUSH_RS_ROUTER_CELLS.contains(&q) => Err("bad value".into()),
+            ("router", q) => match q.strip_prefix("chid:").map(Uuid::parse_str) {
+                Some(Ok(_)) => Ok(()),
+                _ => Err("autopush-rs takes it for a channel and fails".into()),
+            },
+            // Ours, where autopush-rs does not look (its get_user reads
+            // the router family only).
+            ("message", "last_connect") => eight(value),
+            ("message", "over_msg_limit") => Ok(()),
+            _ => Err("a cell of the user row autopush-rs does not know".into()),
+        };
+    };
+    uaid_ok(uaid)?;
+    let family_of_key = match sort_key.split(':').next() {
+        Some("01") => "message_topic",
+        Some("02") => "message",
+        _ => return Err("a sort key autopush-rs cannot parse".into()),
+    };
+    let parts: Vec<&str> = sort_key.splitn(3, ':').collect();
+    let chid = match family_of_key {
+        "message_topic" => parts.get(1),
+        _ => {
+            if parts.get(1).and_then(|t| t.parse::<u64>().ok()).is_none() {
+                return Err("sort key timestamp".into());
+            }
+            parts.get(2)
+        }
+    };
+    if chid.and_then(|c| Uuid::parse_str(c).ok()).is_none() {
+        return Err("sort key channel".into());
+    }
+    if family != family_of_key {
+        return Err(format!("in {family}, autopush-rs reads {family_of_key}"));
+    }
+    match qualifier {
+        "ttl" | "timestamp" | "sortkey_timestamp" => eight(value),
+        "version" | "data" | "urgency" => std::str::from_utf8(value)
+            .map(|_| ())
+            .map_err(|_| "not UTF-8".into()),
+        "headers" => serde_json::from_slice::<HashMap<String, String>>(value)
+            .map(|_| ())
+            .map_err(|_| "not a JSON map of strings".into()),
+        q if OUR_MESSAGE_CELLS.contains(&q) => Ok(()),
+        q if AUTOPUSH_RS_MESSAGE_CELLS.contains(&q) => Ok(()),
+        _ => Err("a message cell nobody listed".into()),
+    }
+}
+
+fn uaid_ok(uaid: &str) -> Result<(), String> {
+    match uaid.len() == 32 && Uuid::parse_str(uaid).is_ok() {
+        true => Ok(()),
+        false => Err("not a UAID".into()),
+    }
+}
+
+/// A push of `body` (aes128gcm, as is) with extra `headers`.
+async fn raw_push(endpoint: &str, headers: &[(&str, &str)]) -> autopush_tests::HttpReply {
+    let mut all = vec![("ttl", "600"), ("content-encoding", "aes128gcm")];
+    all.extend_from_slice(headers);
+    let reply = autopush_tests::http::post_push(endpoint, &all, Some(b"opaque".to_vec())).await;
+    assert_eq!(reply.status, 201, "{}", reply.text);
+    reply
+}
+
+/// Every path that writes to Bigtable (hello, register, direct and stored
+/// pushes, acks, unregister, msg_limit, receipts, `/v1` registrations, a
+/// bridged mailbox, the daily `last_connect`), the whole table read after
+/// each: every cell in the router and message families is one autopush-rs
+/// 1.83.1 reads without error, or one it never looks at. A new cell fails
+/// here before it fails an operator going back to autopush-rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cell_we_write_is_one_autopush_rs_reads() {
+    use autopush_tests::http as h;
+    use reqwest::Method;
+    let (table, store) = fresh_table().await;
+    let google = autopush_tests::google::Google::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = google.write_service_account(dir.path(), "sa.json");
+    let config = dir.path().join("autopush.toml");
+    let fcm = format!(
+        "[fcm.apps.app1]\nproject_id = \"autopush-test\"\ncredential = \"{}\"\nbase_url = \"{}\"\n",
+        key_file.display(),
+        google.base_url()
+    );
+    std::fs::write(&config, fcm).unwrap();
+    let mut args = beside_autopush_rs(&table).await;
+    args.extend([
+        format!("--config={}", config.display()),
+        "--msg-limit=2".into(),
+    ]);
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let mut audit = CellAudit::default();
+
+    // hello, register, a direct push before and after its ack.
+    let mut ws = node.client().await;
+    let uaid = ws.uaid().to_owned();
+    let (chid, other) = (
+        autopush_tests::new_channel_id(),
+        autopush_tests::new_channel_id(),
+    );
+    let endpoint = ws.register(&chid, None).await["pushEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ws.register(&other, None).await;
+    audit.scan(&store, "hello+register").await;
+    raw_push(&endpoint, &[("urgency", "high")]).await;
+    let n = ws.recv_notification().await;
+    audit.scan(&store, "direct").await;
+    ws.ack_notification(&n).await;
+    ws.unregister(&other, 200).await;
+    ws.close().await;
+
+    // Stored (timestamp and Topic), read and acked at the next hello.
+    let stored = raw_push(&endpoint, &[]).await;
+    raw_push(&endpoint, &[("topic", "news")]).await;
+    audit.scan(&store, "stored").await;
+    // Receipts (off beside autopush-rs): a read, and the sender's delete.
+    let location = stored.header("location").unwrap().to_owned();
+    h::get(&location).await;
+    audit.scan(&store, "receipt").await;
+    let mut ws = node.reconnect(&uaid).await;
+    for n in ws.recv_notifications(2).await {
+        ws.ack_notification(&n).await;
+    }
+    ws.close().await;
+    let sent = raw_push(&endpoint, &[]).await;
+    h::request(Method::DELETE, sent.header("location").unwrap(), &[], None).await;
+    audit.scan(&store, "acked").await;
+
+    // msg_limit 2: three stored; the next hello marks the user over it,
+    // the one after starts over with a new UAID.
+    for _ in 0..3 {
+        raw_push(&endpoint, &[]).await;
+    }
+    let mut ws = node.reconnect(&uaid).await;
+    ws.recv_notifications(2).await;
+    ws.close().await;
+    audit.scan(&store, "over msg_limit").await;
+    let ws = WsClient::connect_hello(&node.ws_url(), Some(&uaid)).await;
+    let fresh = Uuid::parse_str(ws.uaid()).unwrap();
+    assert_ne!(fresh.simple().to_string(), uaid);
+    ws.close().await;
+    audit.scan(&store, "msg_limit reset").await;
+
+    // The daily refresh of last_connect.
+    assert!(store.touch_user(&fresh, now_millis()).await.unwrap());
+    audit.scan(&store, "touch").await;
+
+    // /v1: a webpush registration, a new channel, a bridged one with a
+    // mailbox, its token updated, a message acked from the mailbox.
+    let v1 =
+        |t: &str, path: &str| format!("{}/v1/{t}/app1/registration{path}", node.endpoint_base());
+    let json = [("content-type", "application/json")];
+    let web = h::request(
+        Method::POST,
+        &v1("webpush", ""),
+        &json,
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(web.status, 200, "{}", web.text);
+    raw_push(web.json["endpoint"].as_str().unwrap(), &[]).await;
+    let body = serde_json::json!({"token": "fcm-token", "mailbox": true}).to_string();
+    let fcm = h::request(Method::POST, &v1("fcm", ""), &json, Some(body.into_bytes())).await;
+    assert_eq!(fcm.status, 200, "{}", fcm.text);
+    let (fcm_uaid, secret) = (fcm.field("uaid"), fcm.field("secret"));
+    let auth = format!("Bearer {secret}");
+    let with_auth = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+    ];
+    let sub = h::request(
+        Method::POST,
+        &v1("fcm", &format!("/{fcm_uaid}/subscription")),
+        &with_auth,
+        Some(b"{}".to_vec()),
+    )
+    .await;
+    assert_eq!(sub.status, 200, "{}", sub.text);
+    let token = serde_json::json!({"token": "fcm-token-2"}).to_string();
+    let updated = h::request(
+        Method::PUT,
+        &v1("fcm", &format!("/{fcm_uaid}")),
+        &with_auth,
+        Some(token.into_bytes()),
+    )
+    .await;
+    assert_eq!(updated.status, 200, "{}", updated.text);
+    let boxed = raw_push(fcm.json["endpoint"].as_str().unwrap(), &[]).await;
+    raw_push(fcm.json["endpoint"].as_str().unwrap(), &[("topic", "t")]).await;
+    audit.scan(&store, "v1 + mailbox").await;
+    let id = autopush_tests::receipt::id_of(boxed.header("location").unwrap()).to_owned();
+    let acked = h::request(
+        Method::DELETE,
+        &v1("fcm", &format!("/{fcm_uaid}/messages/{id}")),
+        &with_auth,
+        None,
+    )
+    .await;
+    assert_eq!(acked.status, 200, "{}", acked.text);
+    audit.scan(&store, "mailbox ack").await;
+
+    assert!(audit.wrong.is_empty(), "{:#?}", audit.wrong);
+    // The scans saw what they are meant to check.
+    for cell in [
+        "user router:connected_at",
+        "user message:last_connect",
+        "user message:over_msg_limit",
+        "user router:router_data",
+        "message message:data",
+        "message message_topic:sortkey_timestamp",
+        "message message:urgency",
+    ] {
+        assert!(
+            audit.seen.contains(cell),
+            "{cell} never written: {:?}",
+            audit.seen
+        );
+    }
+}
+
+// ---- durable direct copies and nodes that do not settle them -------------
+
+/// A connection node that takes every push (200) and counts them; it says
+/// it settles durable copies (as ours do) when `settles`, else it is
+/// autopush-rs's kind: its direct acks never touch storage.
+async fn taking_node(settles: bool) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use warp::{Filter, Reply};
+    let taken = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = taken.clone();
+    let routes = warp::put()
+        .and(warp::path!("push" / String))
+        .and(warp::body::bytes())
+        .map(move |_: String, _: bytes::Bytes| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let reply = warp::reply::with_status("", warp::http::StatusCode::OK);
+            match settles {
+                true => warp::reply::with_header(reply, "x-autopush-settles-durable-copy", "1")
+                    .into_response(),
+                false => reply.into_response(),
+            }
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(warp::serve(routes).incoming(listener).run());
+    (base, taken)
+}
+
+/// A push our endpoint delivers through a node that does not settle
+/// durable copies (autopush-rs's) leaves no copy behind: it would be
+/// delivered again at the client's next hello. Through one of ours, the
+/// copy stays until the client's ack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_durable_copy_stays_behind_a_node_that_does_not_settle_it() {
+    let (table, store) = fresh_table().await;
+    let node = Server::start_node(node_on(
+        &bigtable::local().await.host,
+        beside_autopush_rs(&table).await,
+    )("all"))
+    .await;
+    for settles in [false, true] {
+        let (node_id, taken) = taking_node(settles).await;
+        let (uaid, sub) = node.offline_subscription(false).await;
+        // Newer than the cell hello wrote (stamped now + 60 days).
+        let stamp = now_millis() + 90 * 86_400_000;
+        write_row(
+            &store,
+            uaid.clone(),
+            vec![cell("router", "node_id", node_id.into_bytes(), stamp)],
+        )
+        .await;
+        sub.push_text("direct").await;
+        assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let left = store
+            .fetch_messages(&Uuid::parse_str(&uaid).unwrap(), 10)
+            .await
+            .unwrap();
+        assert_eq!(left.len(), usize::from(settles), "settles: {settles}");
+    }
+}
+
+/// The copy is removed on its version, and not once someone wrote the
+/// message again (autopush-rs's node storing it as its client left
+/// without an ack, its cells stamped by its own clock).
+#[tokio::test]
+async fn a_direct_copy_written_again_is_not_removed() {
+    let (_, store) = fresh_table().await;
+    let uaid = Uuid::new_v4();
+    let message = autopush_common::Notification {
+        channel_id: Uuid::new_v4(),
+        version: "v1".into(),
+        ttl: 600,
+        timestamp: now_secs(),
+        topic: None,
+        sortkey_timestamp: Some(now_millis() * 1000),
+        data: Some("ZGF0YQ".into()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    };
+    store.save_direct(&uaid, message.clone()).await.unwrap();
+    let mut other = message.clone();
+    other.version = "v2".into();
+    assert!(!store.remove_direct_copy(&uaid, &other).await.unwrap());
+    assert!(store.remove_direct_copy(&uaid, &message).await.unwrap());
+    assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+
+    store.save_direct(&uaid, message.clone()).await.unwrap();
+    let key = row::message_key(&uaid, &message.sort_key());
+    let rewritten = (now_millis() + 1) + message.ttl * 1000;
+    write_row(
+        &store,
+        String::from_utf8(key).unwrap(),
+        vec![cell("message", "version", b"v1".to_vec(), rewritten)],
+    )
+    .await;
+    assert!(!store.remove_direct_copy(&uaid, &message).await.unwrap());
+    assert_eq!(store.fetch_messages(&uaid, 10).await.unwrap().len(), 1);
+}
+
+// ---- rows older builds of ours left --------------------------------------
+
+/// A user row as builds before 8bfba7c wrote it: autopush-rs's router
+/// cells and one channel, and `last_connect` (and `over_msg_limit` when
+/// `over`) in the router family, stamped now + 60 days as router cells are.
+async fn write_old_layout_user(store: &BigtableStore, uaid: &Uuid, last_connect: u64, over: bool) {
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let connected_at = now_millis() - 86_400_000;
+    let chid = format!("chid:{}", Uuid::new_v4().as_hyphenated());
+    let mut cells = vec![
+        cell(
+            "router",
+            "connected_at",
+            connected_at.to_be_bytes().to_vec(),
+            stamp,
+        ),
+        cell("router", "router_type", b"webpush".to_vec(), stamp),
+        cell(
+            "router",
+            "record_version",
+            1u64.to_be_bytes().to_vec(),
+            stamp,
+        ),
+        cell(
+            "router",
+            "version",
+            Uuid::new_v4().as_bytes().to_vec(),
+            stamp,
+        ),
+        cell("router", &chid, Vec::new(), stamp),
+        cell(
+            "router",
+            "last_connect",
+            last_connect.to_be_bytes().to_vec(),
+            stamp,
+        ),
+    ];
+    if over {
+        cells.push(cell("router", "over_msg_limit", vec![1], stamp));
+    }
+    write_row(store, uaid.simple().to_string(), cells).await;
+}
+
+/// The lines `db move-legacy-cells` printed; asserts it succeeded.
+async fn move_legacy_cells(table: &str) -> String {
+    let out = db_command(table, &["db", "move-legacy-cells"]).await;
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    said
+}
+
+/// `autopush db move-legacy-cells` on rows older builds left (our own
+/// cells in the router family, which autopush-rs takes for channels and
+/// fails on): afterwards every cell of the table is one autopush-rs reads,
+/// the values read the same, rows already in the current layout and
+/// message rows are left alone, a second run has nothing to do, and the
+/// users keep their UAIDs at their next hello here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_leaves_every_row_readable_by_autopush_rs() {
+    let (table, store) = fresh_table().await;
+    let day = 86_400_000;
+    let (over, plain, both) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let last = now_millis() - 3 * day;
+    write_old_layout_user(&store, &over, last, true).await;
+    write_old_layout_user(&store, &plain, last - day, false).await;
+    // Router and message copies at once (an older node wrote the router
+    // one after ours had moved it): the later last_connect stays.
+    write_old_layout_user(&store, &both, last, false).await;
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let earlier = (last - day).to_be_bytes().to_vec();
+    write_row(
+        &store,
+        both.simple().to_string(),
+        vec![cell("message", "last_connect", earlier, stamp)],
+    )
+    .await;
+    // A user in the current layout, with a stored message.
+    let args = beside_autopush_rs(&table).await;
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let (current, sub) = node.offline_subscription(false).await;
+    sub.push_text("stored").await;
+    let current_row = raw_row(&store, &current).await.unwrap();
+
+    let mut before = CellAudit::default();
+    before.scan(&store, "old layout").await;
+    assert_eq!(before.wrong.len(), 4, "{:#?}", before.wrong);
+
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("scanned 4 user rows"), "{said}");
+    assert!(said.contains("family in 3 rows"), "{said}");
+    assert!(said.contains("skipped 0 rows"), "{said}");
+    let mut after = CellAudit::default();
+    after.scan(&store, "moved").await;
+    assert!(after.wrong.is_empty(), "{:#?}", after.wrong);
+
+    // The values moved intact, as this build reads them.
+    let row = raw_row(&store, &over.simple().to_string()).await.unwrap();
+    assert_eq!(row["message:last_connect"], last.to_be_bytes());
+    assert_eq!(row["message:over_msg_limit"], [1]);
+    for (uaid, last_connect, over_limit) in [
+        (over, last, true),
+        (plain, last - day, false),
+        (both, last, false),
+    ] {
+        let user = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(
+            (user.last_connect, user.over_msg_limit),
+            (last_connect, over_limit)
+        );
+    }
+    assert_eq!(raw_row(&store, &current).await.unwrap(), current_row);
+
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("family in 0 rows"), "{said}");
+    // Other stores never held them: nothing to do, said plainly.
+    let dir = tempfile::tempdir().unwrap();
+    let embedded = dir.path().join("data");
+    let out = run_autopush(&[
+        "db",
+        "move-legacy-cells",
+        "--db",
+        embedded.to_str().unwrap(),
+    ])
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("nothing to do"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    for uaid in [over, plain, both] {
+        node.reconnect(&uaid.simple().to_string())
+            .await
+            .close()
+            .await;
+    }
+    let mut ws = node.reconnect(&current).await;
+    assert_eq!(sub.receive(&mut ws).await.1.text, "stored");
+}
+
+/// A node changing a user between the command's read and its write wins:
+/// the write is conditional on the cells read, value and timestamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_never_overwrites_a_change_since_its_read() {
+    let (table, store) = fresh_table().await;
+    let day = 86_400_000;
+    let (old_node, our_node) = (Uuid::new_v4(), Uuid::new_v4());
+    let last = now_millis() - 3 * day;
+    write_old_layout_user(&store, &old_node, last, true).await;
+    write_old_layout_user(&store, &our_node, last, true).await;
+    let stale_old = store.read_legacy_cells(&old_node).await.unwrap().unwrap();
+    let stale_ours = store.read_legacy_cells(&our_node).await.unwrap().unwrap();
+
+    // An older build of ours connects the first user: its router cells
+    // again, one second later, the same value of over_msg_limit.
+    let stamp = (now_secs() + 60 * 86_400 + 1) * 1000;
+    let newer = now_millis();
+    write_row(
+        &store,
+        old_node.simple().to_string(),
+        vec![
+            cell(
+                "router",
+                "last_connect",
+                newer.to_be_bytes().to_vec(),
+                stamp,
+            ),
+            cell("router", "over_msg_limit", vec![1], stamp),
+        ],
+    )
+    .await;
+    // This build connects the second: it moves them itself.
+    let mut user = store.get_user(&our_node).await.unwrap().unwrap();
+    let seen = user.connected_at;
+    user.connected_at = seen + 1;
+    user.last_connect = newer;
+    user.over_msg_limit = false;
+    assert!(store.take_over_user(&user, seen).await.unwrap());
+
+    assert!(!store.move_legacy_row(&stale_old).await.unwrap());
+    assert!(!store.move_legacy_row(&stale_ours).await.unwrap());
+    let row = raw_row(&store, &old_node.simple().to_string())
+        .await
+        .unwrap();
+    assert_eq!(row["router:last_connect"], newer.to_be_bytes());
+    assert!(!row.contains_key("message:last_connect"));
+    let user = store.get_user(&our_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, false));
+
+    // The command reads again: the newer cells move, the moved ones stay.
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("family in 1 rows"), "{said}");
+    let user = store.get_user(&old_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, true));
+    let user = store.get_user(&our_node).await.unwrap().unwrap();
+    assert_eq!((user.last_connect, user.over_msg_limit), (newer, false));
+    let mut audit = CellAudit::default();
+    audit.scan(&store, "moved").await;
+    assert!(audit.wrong.is_empty(), "{:#?}", audit.wrong);
+}
+
+/// More user rows than one page of the command's scan (500): every one is
+/// read once and moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn db_move_legacy_cells_pages_through_the_table() {
+    let (table, store) = fresh_table().await;
+    let stamp = (now_secs() + 60 * 86_400) * 1000;
+    let entries = (0..1201u64)
+        .map(|i| proto::mutate_rows_request::Entry {
+            row_key: row::user_key(&Uuid::new_v4()),
+            mutations: vec![
+                cell("router", "connected_at", i.to_be_bytes().to_vec(), stamp),
+                cell("router", "last_connect", i.to_be_bytes().to_vec(), stamp),
+            ],
+            ..Default::default()
+        })
+        .collect();
+    store.connection().mutate_rows(entries).await.unwrap();
+    let said = move_legacy_cells(&table).await;
+    assert!(said.contains("scanned 1201 user rows"), "{said}");
+    assert!(said.contains("family in 1201 rows"), "{said}");
+    let mut audit = CellAudit::default();
+    audit.scan(&store, "moved").await;
+    assert!(
+        audit.wrong.is_empty(),
+        "{} wrong, first {:?}",
+        audit.wrong.len(),
+        audit.wrong.first()
+    );
 }

@@ -304,6 +304,85 @@ async fn unsigned_or_badly_signed_calls_get_401_and_do_nothing() {
     assert_eq!(d.text, "only with the key");
 }
 
+/// During a migration (`--unsigned-node-calls-from`), the two calls
+/// autopush-rs's endpoints make unsigned, `PUT /push` and `PUT /notif`, are
+/// taken from the peers named, said at start-up and counted; every other
+/// call, and every call from another peer, still needs the signature.
+#[tokio::test]
+async fn unsigned_calls_from_the_peers_named_during_a_migration() {
+    let server = Server::start_with(&["--unsigned-node-calls-from", "127.0.0.0/8"]).await;
+    let stderr = server.stderr();
+    assert!(stderr.contains("MIGRATION"), "{stderr}");
+    assert!(stderr.contains("127.0.0.0/8"), "{stderr}");
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    let enc = py::encrypt(
+        &sub.keys,
+        &Payload::Text("unsigned".into()),
+        Encoding::Aes128Gcm,
+    )
+    .await;
+    // As autopush-rs sends it: the UAID hyphenated, `topic` null.
+    let mut body = router_notification(&sub.channel_id, "v1", &enc);
+    body["topic"] = Value::Null;
+    let hyphenated = uuid::Uuid::parse_str(&uaid)
+        .unwrap()
+        .hyphenated()
+        .to_string();
+    let push = format!("/push/{hyphenated}");
+    let reply = raw_router_call(&server, Method::PUT, &push, None, Some(&body.to_string())).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert!(reply.header("x-autopush-settles-durable-copy").is_some());
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "unsigned");
+    ws.ack_notification(&n).await;
+    let notif = format!("/notif/{uaid}");
+    let reply = raw_router_call(&server, Method::PUT, &notif, None, None).await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+
+    let record = server
+        .router_call(Method::GET, &format!("/user/{uaid}"), None)
+        .await;
+    let at = connected_at(&record.json);
+    for (method, path) in [
+        (Method::DELETE, format!("/notif/{uaid}/{at}")),
+        (Method::GET, format!("/user/{uaid}")),
+    ] {
+        let reply = raw_router_call(&server, method.clone(), &path, None, None).await;
+        reply.assert_error(401, 109);
+    }
+    assert_eq!(ws.register(&new_channel_id(), None).await["status"], 200);
+    let metrics = http::get(&format!("{}/metrics", server.router_base())).await;
+    let counted = |route: &str| {
+        metrics
+            .text
+            .lines()
+            .any(|l| l.starts_with("node_unsigned_call{") && l.contains(route))
+    };
+    assert!(
+        counted("route=\"push\"") && counted("route=\"notif\""),
+        "{}",
+        metrics.text
+    );
+
+    // Another peer's unsigned calls are refused.
+    let elsewhere =
+        Server::start_with(&["--unsigned-node-calls-from", "10.1.2.3,192.168.0.0/16"]).await;
+    let mut ws = elsewhere.client().await;
+    let uaid = ws.uaid().to_string();
+    Subscription::new(&mut ws).await;
+    let reply = raw_router_call(
+        &elsewhere,
+        Method::PUT,
+        &format!("/notif/{uaid}"),
+        None,
+        None,
+    )
+    .await;
+    reply.assert_error(401, 109);
+}
+
 #[tokio::test]
 async fn a_configured_router_key_list_verifies_with_any_key() {
     let server = Server::start_with(&["--router-key", "new-router-key-1,old-router-key-0"]).await;

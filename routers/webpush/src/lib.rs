@@ -15,6 +15,12 @@
 //! the session deletes it when the client acks: a node killed before the ack
 //! loses nothing. Off, a direct message lives in the node's memory until the
 //! ack, and is written to storage only if the session ends without one.
+//!
+//! A node that is not ours (autopush-rs's, on a shared Bigtable table
+//! during a migration) never deletes a durable copy: its direct acks do not
+//! touch storage. Ours say they do ([`SETTLES_DURABLE_COPY`]); when a node
+//! that does not say so takes a message, the copy is removed here, as
+//! autopush-rs's own endpoint never writes one.
 
 pub mod node_client;
 
@@ -30,6 +36,16 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 pub use node_client::{NodeCallError, NodeClient};
+
+/// The header our connection nodes put on every router API answer: this
+/// node deletes a durable direct copy when its client acks it.
+pub const SETTLES_DURABLE_COPY: &str = "x-autopush-settles-durable-copy";
+
+/// A node took the message for its client.
+struct Taken {
+    /// It deletes the durable copy at the client's ack (ours do).
+    settles_copy: bool,
+}
 
 /// Whether a message delivered directly has a copy in storage until its
 /// ack (and so a receipt that follows it): with durable direct delivery on,
@@ -70,35 +86,40 @@ impl WebPushRouter {
             .filter(|local| local.node_id() == node_id)
     }
 
-    /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent.
+    /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent; with
+    /// whether a node that took it settles durable copies.
     async fn push_to_node(
         &self,
         node_id: &str,
         uaid: &Uuid,
-        notification: Notification,
-    ) -> PushOutcome {
+        notification: &Notification,
+    ) -> (PushOutcome, bool) {
         if let Some(local) = self.local_for(node_id) {
-            return local.push(uaid, notification);
+            return (local.push(uaid, notification.clone()), true);
         }
         let path = format!("/push/{}", uaid.simple());
         let body = notification.to_json().unwrap_or_default();
         match self.nodes.call(Method::PUT, node_id, &path, body).await {
-            Ok(response) => match response.status().as_u16() {
-                200 => PushOutcome::Delivered,
-                404 => PushOutcome::NotConnected,
-                503 => PushOutcome::Busy,
-                status => {
-                    warn!(
-                        node_id,
-                        status, "connection node refused a push; storing it"
-                    );
-                    PushOutcome::Busy
-                }
-            },
+            Ok(response) => {
+                let settles = response.headers().contains_key(SETTLES_DURABLE_COPY);
+                let outcome = match response.status().as_u16() {
+                    200 => PushOutcome::Delivered,
+                    404 => PushOutcome::NotConnected,
+                    503 => PushOutcome::Busy,
+                    status => {
+                        warn!(
+                            node_id,
+                            status, "connection node refused a push; storing it"
+                        );
+                        PushOutcome::Busy
+                    }
+                };
+                (outcome, settles)
+            }
             Err(e) => {
                 // Slow, paused or restarting: its clients may still be there.
                 warn!(node_id, error = %e, "connection node did not answer; storing the push");
-                PushOutcome::Busy
+                (PushOutcome::Busy, false)
             }
         }
     }
@@ -110,25 +131,25 @@ impl WebPushRouter {
         &self,
         node_id: &str,
         user: &User,
-        notification: Notification,
-    ) -> ApiResult<bool> {
+        notification: &Notification,
+    ) -> ApiResult<Option<Taken>> {
         match self.push_to_node(node_id, &user.uaid, notification).await {
-            PushOutcome::Delivered => return Ok(true),
-            PushOutcome::Busy => debug!("client busy; storing"),
-            PushOutcome::NotConnected => {
+            (PushOutcome::Delivered, settles_copy) => return Ok(Some(Taken { settles_copy })),
+            (PushOutcome::Busy, _) => debug!("client busy; storing"),
+            (PushOutcome::NotConnected, _) => {
                 self.storage
                     .remove_node_id(&user.uaid, node_id, user.connected_at)
                     .await?;
             }
         }
-        Ok(false)
+        Ok(None)
     }
 
     /// Deliver a message that has no copy in storage: it is kept back, to
     /// be saved if the push does not reach the client (unless its TTL is 0).
     async fn deliver_kept(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
         if let Some(node_id) = &user.node_id
-            && self.pushed(node_id, user, notification.clone()).await?
+            && self.pushed(node_id, user, &notification).await?.is_some()
         {
             return Ok(Delivery::Direct);
         }
@@ -202,8 +223,17 @@ impl Router for WebPushRouter {
             .stage_direct(&uaid, notification.clone())
             .await?;
         notification.durable = true;
-        if self.pushed(node_id, user, notification).await? {
+        if let Some(taken) = self.pushed(node_id, user, &notification).await? {
             copy.saved_or_settled().await?;
+            if !taken.settles_copy {
+                // autopush-rs's node: it keeps the message until the ack,
+                // and stores it itself if the client leaves without one.
+                // Our copy would be delivered again at the next hello.
+                // Delivered either way: a failure here is not the sender's.
+                if let Err(e) = self.storage.remove_direct_copy(&uaid, &notification).await {
+                    warn!(error = %e, "could not remove a durable copy an autopush-rs node took");
+                }
+            }
             return Ok(Delivery::Direct);
         }
         copy.saved_now().await?;

@@ -304,6 +304,10 @@ struct RowMerger {
     current: Row,
     family: String,
     qualifier: Vec<u8>,
+    /// The current cell's timestamp (sent with its first chunk only).
+    timestamp: i64,
+    /// Whether the last chunk left its cell's value unfinished.
+    mid_cell: bool,
     value: Vec<u8>,
 }
 
@@ -319,14 +323,21 @@ impl RowMerger {
             if let Some(qualifier) = chunk.qualifier {
                 self.qualifier = qualifier;
             }
+            if !self.mid_cell {
+                self.timestamp = chunk.timestamp_micros;
+            }
+            self.mid_cell = chunk.value_size != 0;
             self.value.extend_from_slice(&chunk.value);
             if chunk.value_size == 0 {
                 let value = std::mem::take(&mut self.value);
                 // Cells of a column come newest first: keep the first.
-                self.current
-                    .cells
-                    .entry((self.family.clone(), self.qualifier.clone()))
-                    .or_insert(value);
+                let at = (self.family.clone(), self.qualifier.clone());
+                if let std::collections::hash_map::Entry::Vacant(cell) =
+                    self.current.cells.entry(at.clone())
+                {
+                    cell.insert(value);
+                    self.current.stamps.insert(at, self.timestamp);
+                }
             }
             match chunk.row_status {
                 Some(RowStatus::CommitRow(true)) => {
@@ -335,6 +346,7 @@ impl RowMerger {
                 Some(RowStatus::ResetRow(true)) => {
                     self.current = Row::default();
                     self.value.clear();
+                    self.mid_cell = false;
                 }
                 _ => {}
             }

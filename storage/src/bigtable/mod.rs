@@ -20,6 +20,7 @@
 
 pub mod admin;
 pub mod client;
+pub mod legacy;
 pub mod row;
 pub mod settings;
 
@@ -583,6 +584,25 @@ impl Storage for BigtableStore {
             }
         }
         Ok(false)
+    }
+
+    /// On the version we wrote, and only if no cell of `version` carries
+    /// another stamp than ours: autopush-rs's node storing the message
+    /// because its client left unacked rewrites the row's cells with its
+    /// own stamps, and that copy must stay.
+    async fn remove_direct_copy(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
+        let sort_key = message.sort_key();
+        let family = row::message_family(self.families(), &sort_key);
+        let written_again = row::stamped_otherwise(family, "version", message.expiry());
+        let ours = row::column_is(family, "version", message.version.as_bytes());
+        let predicate = row::condition(written_again, row::block_all(), ours);
+        self.check_and_mutate(
+            row::message_key(uaid, &sort_key),
+            predicate,
+            vec![row::delete_row()],
+            Vec::new(),
+        )
+        .await
     }
 
     async fn settle_message(

@@ -16,9 +16,21 @@
 //! every cell's timestamp is the message's expiry, which the families' GC
 //! (`maxage=1s`) eventually deletes, so reads skip expired cells.
 //!
-//! Cells autopush-rs does not know and ignores: `last_connect` and
-//! `over_msg_limit` in the router row, `sortkey_timestamp` (topic messages:
-//! which of two is newer), `urgency` and `durable` in messages.
+//! autopush-rs's `get_user` reads every router cell of the user row and
+//! takes each one it does not know for a channel (`chid:{uuid}`), failing
+//! the whole read otherwise: the router family holds only the cells above.
+//! What we keep of a user beside them, `last_connect` and `over_msg_limit`,
+//! is in the user row's *message* family ([`OWN_USER_CELLS`]), stamped like
+//! router cells: autopush-rs reads that row only through its router family
+//! and message families only in rows `{uaid}#...`, and its `remove_user`
+//! deletes the whole row, these cells with it. Older versions of ours wrote
+//! them in the router family; every connection deletes those, and
+//! `autopush db move-legacy-cells` moves them ([`super::legacy`]).
+//!
+//! Message cells autopush-rs does not know and ignores (its
+//! `row_to_notification` takes the cells it knows and drops the rest):
+//! `sortkey_timestamp` (topic messages: which of two is newer), `urgency`
+//! and `durable`.
 //!
 //! Receipts (a receipt retention window set) add cells of our own to a
 //! message row, in its family, stamped with when they go:
@@ -189,7 +201,7 @@ pub fn delete_row() -> pb::Mutation {
     }
 }
 
-/// Replace a router column with `value`, or remove it when `None`: the old
+/// Replace a column of the user row with `value`, or remove it when `None`: the old
 /// cells go first, so the new value is the one read whatever timestamp a
 /// node with a skewed clock gave them.
 fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>) -> Vec<pb::Mutation> {
@@ -240,6 +252,10 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
     m
 }
 
+/// The user row's cells of ours, kept in its message family where
+/// autopush-rs does not look (see the module's notes).
+pub const OWN_USER_CELLS: [&str; 2] = ["last_connect", "over_msg_limit"];
+
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`.
 pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
@@ -257,19 +273,101 @@ pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutatio
     ));
     m.extend(last_connect_mutations(families, user.last_connect));
     m.extend(replace(
-        f,
+        &families.message,
         "over_msg_limit",
         user.over_msg_limit.then(|| vec![1]),
     ));
     m
 }
 
+/// Sets `last_connect`, and removes the router cells of ours older
+/// versions wrote, which autopush-rs cannot read.
 pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb::Mutation> {
-    replace(
-        &families.router,
+    let mut m: Vec<_> = OWN_USER_CELLS
+        .iter()
+        .map(|q| delete_column(&families.router, q.as_bytes()))
+        .collect();
+    m.extend(replace(
+        &families.message,
         "last_connect",
         Some(last_connect.to_be_bytes().to_vec()),
-    )
+    ));
+    m
+}
+
+/// Whether user row `row` (read with [`legacy_cells`]) still holds a
+/// router cell of ours, which autopush-rs cannot read.
+pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
+    OWN_USER_CELLS
+        .iter()
+        .any(|q| row.get(&families.router, q).is_some())
+}
+
+/// The cells [`legacy_cells_moved`] needs of a user row: `connected_at`
+/// (valueless: a user row) and our cells in both families, newest only.
+pub fn legacy_cells(families: &Families) -> RowFilter {
+    let ours = |f| chain(vec![family(f), qualifiers(&OWN_USER_CELLS), latest()]);
+    interleave(vec![
+        chain(vec![
+            column(&families.router, b"connected_at"),
+            strip_values(),
+        ]),
+        ours(&families.router),
+        ours(&families.message),
+    ])
+}
+
+/// Matches while our cells of the user, in both families, are what `row`
+/// read: the same value at the same timestamp, or still absent. Any
+/// connection since (ours rewrites them, an older build of ours stamps its
+/// router copies anew) or a removal fails it.
+pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
+    let mut conditions = Vec::new();
+    for f in [&families.router, &families.message] {
+        for q in OWN_USER_CELLS {
+            let column = || column(f, q.as_bytes());
+            conditions.push(match row.get_stamped(f, q) {
+                Some((value, stamp)) => {
+                    chain(vec![column(), value_is(value), stamped_in_ms_of(stamp)])
+                }
+                None => absent(column()),
+            });
+        }
+    }
+    let last = conditions.pop().unwrap_or_else(pass_all);
+    conditions.into_iter().rfold(last, |all, c| and(c, all))
+}
+
+/// What moves the router cells of ours in `row` to the message family,
+/// where this build reads them: a router copy goes; its value is kept
+/// unless the message family has one (which this build reads first),
+/// except a later `last_connect`. Stamped like a fresh write, since the
+/// message family's GC (`maxage`) would take a cell stamped in the past.
+pub fn legacy_cells_moved(families: &Families, row: &Row) -> Vec<pb::Mutation> {
+    let mut m = Vec::new();
+    for q in OWN_USER_CELLS {
+        let Some(old) = row.get(&families.router, q) else {
+            continue;
+        };
+        m.push(delete_column(&families.router, q.as_bytes()));
+        let keep = match row.get(&families.message, q) {
+            None => true,
+            Some(current) => q == "last_connect" && later(old, current),
+        };
+        if keep {
+            m.extend(replace(&families.message, q, Some(old.to_vec())));
+        }
+    }
+    m
+}
+
+/// `a` is a larger 8-byte big-endian integer than `b` (`false` when either
+/// is not one).
+fn later(a: &[u8], b: &[u8]) -> bool {
+    match (<[u8; 8]>::try_from(a), <[u8; 8]>::try_from(b)) {
+        (Ok(a), Ok(b)) => u64::from_be_bytes(a) > u64::from_be_bytes(b),
+        _ => false,
+    }
 }
 
 pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
@@ -505,7 +603,8 @@ pub fn channels(families: &Families) -> RowFilter {
 }
 
 /// The newest cell of every router column but the channel set (a user
-/// may have thousands of channels: reading it has no use).
+/// may have thousands of channels: reading it has no use), and of our own
+/// cells of the user in its message family.
 pub fn user_columns(families: &Families) -> RowFilter {
     let range = |start, end| {
         filter(row_filter::Filter::ColumnRangeFilter(pb::ColumnRange {
@@ -528,6 +627,7 @@ pub fn user_columns(families: &Families) -> RowFilter {
                 )),
                 None,
             ),
+            chain(vec![family(&families.message), qualifiers(&OWN_USER_CELLS)]),
         ]),
         latest(),
     ])
@@ -591,6 +691,40 @@ pub fn unexpired() -> RowFilter {
     ))
 }
 
+/// Cells stamped within the millisecond of `stamp` (microseconds):
+/// Bigtable's granularity.
+pub fn stamped_in_ms_of(stamp: i64) -> RowFilter {
+    let start = stamp - stamp.rem_euclid(1000);
+    filter(row_filter::Filter::TimestampRangeFilter(
+        pb::TimestampRange {
+            start_timestamp_micros: start,
+            end_timestamp_micros: start + 1000,
+        },
+    ))
+}
+
+/// Cells of column `qualifier` in `family` stamped other than at
+/// `expiry` (unix seconds), where we stamp a message's cells: a write of
+/// the message by someone else (autopush-rs stamps its cells with its
+/// clock's now + TTL, in milliseconds).
+pub fn stamped_otherwise(family_name: &str, qualifier: &str, expiry: u64) -> RowFilter {
+    let ours = micros(expiry);
+    let stamps = |start, end| {
+        filter(row_filter::Filter::TimestampRangeFilter(
+            pb::TimestampRange {
+                start_timestamp_micros: start,
+                end_timestamp_micros: end,
+            },
+        ))
+    };
+    chain(vec![
+        family(family_name),
+        qualifiers(&[qualifier]),
+        // Bigtable's granularity is the millisecond; 0 ends nowhere.
+        interleave(vec![stamps(0, ours), stamps(ours + 1000, 0)]),
+    ])
+}
+
 /// A family name or literal for RE2: everything but letters, digits and
 /// `_` escaped.
 fn regex_escape(name: &str) -> String {
@@ -611,6 +745,9 @@ fn regex_escape(name: &str) -> String {
 pub struct Row {
     pub key: Vec<u8>,
     pub cells: HashMap<(String, Vec<u8>), Vec<u8>>,
+    /// Each of those cells' timestamp (microseconds), for writes
+    /// conditional on the very cell that was read.
+    pub stamps: HashMap<(String, Vec<u8>), i64>,
 }
 
 impl Row {
@@ -618,6 +755,12 @@ impl Row {
         self.cells
             .get(&(family.to_owned(), qualifier.as_bytes().to_vec()))
             .map(Vec::as_slice)
+    }
+
+    /// The cell `family:qualifier` with its timestamp.
+    pub fn get_stamped(&self, family: &str, qualifier: &str) -> Option<(&[u8], i64)> {
+        let at = (family.to_owned(), qualifier.as_bytes().to_vec());
+        Some((self.cells.get(&at)?.as_slice(), *self.stamps.get(&at)?))
     }
 
     /// The cell `qualifier` in whichever family holds it.
@@ -664,7 +807,9 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         .get(f, "node_id")
         .map(|v| text_of(v, "node_id"))
         .transpose()?;
-    let last_connect = match row.get(f, "last_connect") {
+    // Ours, in the message family; older versions wrote them in router.
+    let own = |name| row.get(&families.message, name).or(row.get(f, name));
+    let last_connect = match own("last_connect") {
         Some(v) => u64_of(v, "last_connect")?,
         None => connected_at,
     };
@@ -675,7 +820,7 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         node_id,
         connected_at,
         last_connect,
-        over_msg_limit: row.get(f, "over_msg_limit").is_some(),
+        over_msg_limit: own("over_msg_limit").is_some(),
         current_month: None,
     }))
 }
@@ -726,7 +871,7 @@ pub fn stored_from_row(row: &Row, retention: u64) -> Result<Option<StoredMessage
         serde_json::from_slice(hold).map_err(|_| corrupt(format!("{HOLD} is not JSON")))?;
     let mut held = Row {
         key: row.key.clone(),
-        cells: HashMap::new(),
+        ..Row::default()
     };
     let family = String::new();
     for (name, value) in [
@@ -821,7 +966,7 @@ mod tests {
     fn set_cells(mutations: Vec<pb::Mutation>, key: Vec<u8>, only: Option<&str>) -> Row {
         let mut row = Row {
             key,
-            cells: HashMap::new(),
+            ..Row::default()
         };
         for m in mutations {
             if let Some(mutation::Mutation::SetCell(c)) = m.mutation
@@ -881,6 +1026,43 @@ mod tests {
             stored_from_row(&settled, 3600).unwrap(),
             Some(StoredMessage::Settled(receipt))
         );
+    }
+
+    /// A router copy moves unless the message family has one, which this
+    /// build reads first; a later `last_connect` wins either way.
+    #[test]
+    fn legacy_cells_move_to_the_message_family() {
+        let families = Families::default();
+        let at = |family: &str, q: &str| (family.to_owned(), q.as_bytes().to_vec());
+        let mut row = Row::default();
+        row.cells
+            .insert(at("router", "last_connect"), 7u64.to_be_bytes().to_vec());
+        row.cells.insert(at("router", "over_msg_limit"), vec![1]);
+        let moved = |row: &Row| {
+            let m = legacy_cells_moved(&families, row);
+            let deleted = m
+                .iter()
+                .filter(|m| matches!(&m.mutation, Some(mutation::Mutation::DeleteFromColumn(d)) if d.family_name == "router"))
+                .count();
+            (deleted, set_cells(m, Vec::new(), None).cells)
+        };
+        let (deleted, set) = moved(&row);
+        assert_eq!(deleted, 2);
+        assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
+        assert_eq!(set[&at("message", "over_msg_limit")], [1]);
+        assert!(!set.keys().any(|(f, _)| f == "router"));
+
+        row.cells
+            .insert(at("message", "last_connect"), 5u64.to_be_bytes().to_vec());
+        row.cells.insert(at("message", "over_msg_limit"), vec![1]);
+        let (_, set) = moved(&row);
+        assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
+        assert!(!set.contains_key(&at("message", "over_msg_limit")));
+        row.cells
+            .insert(at("message", "last_connect"), 9u64.to_be_bytes().to_vec());
+        let (deleted, set) = moved(&row);
+        assert_eq!(deleted, 2);
+        assert!(set.is_empty());
     }
 
     #[test]
