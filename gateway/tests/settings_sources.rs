@@ -137,6 +137,18 @@ const CASES: &[Case] = &[
             .collect::<Vec<_>>()
             .join(",")
     }),
+    case(
+        "unsigned_node_calls_from",
+        "10.0.0.0/24",
+        "10.0.1.0/24,10.0.2.0/24",
+        |s| {
+            s.unsigned_node_calls_from
+                .iter()
+                .map(|net| net.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    ),
     case("ws_send_timeout", "1.5", "2.5", |s| {
         s.ws_send_timeout.as_secs_f64().to_string()
     }),
