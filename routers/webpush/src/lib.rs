@@ -43,8 +43,10 @@ pub const SETTLES_DURABLE_COPY: &str = "x-autopush-settles-durable-copy";
 
 /// A node took the message for its client.
 struct Taken {
-    /// It deletes the durable copy at the client's ack (ours do).
-    settles_copy: bool,
+    /// The message, handed back when that node does not delete a durable
+    /// copy at the client's ack (autopush-rs's; ours do): the copy is then
+    /// ours to remove.
+    unsettled: Option<Notification>,
 }
 
 /// Whether a message delivered directly has a copy in storage until its
@@ -87,15 +89,16 @@ impl WebPushRouter {
     }
 
     /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent; with
-    /// whether a node that took it settles durable copies.
+    /// the message back if a node that does not settle durable copies
+    /// answered (see [`Taken`]).
     async fn push_to_node(
         &self,
         node_id: &str,
         uaid: &Uuid,
-        notification: &Notification,
-    ) -> (PushOutcome, bool) {
+        notification: Notification,
+    ) -> (PushOutcome, Option<Notification>) {
         if let Some(local) = self.local_for(node_id) {
-            return (local.push(uaid, notification.clone()), true);
+            return (local.push(uaid, notification), None);
         }
         let path = format!("/push/{}", uaid.simple());
         let body = notification.to_json().unwrap_or_default();
@@ -114,12 +117,12 @@ impl WebPushRouter {
                         PushOutcome::Busy
                     }
                 };
-                (outcome, settles)
+                (outcome, (!settles).then_some(notification))
             }
             Err(e) => {
                 // Slow, paused or restarting: its clients may still be there.
                 warn!(node_id, error = %e, "connection node did not answer; storing the push");
-                (PushOutcome::Busy, false)
+                (PushOutcome::Busy, None)
             }
         }
     }
@@ -131,10 +134,10 @@ impl WebPushRouter {
         &self,
         node_id: &str,
         user: &User,
-        notification: &Notification,
+        notification: Notification,
     ) -> ApiResult<Option<Taken>> {
         match self.push_to_node(node_id, &user.uaid, notification).await {
-            (PushOutcome::Delivered, settles_copy) => return Ok(Some(Taken { settles_copy })),
+            (PushOutcome::Delivered, unsettled) => return Ok(Some(Taken { unsettled })),
             (PushOutcome::Busy, _) => debug!("client busy; storing"),
             (PushOutcome::NotConnected, _) => {
                 self.storage
@@ -149,7 +152,10 @@ impl WebPushRouter {
     /// be saved if the push does not reach the client (unless its TTL is 0).
     async fn deliver_kept(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
         if let Some(node_id) = &user.node_id
-            && self.pushed(node_id, user, &notification).await?.is_some()
+            && self
+                .pushed(node_id, user, notification.clone())
+                .await?
+                .is_some()
         {
             return Ok(Delivery::Direct);
         }
@@ -223,9 +229,9 @@ impl Router for WebPushRouter {
             .stage_direct(&uaid, notification.clone())
             .await?;
         notification.durable = true;
-        if let Some(taken) = self.pushed(node_id, user, &notification).await? {
+        if let Some(taken) = self.pushed(node_id, user, notification).await? {
             copy.saved_or_settled().await?;
-            if !taken.settles_copy {
+            if let Some(notification) = taken.unsettled {
                 // autopush-rs's node: it keeps the message until the ack,
                 // and stores it itself if the client leaves without one.
                 // Our copy would be delivered again at the next hello.
