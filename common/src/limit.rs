@@ -172,6 +172,14 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
         self.ready_at(key, Instant::now())
     }
 
+    /// [`Limiter::ready`], counting a refusal as [`Limiter::check_counted`]
+    /// does.
+    pub fn ready_counted(&self, key: &K, limit: &'static str) -> Result<(), Duration> {
+        self.ready(key).inspect_err(|_| {
+            crate::metrics::rate_limited(limit, self.len());
+        })
+    }
+
     /// [`Limiter::ready`] at `now`.
     pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];

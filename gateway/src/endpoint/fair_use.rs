@@ -88,8 +88,8 @@ impl FairUse {
             return Ok(());
         };
         limiter
-            .ready(&address_key(client))
-            .map_err(|wait| refusal(limiter, wait, "forged", "source address"))
+            .ready_counted(&address_key(client), "forged")
+            .map_err(too_many("source address"))
     }
 
     /// A signature from `client` failed its check.
@@ -140,20 +140,12 @@ fn take<K: std::hash::Hash + Eq + Clone>(
     let Some(limiter) = limiter else {
         return Ok(());
     };
-    limiter
-        .check(key)
-        .map_err(|wait| refusal(limiter, wait, limit, what))
+    limiter.check_counted(key, limit).map_err(too_many(what))
 }
 
-/// A 429 for `what`, counted in `rate_limit.refused` under `limit`.
-fn refusal<K: std::hash::Hash + Eq + Clone>(
-    limiter: &Limiter<K>,
-    wait: Duration,
-    limit: &'static str,
-    what: &'static str,
-) -> ApiError {
-    metrics::rate_limited(limit, limiter.len());
-    ApiError::TooManyRequests {
+/// The 429 for `what`, given how long until a token is there.
+fn too_many(what: &'static str) -> impl Fn(Duration) -> ApiError {
+    move |wait| ApiError::TooManyRequests {
         what,
         retry_after: retry_after_secs(wait),
     }
