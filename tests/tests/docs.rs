@@ -225,12 +225,12 @@ fn anchors(text: &str) -> HashSet<String> {
 fn link_targets(line: &str) -> Vec<String> {
     let mut targets = Vec::new();
     let trimmed = line.trim_start();
-    if trimmed.starts_with('[') {
-        if let Some(end) = trimmed.find("]:") {
-            let target = trimmed[end + 2..].split_whitespace().next().unwrap_or("");
-            targets.push(target.trim_matches(['<', '>']).to_owned());
-            return targets;
-        }
+    if trimmed.starts_with('[')
+        && let Some(end) = trimmed.find("]:")
+    {
+        let target = trimmed[end + 2..].split_whitespace().next().unwrap_or("");
+        targets.push(target.trim_matches(['<', '>']).to_owned());
+        return targets;
     }
     let mut rest = line;
     while let Some(at) = rest.find("](") {
@@ -268,12 +268,15 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        if bytes[i] == b'%'
+            && let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(b);
+            i += 3;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -443,4 +446,6 @@ fn links_are_found_where_markdown_has_them() {
     assert!(is_external("mailto:ops@example.com"));
     assert!(!is_external("docs/a.md#b:c"));
     assert!(!is_external("#anchor"));
+    assert_eq!(percent_decode("a%20b%2"), "a b%2");
+    assert_eq!(percent_decode("%é"), "%é");
 }
