@@ -113,7 +113,7 @@ fn refuse(path: &Path, what: &str) -> StorageError {
     StorageError::Corrupt(format!(
         "direct journal {path}: {what}. Refusing to start rather than drop what it holds. \
          Move the file aside (mv {path} {path}.unreadable), run `autopush db replay-journal \
-         {path}.unreadable` with the same --db, then start again (README: \"A journal the \
+         {path}.unreadable` with the same --db, then start again (docs/operations.md: \"A journal the \
          node refuses to read\")"
     ))
 }
