@@ -1,0 +1,191 @@
+//! The service behind Debian's nginx, configured with
+//! `docs/examples/nginx.conf` itself: TLS at nginx with the test CA, the
+//! websocket upgrade, `X-Forwarded-For` with `--trusted-proxies`, and a
+//! proxy read timeout that the service's pings outlast. Fails (never skips)
+//! when nginx is missing (Debian package `nginx`).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use autopush_tests::nginx::{Nginx, PublicPorts};
+use autopush_tests::*;
+
+/// nginx's `proxy_read_timeout` where a test does not look at it (seconds).
+const READ_TIMEOUT: u64 = 60;
+
+fn test_ca() -> PathBuf {
+    cert_file("tls-ca.pem")
+}
+
+/// The service with its endpoint URL on nginx's https port, and nginx in
+/// front of it.
+async fn behind_nginx(args: &[&str], read_timeout: u64) -> (Server, Nginx) {
+    let ports = PublicPorts::pick();
+    let endpoint_url = ports.endpoint_url();
+    let mut all = vec!["--endpoint-url", endpoint_url.as_str()];
+    all.extend_from_slice(args);
+    let server = Server::start_with(&all).await;
+    let nginx = Nginx::start(ports, &server, read_timeout);
+    (server, nginx)
+}
+
+/// A new user agent's hello over wss:// from the loopback address `from`,
+/// with extra request headers; returns the hello reply (and the client).
+async fn hello_from(
+    nginx: &Nginx,
+    from: [u8; 4],
+    headers: &[(&'static str, &str)],
+) -> (serde_json::Value, WsClient) {
+    let from = IpAddr::from(from);
+    let mut ws = WsClient::try_connect_tls(&nginx.wss_url(), &test_ca(), from, headers)
+        .await
+        .unwrap_or_else(|e| panic!("wss connect through nginx from {from}: {e}"));
+    (ws.hello(None).await, ws)
+}
+
+/// Refused by the per-address quota of new UAIDs: status 429 and close 1013.
+async fn assert_new_uaid_refused(from: [u8; 4], (reply, mut ws): (serde_json::Value, WsClient)) {
+    let from = IpAddr::from(from);
+    assert_eq!(reply["status"], 429, "hello from {from}: {reply}");
+    let closed = ws.expect_closed().await;
+    assert_eq!(closed.code, Some(1013), "hello from {from}: {closed:?}");
+}
+
+#[tokio::test]
+async fn a_push_sent_over_https_reaches_a_client_over_wss() {
+    let (_server, nginx) = behind_nginx(&[], READ_TIMEOUT).await;
+    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+    assert_eq!(
+        ws.subprotocol.as_deref(),
+        Some("push-notification"),
+        "the subprotocol through nginx"
+    );
+    let sub = Subscription::with_vapid(&mut ws).await;
+    let public = format!("{}/wpush/v2/", nginx.endpoint_url());
+    assert!(
+        sub.endpoint.starts_with(&public),
+        "the endpoint handed out is nginx's https URL: {}",
+        sub.endpoint
+    );
+
+    let text = "through nginx, over https and wss: héllo ✓";
+    let sent = sub
+        .send(
+            &SendOptions::text(text)
+                .vapid(sub.vapid_key())
+                .ca_file(&test_ca()),
+        )
+        .await;
+    sent.assert_created();
+    let location = sent.header("location").unwrap_or_default();
+    assert!(
+        location.starts_with(&nginx.endpoint_url()),
+        "the receipt URL is nginx's too: {location}"
+    );
+    let (notification, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, text);
+    ws.ack_notification(&notification).await;
+
+    // A client that does not trust the test CA gets no connection.
+    let other_ca = cert_file("tls-other-ca.pem");
+    let localhost = IpAddr::from([127, 0, 0, 1]);
+    let refused = WsClient::try_connect_tls(&nginx.wss_url(), &other_ca, localhost, &[]).await;
+    assert!(
+        refused.is_err(),
+        "a client trusting another CA connected to nginx"
+    );
+}
+
+/// With `--trusted-proxies 127.0.0.1` (nginx's address), each client is
+/// counted by the address nginx names, and one that sends its own
+/// `X-Forwarded-For` naming another address is still counted by its own.
+#[tokio::test]
+async fn with_trusted_proxies_each_client_behind_nginx_has_its_own_quota() {
+    let (_server, nginx) = behind_nginx(
+        &[
+            "--trusted-proxies",
+            "127.0.0.1",
+            "--new-uaid-limit",
+            "0.01,1",
+        ],
+        READ_TIMEOUT,
+    )
+    .await;
+    let (a, b) = ([127, 0, 0, 2], [127, 0, 0, 3]);
+    let (reply, _a1) = hello_from(&nginx, a, &[]).await;
+    assert_eq!(reply["status"], 200, "first hello from {a:?}: {reply}");
+    assert_new_uaid_refused(a, hello_from(&nginx, a, &[]).await).await;
+
+    let (reply, _b1) = hello_from(&nginx, b, &[]).await;
+    assert_eq!(
+        reply["status"], 200,
+        "another client's first hello: {reply}"
+    );
+    let forged = [("x-forwarded-for", "192.0.2.7")];
+    assert_new_uaid_refused(b, hello_from(&nginx, b, &forged).await).await;
+}
+
+/// Without `--trusted-proxies`, the header is ignored: every client behind
+/// nginx is nginx's own address, and shares one quota.
+#[tokio::test]
+async fn without_trusted_proxies_every_client_behind_nginx_shares_its_address() {
+    let (_server, nginx) = behind_nginx(&["--new-uaid-limit", "0.01,1"], READ_TIMEOUT).await;
+    let (reply, _a) = hello_from(&nginx, [127, 0, 0, 2], &[]).await;
+    assert_eq!(reply["status"], 200, "the first hello: {reply}");
+    let b = [127, 0, 0, 3];
+    assert_new_uaid_refused(b, hello_from(&nginx, b, &[]).await).await;
+}
+
+/// The service pings a silent client every second; nginx closes a proxied
+/// connection after 3 s with nothing from the service. An idle websocket
+/// outlives that several times over and still gets its pushes.
+#[tokio::test]
+async fn the_services_pings_keep_an_idle_websocket_open_through_nginx() {
+    let read_timeout = 3;
+    let (_server, nginx) = behind_nginx(&["--auto-ping-interval", "1"], read_timeout).await;
+    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+    let sub = Subscription::new(&mut ws).await;
+    // Reading (the client answers pings as it reads), with nothing to read.
+    let idle = Duration::from_secs(4 * read_timeout);
+    if let Some(message) = ws.try_recv_for(idle).await {
+        panic!("an idle client got {message}");
+    }
+    let sent = sub
+        .send(&SendOptions::text("still here").ca_file(&test_ca()))
+        .await;
+    sent.assert_created();
+    let (_, decrypted) = sub.receive(&mut ws).await;
+    assert_eq!(decrypted.text, "still here");
+}
+
+/// The same idle client, with the service's pings (every 300 s) rarer than
+/// nginx's read timeout: nginx closes it. What the test above guards against.
+#[tokio::test]
+async fn nginx_closes_an_idle_websocket_that_pings_do_not_outlast() {
+    let (_server, nginx) = behind_nginx(&[], 2).await;
+    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+    let closed = ws.expect_closed().await;
+    assert_eq!(
+        closed.code, None,
+        "nginx drops the connection without a close frame: {closed:?}"
+    );
+}
+
+/// docs/reverse-proxy.md shows the example files as they are (the nginx one
+/// being what the tests above run).
+#[test]
+fn the_guide_shows_the_example_configs_verbatim() {
+    let docs = workspace_root().join("docs");
+    let guide = std::fs::read_to_string(docs.join("reverse-proxy.md")).expect("the guide");
+    for (file, lang) in [("nginx.conf", "nginx"), ("Caddyfile", "caddy")] {
+        let path = docs.join("examples").join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let block = format!("```{lang}\n{text}```\n");
+        assert!(
+            guide.contains(&block),
+            "docs/reverse-proxy.md does not show docs/examples/{file} as it is"
+        );
+    }
+}
