@@ -1,13 +1,15 @@
-//! The service behind Debian's nginx, configured with
-//! `docs/examples/nginx.conf` itself: TLS at nginx with the test CA, the
-//! websocket upgrade, `X-Forwarded-For` with `--trusted-proxies`, and a
-//! proxy read timeout that the service's pings outlast. Fails (never skips)
-//! when nginx is missing (Debian package `nginx`).
+//! The service behind Debian's nginx and Caddy, configured with
+//! `docs/examples/nginx.conf` and `docs/examples/Caddyfile` themselves: TLS
+//! at the proxy with the test CA, the websocket upgrade, `X-Forwarded-For`
+//! with `--trusted-proxies`, and (nginx) a proxy read timeout that the
+//! service's pings outlast. Fails (never skips) when nginx or Caddy is
+//! missing (Debian packages `nginx`, `caddy`).
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use autopush_tests::caddy::Caddy;
 use autopush_tests::nginx::{Nginx, PublicPorts};
 use autopush_tests::*;
 
@@ -18,29 +20,63 @@ fn test_ca() -> PathBuf {
     cert_file("tls-ca.pem")
 }
 
-/// The service with its endpoint URL on nginx's https port, and nginx in
-/// front of it.
-async fn behind_nginx(args: &[&str], read_timeout: u64) -> (Server, Nginx) {
+/// The reverse proxy in front of the service, running while this lives.
+enum Front {
+    Nginx(Nginx),
+    Caddy(Caddy),
+}
+
+impl Front {
+    fn ports(&self) -> PublicPorts {
+        match self {
+            Front::Nginx(nginx) => nginx.ports,
+            Front::Caddy(caddy) => caddy.ports,
+        }
+    }
+
+    fn wss_url(&self) -> String {
+        self.ports().wss_url()
+    }
+
+    fn endpoint_url(&self) -> String {
+        self.ports().endpoint_url()
+    }
+}
+
+/// The service with `args` and its endpoint URL on the proxy's https port,
+/// and the proxy `start` makes in front of it.
+async fn behind(
+    args: &[&str],
+    start: impl FnOnce(PublicPorts, &Server) -> Front,
+) -> (Server, Front) {
     let ports = PublicPorts::pick();
     let endpoint_url = ports.endpoint_url();
     let mut all = vec!["--endpoint-url", endpoint_url.as_str()];
     all.extend_from_slice(args);
     let server = Server::start_with(&all).await;
-    let nginx = Nginx::start(ports, &server, read_timeout);
-    (server, nginx)
+    let front = start(ports, &server);
+    (server, front)
+}
+
+fn nginx(read_timeout: u64) -> impl FnOnce(PublicPorts, &Server) -> Front {
+    move |ports, server| Front::Nginx(Nginx::start(ports, server, read_timeout))
+}
+
+fn caddy(ports: PublicPorts, server: &Server) -> Front {
+    Front::Caddy(Caddy::start(ports, server))
 }
 
 /// A new user agent's hello over wss:// from the loopback address `from`,
 /// with extra request headers; returns the hello reply (and the client).
 async fn hello_from(
-    nginx: &Nginx,
+    front: &Front,
     from: [u8; 4],
     headers: &[(&'static str, &str)],
 ) -> (serde_json::Value, WsClient) {
     let from = IpAddr::from(from);
-    let mut ws = WsClient::try_connect_tls(&nginx.wss_url(), &test_ca(), from, headers)
+    let mut ws = WsClient::try_connect_tls(&front.wss_url(), &test_ca(), from, headers)
         .await
-        .unwrap_or_else(|e| panic!("wss connect through nginx from {from}: {e}"));
+        .unwrap_or_else(|e| panic!("wss connect through the proxy from {from}: {e}"));
     (ws.hello(None).await, ws)
 }
 
@@ -53,23 +89,31 @@ async fn assert_new_uaid_refused(from: [u8; 4], (reply, mut ws): (serde_json::Va
 }
 
 #[tokio::test]
-async fn a_push_sent_over_https_reaches_a_client_over_wss() {
-    let (_server, nginx) = behind_nginx(&[], READ_TIMEOUT).await;
-    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+async fn a_push_sent_over_https_reaches_a_client_over_wss_through_nginx() {
+    push_over_wss(behind(&[], nginx(READ_TIMEOUT)).await.1).await;
+}
+
+#[tokio::test]
+async fn a_push_sent_over_https_reaches_a_client_over_wss_through_caddy() {
+    push_over_wss(behind(&[], caddy).await.1).await;
+}
+
+async fn push_over_wss(front: Front) {
+    let mut ws = WsClient::connect_tls_hello(&front.wss_url(), &test_ca()).await;
     assert_eq!(
         ws.subprotocol.as_deref(),
         Some("push-notification"),
-        "the subprotocol through nginx"
+        "the subprotocol through the proxy"
     );
     let sub = Subscription::with_vapid(&mut ws).await;
-    let public = format!("{}/wpush/v2/", nginx.endpoint_url());
+    let public = format!("{}/wpush/v2/", front.endpoint_url());
     assert!(
         sub.endpoint.starts_with(&public),
-        "the endpoint handed out is nginx's https URL: {}",
+        "the endpoint handed out is the proxy's https URL: {}",
         sub.endpoint
     );
 
-    let text = "through nginx, over https and wss: héllo ✓";
+    let text = "through the proxy, over https and wss: héllo ✓";
     let sent = sub
         .send(
             &SendOptions::text(text)
@@ -80,8 +124,8 @@ async fn a_push_sent_over_https_reaches_a_client_over_wss() {
     sent.assert_created();
     let location = sent.header("location").unwrap_or_default();
     assert!(
-        location.starts_with(&nginx.endpoint_url()),
-        "the receipt URL is nginx's too: {location}"
+        location.starts_with(&front.endpoint_url()),
+        "the receipt URL is the proxy's too: {location}"
     );
     let (notification, decrypted) = sub.receive(&mut ws).await;
     assert_eq!(decrypted.text, text);
@@ -90,51 +134,57 @@ async fn a_push_sent_over_https_reaches_a_client_over_wss() {
     // A client that does not trust the test CA gets no connection.
     let other_ca = cert_file("tls-other-ca.pem");
     let localhost = IpAddr::from([127, 0, 0, 1]);
-    let refused = WsClient::try_connect_tls(&nginx.wss_url(), &other_ca, localhost, &[]).await;
+    let refused = WsClient::try_connect_tls(&front.wss_url(), &other_ca, localhost, &[]).await;
     assert!(
         refused.is_err(),
-        "a client trusting another CA connected to nginx"
+        "a client trusting another CA connected to the proxy"
     );
 }
 
-/// With `--trusted-proxies 127.0.0.1` (nginx's address), each client is
-/// counted by the address nginx names, and one that sends its own
+/// With `--trusted-proxies 127.0.0.1` (the proxy's address), each client is
+/// counted by the address the proxy names, and one that sends its own
 /// `X-Forwarded-For` naming another address is still counted by its own.
 #[tokio::test]
 async fn with_trusted_proxies_each_client_behind_nginx_has_its_own_quota() {
-    let (_server, nginx) = behind_nginx(
-        &[
-            "--trusted-proxies",
-            "127.0.0.1",
-            "--new-uaid-limit",
-            "0.01,1",
-        ],
-        READ_TIMEOUT,
-    )
-    .await;
-    let (a, b) = ([127, 0, 0, 2], [127, 0, 0, 3]);
-    let (reply, _a1) = hello_from(&nginx, a, &[]).await;
-    assert_eq!(reply["status"], 200, "first hello from {a:?}: {reply}");
-    assert_new_uaid_refused(a, hello_from(&nginx, a, &[]).await).await;
+    each_client_has_its_own_quota(nginx(READ_TIMEOUT)).await;
+}
 
-    let (reply, _b1) = hello_from(&nginx, b, &[]).await;
+#[tokio::test]
+async fn with_trusted_proxies_each_client_behind_caddy_has_its_own_quota() {
+    each_client_has_its_own_quota(caddy).await;
+}
+
+async fn each_client_has_its_own_quota(start: impl FnOnce(PublicPorts, &Server) -> Front) {
+    let args = [
+        "--trusted-proxies",
+        "127.0.0.1",
+        "--new-uaid-limit",
+        "0.01,1",
+    ];
+    let (_server, front) = behind(&args, start).await;
+    let (a, b) = ([127, 0, 0, 2], [127, 0, 0, 3]);
+    let (reply, _a1) = hello_from(&front, a, &[]).await;
+    assert_eq!(reply["status"], 200, "first hello from {a:?}: {reply}");
+    assert_new_uaid_refused(a, hello_from(&front, a, &[]).await).await;
+
+    let (reply, _b1) = hello_from(&front, b, &[]).await;
     assert_eq!(
         reply["status"], 200,
         "another client's first hello: {reply}"
     );
     let forged = [("x-forwarded-for", "192.0.2.7")];
-    assert_new_uaid_refused(b, hello_from(&nginx, b, &forged).await).await;
+    assert_new_uaid_refused(b, hello_from(&front, b, &forged).await).await;
 }
 
 /// Without `--trusted-proxies`, the header is ignored: every client behind
 /// nginx is nginx's own address, and shares one quota.
 #[tokio::test]
 async fn without_trusted_proxies_every_client_behind_nginx_shares_its_address() {
-    let (_server, nginx) = behind_nginx(&["--new-uaid-limit", "0.01,1"], READ_TIMEOUT).await;
-    let (reply, _a) = hello_from(&nginx, [127, 0, 0, 2], &[]).await;
+    let (_server, front) = behind(&["--new-uaid-limit", "0.01,1"], nginx(READ_TIMEOUT)).await;
+    let (reply, _a) = hello_from(&front, [127, 0, 0, 2], &[]).await;
     assert_eq!(reply["status"], 200, "the first hello: {reply}");
     let b = [127, 0, 0, 3];
-    assert_new_uaid_refused(b, hello_from(&nginx, b, &[]).await).await;
+    assert_new_uaid_refused(b, hello_from(&front, b, &[]).await).await;
 }
 
 /// The service pings a silent client every second; nginx closes a proxied
@@ -143,8 +193,8 @@ async fn without_trusted_proxies_every_client_behind_nginx_shares_its_address() 
 #[tokio::test]
 async fn the_services_pings_keep_an_idle_websocket_open_through_nginx() {
     let read_timeout = 3;
-    let (_server, nginx) = behind_nginx(&["--auto-ping-interval", "1"], read_timeout).await;
-    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+    let (_server, front) = behind(&["--auto-ping-interval", "1"], nginx(read_timeout)).await;
+    let mut ws = WsClient::connect_tls_hello(&front.wss_url(), &test_ca()).await;
     let sub = Subscription::new(&mut ws).await;
     // Reading (the client answers pings as it reads), with nothing to read.
     let idle = Duration::from_secs(4 * read_timeout);
@@ -163,8 +213,8 @@ async fn the_services_pings_keep_an_idle_websocket_open_through_nginx() {
 /// nginx's read timeout: nginx closes it. What the test above guards against.
 #[tokio::test]
 async fn nginx_closes_an_idle_websocket_that_pings_do_not_outlast() {
-    let (_server, nginx) = behind_nginx(&[], 2).await;
-    let mut ws = WsClient::connect_tls_hello(&nginx.wss_url(), &test_ca()).await;
+    let (_server, front) = behind(&[], nginx(2)).await;
+    let mut ws = WsClient::connect_tls_hello(&front.wss_url(), &test_ca()).await;
     let closed = ws.expect_closed().await;
     assert_eq!(
         closed.code, None,
