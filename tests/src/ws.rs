@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -165,7 +163,8 @@ impl WsClient {
         let stream = tokio::time::timeout(HANG_GUARD, socket.connect(to))
             .await
             .unwrap_or_else(|_| panic!("TCP connect to {url} hung"))?;
-        let connector = tokio_tungstenite::Connector::Rustls(Arc::new(tls_client_config(ca)));
+        let connector =
+            tokio_tungstenite::Connector::Rustls(Arc::new(crate::tls::client_config(ca)));
         let (ws, response) = tokio::time::timeout(
             HANG_GUARD,
             tokio_tungstenite::client_async_tls_with_config(request, stream, None, Some(connector)),
@@ -465,25 +464,6 @@ fn handshake_request(
         );
     }
     Ok(request)
-}
-
-/// A TLS client (rustls on ring) whose only roots are the certificates in
-/// the PEM file `ca`.
-pub fn tls_client_config(ca: &Path) -> rustls::ClientConfig {
-    let mut roots = rustls::RootCertStore::empty();
-    let certs = CertificateDer::pem_file_iter(ca)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .unwrap_or_else(|e| panic!("CA certificates in {}: {e}", ca.display()));
-    for cert in certs {
-        roots
-            .add(cert)
-            .unwrap_or_else(|e| panic!("a CA certificate in {}: {e}", ca.display()));
-    }
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth()
 }
 
 enum Next {

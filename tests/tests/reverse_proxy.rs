@@ -5,13 +5,18 @@
 //! service's pings outlast. Fails (never skips) when nginx or Caddy is
 //! missing (Debian packages `nginx`, `caddy`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use autopush_tests::caddy::Caddy;
 use autopush_tests::nginx::{Nginx, PublicPorts};
+use autopush_tests::tls;
 use autopush_tests::*;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
 
 /// nginx's `proxy_read_timeout` where a test does not look at it (seconds).
 const READ_TIMEOUT: u64 = 60;
@@ -78,6 +83,45 @@ async fn hello_from(
         .await
         .unwrap_or_else(|e| panic!("wss connect through the proxy from {from}: {e}"));
     (ws.hello(None).await, ws)
+}
+
+/// The status of a `/v1` registration (`POST /v1/webpush/app/registration`)
+/// over https through the proxy, from the loopback address `from`: one
+/// HTTP/1.1 request on its own TLS connection.
+async fn register_from(front: &Front, from: [u8; 4]) -> u16 {
+    let from = IpAddr::from(from);
+    let port = front.ports().endpoint;
+    let socket = tokio::net::TcpSocket::new_v4().expect("TCP socket");
+    socket
+        .bind(SocketAddr::new(from, 0))
+        .unwrap_or_else(|e| panic!("bind the client to {from}: {e}"));
+    let tcp = socket
+        .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap_or_else(|e| panic!("connect to the proxy's endpoint port: {e}"));
+    let connector = TlsConnector::from(Arc::new(tls::client_config(&test_ca())));
+    let name = ServerName::from(IpAddr::from([127, 0, 0, 1]));
+    let exchange = async {
+        let mut tls = connector.connect(name, tcp).await?;
+        let request = format!(
+            "POST /v1/webpush/app/registration HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\
+             Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        );
+        tls.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        tls.read_to_end(&mut response).await?;
+        std::io::Result::Ok(response)
+    };
+    let response = tokio::time::timeout(HANG_GUARD, exchange)
+        .await
+        .expect("the registration hung")
+        .unwrap_or_else(|e| panic!("a registration over https from {from}: {e}"));
+    let response = String::from_utf8_lossy(&response);
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response}"))
 }
 
 /// Refused by the per-address quota of new UAIDs: status 429 and close 1013.
@@ -160,6 +204,8 @@ async fn each_client_has_its_own_quota(start: impl FnOnce(PublicPorts, &Server) 
         "127.0.0.1",
         "--new-uaid-limit",
         "0.01,1",
+        "--registration-limit",
+        "0.01,1",
     ];
     let (_server, front) = behind(&args, start).await;
     let (a, b) = ([127, 0, 0, 2], [127, 0, 0, 3]);
@@ -174,17 +220,34 @@ async fn each_client_has_its_own_quota(start: impl FnOnce(PublicPorts, &Server) 
     );
     let forged = [("x-forwarded-for", "192.0.2.7")];
     assert_new_uaid_refused(b, hello_from(&front, b, &forged).await).await;
+
+    // The endpoint port's /v1 registrations, likewise.
+    assert_eq!(register_from(&front, a).await, 200, "from {a:?}");
+    assert_eq!(register_from(&front, a).await, 429, "again from {a:?}");
+    assert_eq!(register_from(&front, b).await, 200, "from {b:?}");
 }
 
 /// Without `--trusted-proxies`, the header is ignored: every client behind
 /// nginx is nginx's own address, and shares one quota.
 #[tokio::test]
 async fn without_trusted_proxies_every_client_behind_nginx_shares_its_address() {
-    let (_server, front) = behind(&["--new-uaid-limit", "0.01,1"], nginx(READ_TIMEOUT)).await;
-    let (reply, _a) = hello_from(&front, [127, 0, 0, 2], &[]).await;
+    let limits = [
+        "--new-uaid-limit",
+        "0.01,1",
+        "--registration-limit",
+        "0.01,1",
+    ];
+    let (_server, front) = behind(&limits, nginx(READ_TIMEOUT)).await;
+    let (a, b) = ([127, 0, 0, 2], [127, 0, 0, 3]);
+    let (reply, _a) = hello_from(&front, a, &[]).await;
     assert_eq!(reply["status"], 200, "the first hello: {reply}");
-    let b = [127, 0, 0, 3];
     assert_new_uaid_refused(b, hello_from(&front, b, &[]).await).await;
+    assert_eq!(
+        register_from(&front, a).await,
+        200,
+        "the first registration"
+    );
+    assert_eq!(register_from(&front, b).await, 429, "from {b:?}");
 }
 
 /// The service pings a silent client every second; nginx closes a proxied
