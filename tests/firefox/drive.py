@@ -15,7 +15,8 @@ Commands ("cmd" field):
   start         launch Firefox (the same profile every time) and open a
                 Marionette session; answers {pid, version}
   ready         make the push service start, wait until Firefox has its UAID
-                from the server's hello reply; answers {uaid}
+                from the server's hello reply; answers {uaid, prefs} (prefs:
+                the serverURL and allowInsecureServerURL Firefox runs with)
   subscribe     {"key": applicationServerKey} open the page, register the
                 service worker, subscribe; answers {subscription: toJSON()}
   unsubscribe   open the page, unsubscribe the current subscription;
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -45,11 +47,10 @@ PROTO_OUT = sys.stdout
 
 def closed_network_prefs(ws_url: str, marionette_port: int) -> dict:
     """Profile prefs: push against ws_url, and nothing else reaching out."""
-    return {
+    prefs = {
         # The push service under test (see README "Use it with Firefox").
         "dom.push.enabled": True,
         "dom.push.serverURL": ws_url,
-        "dom.push.testing.allowInsecureServerURL": True,
         # marionette_driver's required prefs turn the connection off.
         "dom.push.connection.enabled": True,
         # No permission prompt for subscribe(), no notification-permission
@@ -121,6 +122,11 @@ def closed_network_prefs(ws_url: str, marionette_port: int) -> dict:
         "browser.shell.checkDefaultBrowser": False,
         "toolkit.startup.max_resumed_crashes": -1,
     }
+    # Only a ws:// URL needs the testing pref; a wss:// one is used as a
+    # real deployment's is.
+    if ws_url.startswith("ws://"):
+        prefs["dom.push.testing.allowInsecureServerURL"] = True
+    return prefs
 
 
 # ---------------------------------------------------------------- HTTP server
@@ -223,6 +229,14 @@ svc.ensureReady();
 return Services.prefs.getStringPref("dom.push.userAgentID", "");
 """
 
+CHROME_PUSH_PREFS = """
+return {
+  serverURL: Services.prefs.getStringPref("dom.push.serverURL", ""),
+  allowInsecureServerURL: Services.prefs.getBoolPref(
+    "dom.push.testing.allowInsecureServerURL", false),
+};
+"""
+
 SUBSCRIBE = """
 const [key] = arguments;
 return (async () => {
@@ -296,7 +310,31 @@ class Driver:
             workspace=args.work_dir,
             headless=True,
         )
+        if args.ca_file:
+            self.trust_ca(args.ca_file)
         self.running = False
+
+    def trust_ca(self, ca_file: str) -> None:
+        """Import ca_file into the profile's NSS database as a trusted root
+        for TLS servers, before Firefox first starts (NSS's certutil)."""
+        certutil = shutil.which("certutil")
+        if certutil is None:
+            raise RuntimeError(
+                "NSS's certutil not found: install Debian's libnss3-tools "
+                "(apt-get install -y libnss3-tools)"
+            )
+        instance = self.client.instance
+        # Setting it makes the profile directory now rather than at start.
+        instance.profile = None
+        db = f"sql:{instance.profile.profile}"
+        for args in (
+            ["-N", "--empty-password", "-d", db],
+            ["-A", "-d", db, "-n", "autopush test CA", "-t", "C,,", "-i", ca_file],
+        ):
+            done = subprocess.run([certutil, *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"certutil {' '.join(args)} failed: {done.stderr}")
+        print(f"drive.py: trusting {ca_file} in {db}", file=sys.stderr)
 
     # -- commands
 
@@ -335,7 +373,8 @@ class Driver:
             while True:
                 uaid = self.client.execute_script(CHROME_ENSURE_READY)
                 if uaid:
-                    return {"uaid": uaid}
+                    prefs = self.client.execute_script(CHROME_PUSH_PREFS)
+                    return {"uaid": uaid, "prefs": prefs}
                 if time.monotonic() > deadline:
                     raise RuntimeError(
                         f"Firefox's push service got no UAID within {timeout} s "
@@ -398,6 +437,9 @@ def main() -> None:
     parser.add_argument("--ws-url", required=True, help="the push service's websocket URL")
     parser.add_argument("--work-dir", required=True, help="profile, home and gecko log go here")
     parser.add_argument("--firefox", help="the Firefox binary (default: firefox-esr on PATH)")
+    parser.add_argument(
+        "--ca-file", help="a CA certificate (PEM) the profile trusts, for a wss:// --ws-url"
+    )
     parser.add_argument("--startup-timeout", type=int, default=90)
     args = parser.parse_args()
     sys.stdout = sys.stderr

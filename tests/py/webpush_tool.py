@@ -132,6 +132,8 @@ def cmd_send(args) -> None:
         headers["Urgency"] = args.urgency
     session = requests.Session()
     session.trust_env = False  # never route loopback traffic through a proxy
+    if args.ca_file:
+        session.verify = args.ca_file
     pusher = WebPusher(subscription_info(args), requests_session=session)
     resp = pusher.send(
         payload(args),
@@ -256,6 +258,7 @@ def main() -> None:
     p.add_argument("--vapid-sub", default="mailto:test@example.com")
     p.add_argument("--vapid-aud")
     p.add_argument("--vapid-exp", type=int)
+    p.add_argument("--ca-file", help="trust only these CA certificates (PEM) for https")
     p.add_argument(
         "--vapid-scheme",
         default="vapid",

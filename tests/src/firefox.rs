@@ -11,7 +11,7 @@
 //! `firefox-esr` on `PATH`, then `firefox`). A missing or broken Firefox fails
 //! the test; it never skips.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -46,9 +46,22 @@ pub struct Firefox {
 }
 
 impl Firefox {
-    /// Start the driver for a push service at `ws_url` (Firefox itself starts
-    /// with [`Firefox::start`]).
+    /// Start the driver for a push service at a `ws://` URL, which Firefox
+    /// takes with `dom.push.testing.allowInsecureServerURL` (Firefox itself
+    /// starts with [`Firefox::start`]).
     pub async fn launch(ws_url: &str) -> Firefox {
+        Firefox::launch_driver(ws_url, None).await
+    }
+
+    /// Start the driver for a push service at a `wss://` URL, as a real
+    /// deployment's, whose certificate the CA in the PEM file `ca` signed:
+    /// NSS's `certutil` imports it into the profile (Debian's
+    /// libnss3-tools) before Firefox first starts.
+    pub async fn launch_with_ca(wss_url: &str, ca: &Path) -> Firefox {
+        Firefox::launch_driver(wss_url, Some(ca)).await
+    }
+
+    async fn launch_driver(ws_url: &str, ca: Option<&Path>) -> Firefox {
         let work = tempfile::Builder::new()
             .prefix("autopush-firefox-")
             .tempdir()
@@ -59,6 +72,7 @@ impl Firefox {
         cmd.arg(driver_path())
             .arg(format!("--ws-url={ws_url}"))
             .arg(format!("--work-dir={}", work.path().join("ff").display()))
+            .args(ca.map(|ca| format!("--ca-file={}", ca.display())))
             .env("PYTHONUNBUFFERED", "1")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -134,11 +148,18 @@ impl Firefox {
     /// Make Firefox's push service start and wait for its UAID (set from the
     /// server's hello reply). Returns the UAID.
     pub async fn ready(&mut self) -> String {
+        self.ready_with_prefs().await.0
+    }
+
+    /// [`Firefox::ready`], and the push prefs Firefox runs with
+    /// (`serverURL`, `allowInsecureServerURL`).
+    pub async fn ready_with_prefs(&mut self) -> (String, Value) {
         let v = self.call(json!({"cmd": "ready", "timeout": 60})).await;
-        v["uaid"]
+        let uaid = v["uaid"]
             .as_str()
             .unwrap_or_else(|| panic!("no uaid in {v}"))
-            .to_string()
+            .to_string();
+        (uaid, v["prefs"].clone())
     }
 
     /// Open the page, register the service worker and subscribe with this

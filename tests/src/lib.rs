@@ -10,7 +10,8 @@
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
 //! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]); Bigtable tests
 //! on Google's emulator ([`bigtable`]). An upstream is put behind https with
-//! [`tls`]. A test that must hold on every
+//! [`tls`]; the service itself runs behind Debian's nginx and Caddy, as the
+//! docs deploy it, with [`nginx`] and [`caddy`]. A test that must hold on every
 //! backend runs once on each ([`backend`], `on_every_backend!`).
 //!
 //! Environment:
@@ -29,11 +30,13 @@ pub mod autopush_rs;
 pub mod backend;
 pub mod bigtable;
 pub mod bridge;
+pub mod caddy;
 pub mod dynamo;
 pub mod firefox;
 pub mod google;
 pub mod http;
 pub mod mailbox;
+pub mod nginx;
 pub mod node;
 pub mod prometheus;
 pub mod py;

@@ -224,6 +224,8 @@ pub struct SendOptions {
     pub vapid_aud: Option<String>,
     pub vapid_exp: Option<i64>,
     pub vapid_scheme: VapidScheme,
+    /// Trust only the CA certificates in this PEM file for an https endpoint.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl SendOptions {
@@ -239,6 +241,7 @@ impl SendOptions {
             vapid_aud: None,
             vapid_exp: None,
             vapid_scheme: VapidScheme::Vapid,
+            ca_file: None,
         }
     }
 
@@ -310,8 +313,17 @@ impl SendOptions {
         self
     }
 
+    /// Send to an https endpoint whose certificate this CA (a PEM file) signed.
+    pub fn ca_file(mut self, ca: &std::path::Path) -> SendOptions {
+        self.ca_file = Some(ca.to_path_buf());
+        self
+    }
+
     fn args(&self) -> Vec<String> {
         let mut args = self.payload.args();
+        if let Some(ca) = &self.ca_file {
+            args.push(opt("ca-file", ca.display()));
+        }
         args.extend([
             opt("encoding", self.encoding.as_str()),
             opt("ttl", self.ttl),

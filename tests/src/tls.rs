@@ -4,6 +4,7 @@
 //! `certs/tls-ca.pem`; `certs/make-tls.sh` makes them) and forwards the bytes.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
@@ -66,4 +67,23 @@ impl Drop for TlsFront {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A TLS client (rustls on ring) whose only roots are the certificates in
+/// the PEM file `ca`.
+pub fn client_config(ca: &Path) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(ca)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .unwrap_or_else(|e| panic!("CA certificates in {}: {e}", ca.display()));
+    for cert in certs {
+        roots
+            .add(cert)
+            .unwrap_or_else(|e| panic!("a CA certificate in {}: {e}", ca.display()));
+    }
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
 }

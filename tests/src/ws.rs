@@ -1,6 +1,9 @@
 //! A websocket client speaking the push protocol as Firefox does.
 
 use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -126,33 +129,78 @@ impl WsClient {
         subprotocol: Option<&str>,
         headers: &[(&'static str, &str)],
     ) -> Result<WsClient, tungstenite::Error> {
-        let mut request = url.into_client_request()?;
-        for (name, value) in headers {
-            request
-                .headers_mut()
-                .append(*name, HeaderValue::from_str(value).expect("header value"));
-        }
-        if let Some(p) = subprotocol {
-            request.headers_mut().insert(
-                "Sec-WebSocket-Protocol",
-                HeaderValue::from_str(p).expect("subprotocol header value"),
-            );
-        }
+        let request = handshake_request(url, subprotocol, headers)?;
         let (ws, response) =
             tokio::time::timeout(HANG_GUARD, tokio_tungstenite::connect_async(request))
                 .await
                 .unwrap_or_else(|_| panic!("websocket connect to {url} hung"))?;
+        Ok(WsClient::after_handshake(ws, &response))
+    }
+
+    /// Connect to a `wss://IP:PORT/` URL (offering the subprotocol) from the
+    /// local address `from`, trusting only the CA certificates in the PEM
+    /// file `ca`, with extra request headers. Clients behind one proxy are
+    /// told apart by their address: loopback has a whole /8 (127.0.0.2, ...).
+    pub async fn try_connect_tls(
+        url: &str,
+        ca: &Path,
+        from: IpAddr,
+        headers: &[(&'static str, &str)],
+    ) -> Result<WsClient, tungstenite::Error> {
+        let request = handshake_request(url, Some(SUBPROTOCOL), headers)?;
+        let uri = request.uri();
+        let to: SocketAddr = format!(
+            "{}:{}",
+            uri.host().unwrap_or_default(),
+            uri.port_u16().unwrap_or(443)
+        )
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: not wss://IP:PORT/: {e}"));
+        let socket = tokio::net::TcpSocket::new_v4().expect("TCP socket");
+        socket
+            .bind(SocketAddr::new(from, 0))
+            .unwrap_or_else(|e| panic!("bind the client to {from}: {e}"));
+        let stream = tokio::time::timeout(HANG_GUARD, socket.connect(to))
+            .await
+            .unwrap_or_else(|_| panic!("TCP connect to {url} hung"))?;
+        let connector =
+            tokio_tungstenite::Connector::Rustls(Arc::new(crate::tls::client_config(ca)));
+        let (ws, response) = tokio::time::timeout(
+            HANG_GUARD,
+            tokio_tungstenite::client_async_tls_with_config(request, stream, None, Some(connector)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("websocket handshake with {url} hung"))?;
+        Ok(WsClient::after_handshake(ws, &response))
+    }
+
+    /// [`WsClient::try_connect_tls`] from 127.0.0.1 that says hello as a new
+    /// user agent; panics unless both succeed.
+    pub async fn connect_tls_hello(url: &str, ca: &Path) -> WsClient {
+        let localhost = IpAddr::from([127, 0, 0, 1]);
+        let mut ws = WsClient::try_connect_tls(url, ca, localhost, &[])
+            .await
+            .unwrap_or_else(|e| panic!("websocket connect to {url}: {e}"));
+        let reply = ws.hello(None).await;
+        assert_eq!(reply["status"], 200, "hello failed: {reply}");
+        ws
+    }
+
+    fn after_handshake(
+        ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+        response: &tungstenite::handshake::client::Response,
+    ) -> WsClient {
         let subprotocol = response
             .headers()
             .get("sec-websocket-protocol")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        Ok(WsClient {
+        WsClient {
             ws,
             subprotocol,
             uaid: None,
             pending: VecDeque::new(),
-        })
+        }
     }
 
     /// Send a hello (`uaid` None = `""`, a new user agent) and return the
@@ -395,6 +443,27 @@ impl WsClient {
             }
         }
     }
+}
+
+/// The handshake request for `url`: the subprotocol, if any, and `headers`.
+fn handshake_request(
+    url: &str,
+    subprotocol: Option<&str>,
+    headers: &[(&'static str, &str)],
+) -> Result<tungstenite::handshake::client::Request, tungstenite::Error> {
+    let mut request = url.into_client_request()?;
+    for (name, value) in headers {
+        request
+            .headers_mut()
+            .append(*name, HeaderValue::from_str(value).expect("header value"));
+    }
+    if let Some(p) = subprotocol {
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            HeaderValue::from_str(p).expect("subprotocol header value"),
+        );
+    }
+    Ok(request)
 }
 
 enum Next {

@@ -2,12 +2,18 @@
 //! driven with marionette_driver through `tests/firefox/drive.py`, lives a
 //! whole subscription against the service: subscribe from a page, receive
 //! pushes in its service worker in both encodings, quit, receive what was sent
-//! while it was away, unsubscribe. Fails (never skips) when Firefox cannot run.
+//! while it was away, unsubscribe. Then the same over `wss://`, as a real
+//! deployment: Firefox trusts the test CA (imported into its profile with
+//! NSS's certutil) and reaches the service through nginx. Fails (never
+//! skips) when Firefox, certutil or nginx cannot run.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use std::path::Path;
+
 use autopush_tests::firefox::Firefox;
+use autopush_tests::nginx::{Nginx, PublicPorts};
 use autopush_tests::*;
 use serde_json::Value;
 
@@ -182,6 +188,70 @@ async fn firefox_lives_a_whole_subscription() {
         let errno = res.json()["errno"].as_u64();
         assert!(matches!(errno, Some(103 | 106)), "errno: {}", res.body);
     }
+
+    ff.exit().await;
+}
+
+/// Firefox behind Debian's nginx, configured as the docs show: TLS at nginx
+/// with the test CA, the endpoint URL nginx's https one.
+#[tokio::test]
+async fn firefox_over_wss_through_nginx() {
+    let ports = PublicPorts::pick();
+    let server = Server::start_with(&["--endpoint-url", &ports.endpoint_url()]).await;
+    let nginx = Nginx::start(ports, &server, 330);
+    firefox_over_wss(
+        &server,
+        &nginx.wss_url(),
+        &nginx.endpoint_url(),
+        &cert_file("tls-ca.pem"),
+    )
+    .await;
+}
+
+/// Firefox with `dom.push.serverURL = wss_url` and `ca` trusted, and no
+/// testing pref for insecure URLs: it subscribes (its endpoint under
+/// `endpoint_url`), receives a push sent there with pywebpush, and
+/// unsubscribes.
+async fn firefox_over_wss(server: &Server, wss_url: &str, endpoint_url: &str, ca: &Path) {
+    let vapid = VapidKey::generate().await;
+    let mut ff = Firefox::launch_with_ca(wss_url, ca).await;
+    ff.start().await;
+    let (uaid, prefs) = ff.ready_with_prefs().await;
+    assert_eq!(prefs["serverURL"], wss_url, "{prefs}");
+    assert_eq!(prefs["allowInsecureServerURL"], false, "{prefs}");
+    wait_for_user(server, &uaid, "Firefox connected", is_connected).await;
+
+    let json = ff.subscribe(&vapid.public_key).await;
+    let endpoint = json["endpoint"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no endpoint in {json}"))
+        .to_string();
+    assert!(
+        endpoint.starts_with(&format!("{endpoint_url}/wpush/v2/")),
+        "the endpoint Firefox got: {endpoint}"
+    );
+    let keys = Keys {
+        private_key: String::new(), // stays in Firefox
+        p256dh: json["keys"]["p256dh"].as_str().expect("p256dh").to_string(),
+        auth: json["keys"]["auth"].as_str().expect("auth").to_string(),
+    };
+    let text = "over wss: héllo ✓";
+    let opts = SendOptions::text(text).ttl(600).vapid(&vapid).ca_file(ca);
+    autopush_tests::py::send(&endpoint, &keys, &opts)
+        .await
+        .assert_created();
+    let events = ff.events(1, DELIVERY_GUARD).await;
+    assert_eq!(push_texts(&events), [text], "what the service worker got");
+
+    let reply = ff.unsubscribe().await;
+    assert_eq!(reply["unsubscribed"], true, "{reply}");
+    assert_eq!(reply["endpoint"], endpoint.as_str(), "{reply}");
+    wait_for_user(server, &uaid, "no channels", |u| {
+        u["channels"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    let gone = autopush_tests::py::send(&endpoint, &keys, &opts).await;
+    assert_eq!(gone.status, 410, "push after unsubscribe: {gone:?}");
 
     ff.exit().await;
 }
