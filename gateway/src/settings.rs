@@ -914,6 +914,18 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.endpoint_url, "https://localhost:8082");
+        let tls = s.tls.expect("TLS on");
+        assert_eq!((tls.cert, tls.key), ("cert.pem".into(), "key.pem".into()));
+        // From the file, as TOML keys.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(
+            &path,
+            "tls_cert = \"/etc/c.pem\"\ntls_key = \"/etc/k.pem\"\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+        assert_eq!(s.tls.map(|t| t.key), Some("/etc/k.pem".into()));
     }
 
     #[test]
