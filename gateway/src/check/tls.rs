@@ -41,7 +41,12 @@ pub fn client_config(ca: Option<&Path>) -> Result<Arc<ClientConfig>, String> {
 pub fn failed(url: &str, error: &(dyn std::error::Error + 'static)) -> String {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = cause {
-        if let Some(refused @ rustls::Error::InvalidCertificate(_)) = e.downcast_ref() {
+        // An io::Error's source skips the error it wraps: look inside.
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map_or(e, |inner| inner as &(dyn std::error::Error + 'static));
+        if let Some(refused @ rustls::Error::InvalidCertificate(_)) = inner.downcast_ref() {
             return format!(
                 "{url}: the server's certificate is refused ({refused}); for a private CA, \
                  give its certificate with --ca FILE"
