@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Test-only TLS material: a stand-in for Google served over https in
-# tests/tests/fcm.rs. NEVER real secrets. Regenerate with
+# tests/tests/fcm.rs, and the service's own TLS in tests/tests/tls.rs.
+# NEVER real secrets. Regenerate with
 #
 #   certs/make-tls.sh
 #
@@ -9,6 +10,9 @@
 #   tls-ca.pem            a root certificate authority for the tests
 #   tls-127.0.0.1.pem     a server certificate for 127.0.0.1, signed by that CA
 #   tls-127.0.0.1-key.pem ...and its key (EC P-256, PKCS#8)
+#   tls-127.0.0.1-renewed.pem, tls-127.0.0.1-renewed-key.pem
+#                         another certificate and key for 127.0.0.1 from that
+#                         CA, as a renewal would bring (the reload tests)
 #   tls-other-ca.pem      another root, which vouches for nothing the tests serve
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -25,8 +29,12 @@ root() { # name -> $work/name.key, name.pem
 root tls-ca
 root tls-other-ca
 
-openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out tls-127.0.0.1-key.pem
-openssl req -new -key tls-127.0.0.1-key.pem -out "$work/leaf.csr" -subj "/CN=127.0.0.1"
-printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:false\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' > "$work/leaf.ext"
-openssl x509 -req -in "$work/leaf.csr" -CA tls-ca.pem -CAkey "$work/tls-ca.key" \
-    -CAcreateserial -CAserial "$work/ca.srl" -out tls-127.0.0.1.pem -days 36500 -extfile "$work/leaf.ext" 2>/dev/null
+leaf() { # name: a certificate for 127.0.0.1 signed by tls-ca -> name.pem, name-key.pem
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1-key.pem"
+    openssl req -new -key "$1-key.pem" -out "$work/leaf.csr" -subj "/CN=127.0.0.1"
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:false\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n' > "$work/leaf.ext"
+    openssl x509 -req -in "$work/leaf.csr" -CA tls-ca.pem -CAkey "$work/tls-ca.key" \
+        -CAcreateserial -CAserial "$work/ca.srl" -out "$1.pem" -days 36500 -extfile "$work/leaf.ext" 2>/dev/null
+}
+leaf tls-127.0.0.1
+leaf tls-127.0.0.1-renewed

@@ -21,6 +21,7 @@ use warp::reply::Reply;
 
 use autopush_serving::health;
 use autopush_serving::http::{self, HttpLimits, Peer};
+use autopush_serving::tls::TlsAcceptor;
 
 use crate::{NodeContext, router_api, session};
 
@@ -39,9 +40,11 @@ const SUBPROTOCOL: &str = "push-notification";
 const READ_BUFFER: usize = 512;
 
 /// Serve websockets at `/` and health routes (checking storage through
-/// `health`) on `listener`; anything else is 404.
+/// `health`) on `listener`, over TLS when given an acceptor; anything else
+/// is 404.
 pub async fn serve_websocket(
     listener: TcpListener,
+    tls: Option<TlsAcceptor>,
     ctx: Arc<NodeContext>,
     health: Arc<health::HealthCheck>,
     limits: HttpLimits,
@@ -71,7 +74,7 @@ pub async fn serve_websocket(
         warp::reply::with_status(warp::reply::json(&error.body()), error.status()).into_response()
     });
     let routes = websocket.or(health).unify().or(not_found).unify();
-    http::serve(listener, warp::service(routes), limits).await;
+    http::serve_with(listener, tls, warp::service(routes), limits).await;
 }
 
 /// Whether a request asks to become a websocket (`Upgrade: websocket`

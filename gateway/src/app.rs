@@ -16,6 +16,7 @@ use autopush_common::router::RouterRegistry;
 use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, server};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_serving::health::HealthCheck;
+use autopush_serving::tls::{self, Certificates, TlsAcceptor};
 use autopush_storage::Storage;
 use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
 use autopush_storage::dynamodb::DynamoStore;
@@ -267,6 +268,8 @@ pub async fn start(
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
     check_mode(mode, settings)?;
+    // Before anything is made or bound: a bad certificate stops start-up here.
+    let tls = settings.tls.as_ref().map(Certificates::load).transpose()?;
     let (configured, serves) =
         crate::bridges::bridges(&settings.bridges, &bridge_limits(settings))?;
     let bridges = configured.extend(bridges);
@@ -294,6 +297,12 @@ pub async fn start(
     };
 
     let mut servers = JoinSet::new();
+    servers.spawn(
+        tls::reloader(tls.clone(), tls::POLL_EVERY)
+            .map_err(|e| format!("cannot handle SIGHUP: {e}"))?,
+    );
+    // Both public ports speak HTTP/1.1 only (see autopush_serving::http).
+    let tls = tls.map(|certs| certs.acceptor(&[b"http/1.1"]));
     servers.spawn(autopush_storage::sweeper::run(
         shared.storage.clone(),
         autopush_storage::sweeper::SweepSettings {
@@ -303,7 +312,8 @@ pub async fn start(
     ));
     let mut clients = None;
     if mode.connection() {
-        clients = Some(start_connection(settings, &shared, &metrics, &mut servers).await?);
+        let tls = tls.clone();
+        clients = Some(start_connection(settings, &shared, &metrics, tls, &mut servers).await?);
     }
     if let Some(port) = settings.metrics_port {
         let listener = bind(&settings.router_host, port, "metrics").await?;
@@ -320,7 +330,16 @@ pub async fn start(
             Missing::Generate,
         )?;
         info!("{serves}");
-        start_endpoint(settings, shared, bridges, local, &auth_keys, &mut servers).await?;
+        start_endpoint(
+            settings,
+            shared,
+            bridges,
+            local,
+            &auth_keys,
+            tls,
+            &mut servers,
+        )
+        .await?;
     }
     if mode.connection() {
         info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
@@ -337,6 +356,7 @@ async fn start_connection(
     settings: &Settings,
     shared: &Shared,
     metrics: &PrometheusHandle,
+    tls: Option<TlsAcceptor>,
     servers: &mut JoinSet<()>,
 ) -> Result<Arc<ClientRegistry>, String> {
     let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
@@ -389,6 +409,7 @@ async fn start_connection(
     .await?;
     servers.spawn(server::serve_websocket(
         websocket,
+        tls,
         ctx.clone(),
         shared.health.clone(),
         settings.http,
@@ -404,13 +425,14 @@ async fn start_connection(
 
 /// The endpoint role: the public HTTP API (push, registration, health),
 /// routing through the webpush router (handing to `local` clients when
-/// this process also holds connections) and `bridges`.
+/// this process also holds connections) and `bridges`, over `tls` if given.
 async fn start_endpoint(
     settings: &Settings,
     shared: Shared,
     bridges: RouterRegistry,
     local: Option<Arc<dyn LocalNode>>,
     auth_keys: &[String],
+    tls: Option<TlsAcceptor>,
     servers: &mut JoinSet<()>,
 ) -> Result<(), String> {
     let Shared {
@@ -460,8 +482,9 @@ async fn start_endpoint(
     });
     let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
     let routes = warp::service(endpoint::routes(state));
-    servers.spawn(autopush_serving::http::serve(
+    servers.spawn(autopush_serving::http::serve_with(
         listener,
+        tls,
         routes,
         settings.http,
     ));

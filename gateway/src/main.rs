@@ -50,6 +50,10 @@ enum Command {
         /// The VAPID `sub` claim (a contact) of the test pushes
         #[arg(long, default_value = "mailto:autopush-check@example.com")]
         vapid_sub: String,
+        /// A CA certificate (PEM) to trust for wss:// and https://, beyond
+        /// the system's roots (for a private CA)
+        #[arg(long, value_name = "FILE")]
+        ca: Option<PathBuf>,
     },
     /// DynamoDB maintenance (with --db dynamodb)
     Db {
@@ -78,9 +82,10 @@ fn main() -> ExitCode {
         url,
         timeout,
         vapid_sub,
+        ca,
     } = command
     {
-        return run_check(url, timeout, vapid_sub);
+        return run_check(url, timeout, vapid_sub, ca);
     }
     let settings = match Settings::resolve(cli.settings, cli.config.as_deref()) {
         Ok(settings) => settings,
@@ -127,7 +132,7 @@ fn main() -> ExitCode {
 }
 
 /// `autopush check`: needs no settings of its own service, only the URL.
-fn run_check(url: String, timeout: f64, vapid_sub: String) -> ExitCode {
+fn run_check(url: String, timeout: f64, vapid_sub: String, ca: Option<PathBuf>) -> ExitCode {
     let Ok(wait) = Duration::try_from_secs_f64(timeout) else {
         eprintln!("autopush check: --timeout must be a positive number of seconds");
         return ExitCode::from(2);
@@ -141,6 +146,7 @@ fn run_check(url: String, timeout: f64, vapid_sub: String) -> ExitCode {
     };
     let options = check::Options {
         url,
+        ca,
         wait,
         vapid_sub,
     };

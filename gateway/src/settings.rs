@@ -16,6 +16,7 @@ use std::time::Duration;
 use autopush_common::Secret;
 use autopush_common::limit::Rate;
 use autopush_serving::http::HttpLimits;
+use autopush_serving::tls::TlsFiles;
 use clap::Args;
 
 use crate::bridges::BridgeSettings;
@@ -46,9 +47,17 @@ pub struct SettingsLayer {
     /// Public HTTP port for application servers [default: 8082]
     #[arg(long, env = "AUTOPUSH_ENDPOINT_PORT", global = true)]
     pub endpoint_port: Option<u16>,
-    /// Base of every push endpoint URL and the VAPID audience [default: http://localhost:ENDPOINT_PORT]
+    /// Base of every push endpoint URL and the VAPID audience [default:
+    /// http://localhost:ENDPOINT_PORT, or https:// with --tls-cert]
     #[arg(long, env = "AUTOPUSH_ENDPOINT_URL", global = true)]
     pub endpoint_url: Option<String>,
+    /// TLS certificate chain (PEM, the server's first) of the public ports,
+    /// with --tls-key; reloaded on SIGHUP and when the file changes [default: off]
+    #[arg(long, env = "AUTOPUSH_TLS_CERT", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1), with --tls-cert [default: off]
+    #[arg(long, env = "AUTOPUSH_TLS_KEY", global = true)]
+    pub tls_key: Option<PathBuf>,
     /// Storage: a directory for the embedded store, `dynamodb`, or Bigtable
     /// as `grpc://HOST:PORT` (or `bigtable` for Google's endpoint) [default: ./autopush-data]
     #[arg(long, env = "AUTOPUSH_DB", global = true)]
@@ -309,6 +318,8 @@ pub struct Settings {
     pub node_url: String,
     pub endpoint_port: u16,
     pub endpoint_url: String,
+    /// TLS on the public ports; `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
     pub db: Db,
     /// DynamoDB table names (with `Db::DynamoDb`).
     pub tables: Tables,
@@ -466,9 +477,19 @@ impl Settings {
         let node_url = l
             .node_url
             .unwrap_or_else(|| format!("http://{router_host}:{router_port}"));
+        let tls = match (l.tls_cert, l.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "tls_cert and tls_key go together: give both --tls-cert and --tls-key".into(),
+                );
+            }
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let endpoint_url = l
             .endpoint_url
-            .unwrap_or_else(|| format!("http://localhost:{endpoint_port}"));
+            .unwrap_or_else(|| format!("{scheme}://localhost:{endpoint_port}"));
         let endpoint_url = endpoint_url.trim_end_matches('/').to_owned();
         if !(endpoint_url.starts_with("http://") || endpoint_url.starts_with("https://")) {
             return Err(format!(
@@ -523,6 +544,7 @@ impl Settings {
             node_url: node_url.trim_end_matches('/').to_owned(),
             endpoint_port,
             endpoint_url,
+            tls,
             db,
             tables,
             crypto_key: l.crypto_key,
@@ -872,6 +894,38 @@ mod tests {
         let s = Settings::resolve(flags, None).unwrap();
         let err = s.bridges.gcm.apps().unwrap_err();
         assert!(err.contains("AUTOPUSH_GCM_CREDENTIALS"), "{err}");
+    }
+
+    #[test]
+    fn tls_needs_both_files_and_makes_the_default_endpoint_https() {
+        let err = Settings::from_layer(SettingsLayer {
+            tls_cert: Some("cert.pem".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("--tls-cert") && err.contains("--tls-key"),
+            "{err}"
+        );
+        let s = Settings::from_layer(SettingsLayer {
+            tls_cert: Some("cert.pem".into()),
+            tls_key: Some("key.pem".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.endpoint_url, "https://localhost:8082");
+        let tls = s.tls.expect("TLS on");
+        assert_eq!((tls.cert, tls.key), ("cert.pem".into(), "key.pem".into()));
+        // From the file, as TOML keys.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("autopush.toml");
+        std::fs::write(
+            &path,
+            "tls_cert = \"/etc/c.pem\"\ntls_key = \"/etc/k.pem\"\n",
+        )
+        .unwrap();
+        let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+        assert_eq!(s.tls.map(|t| t.key), Some("/etc/k.pem".into()));
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //!   one is answered `503` with `Retry-After` and closed, so a load balancer
 //!   tries another node instead of queueing.
 //!
-//! A connection past a deadline is closed. A connection handed over to a
+//! Over TLS ([`serve_with`]), the handshake is due with the first request
+//! head. A connection past a deadline is closed. A connection handed over to a
 //! websocket leaves these limits (and the connection count) behind: the
 //! session has its own.
 
@@ -32,9 +33,10 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep, sleep_until};
+use tokio_rustls::TlsAcceptor;
 use tracing::{debug, warn};
 
 /// The limits of one port.
@@ -116,6 +118,26 @@ where
     B: Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_with(listener, None, service, limits).await
+}
+
+/// [`serve`], over TLS when given an acceptor. The TLS handshake counts
+/// towards the first request head's deadline (`header_timeout`), so a client
+/// that stalls it is closed like one that stalls its head.
+pub async fn serve_with<S, B>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    service: S,
+    limits: HttpLimits,
+) where
+    S: tower_service::Service<Request<TimedBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
@@ -135,8 +157,17 @@ where
         let Ok(slot) = open.clone().try_acquire_owned() else {
             debug!(port, "refusing an HTTP connection: the port is full");
             if let Ok(refusal) = refusing.clone().try_acquire_owned() {
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    refuse(stream).await;
+                    match tls {
+                        None => refuse(stream).await,
+                        Some(tls) => {
+                            let shaken = tokio::time::timeout(REFUSAL_LINGER, tls.accept(stream));
+                            if let Ok(Ok(stream)) = shaken.await {
+                                refuse(stream).await;
+                            }
+                        }
+                    }
                     drop(refusal);
                 });
             }
@@ -150,27 +181,61 @@ where
             );
         }
         let service = service.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            let peer = Peer(peer.ip());
             let cycle = Arc::new(Cycle::new(limits));
-            let io = TokioIo::new(Watched::new(stream, cycle.clone()));
-            let service = Served {
-                service,
-                cycle,
-                peer: Peer(peer.ip()),
-            };
-            let served = http1::Builder::new()
-                .timer(TokioTimer::new())
-                // hyper's own header timer runs from the end of the previous
-                // response, so it bounds idle time and head together; the
-                // finer deadlines are the watchdog's (see `Cycle`).
-                .header_read_timeout(limits.idle_timeout + limits.header_timeout)
-                .serve_connection(io, service)
-                .with_upgrades();
-            if let Err(e) = served.await {
-                debug!(port, error = %e, "HTTP connection ended");
+            match tls {
+                None => serve_connection(stream, cycle, service, peer, port).await,
+                Some(tls) => {
+                    let due = cycle.head_due();
+                    match tokio::time::timeout_at(due, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, cycle, service, peer, port).await
+                        }
+                        // A scanner, a client that refuses the certificate,
+                        // or plain HTTP on the TLS port: its own business.
+                        Ok(Err(e)) => {
+                            debug!(port, peer = %peer.0, error = %e, "TLS handshake failed")
+                        }
+                        Err(_) => debug!(port, peer = %peer.0, "TLS handshake timed out"),
+                    }
+                }
             }
             drop(slot);
         });
+    }
+}
+
+/// Serve one connection's requests until it closes or misses a deadline.
+async fn serve_connection<I, S, B>(stream: I, cycle: Arc<Cycle>, service: S, peer: Peer, port: u16)
+where
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    S: tower_service::Service<Request<TimedBody>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let limits = cycle.limits;
+    let io = TokioIo::new(Watched::new(stream, cycle.clone()));
+    let service = Served {
+        service,
+        cycle,
+        peer,
+    };
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        // hyper's own header timer runs from the end of the previous
+        // response, so it bounds idle time and head together; the
+        // finer deadlines are the watchdog's (see `Cycle`).
+        .header_read_timeout(limits.idle_timeout + limits.header_timeout)
+        .serve_connection(io, service)
+        .with_upgrades();
+    if let Err(e) = served.await {
+        debug!(port, error = %e, "HTTP connection ended");
     }
 }
 
@@ -191,7 +256,7 @@ async fn accept_failed(e: io::Error) {
 /// Answer a connection over the cap with `503` and close it. What the client
 /// sent is read and discarded for a moment first, so the close does not
 /// reset the connection before the client reads the answer.
-async fn refuse(mut stream: TcpStream) {
+async fn refuse<T: AsyncRead + AsyncWrite + Unpin>(mut stream: T) {
     const BODY: &str = concat!(
         r#"{"code":503,"errno":201,"error":"Service Unavailable","#,
         r#""message":"Too many open connections; retry later","#,
@@ -236,6 +301,14 @@ impl Cycle {
         Cycle {
             phase: Mutex::new(Phase::Head(Instant::now() + limits.header_timeout)),
             limits,
+        }
+    }
+
+    /// When the first request head is due (the connection's start).
+    fn head_due(&self) -> Instant {
+        match self.phase() {
+            Phase::Head(at) => at,
+            _ => Instant::now(),
         }
     }
 

@@ -5,6 +5,8 @@
 //! * [`http`] serves HTTP/1.1 with timeouts and a connection cap, and says
 //!   who the client is.
 //! * [`health`] is the health and version routes of every public port.
+//! * [`tls`] is the certificate of the public ports, and its reloads.
 
 pub mod health;
 pub mod http;
+pub mod tls;

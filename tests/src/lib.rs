@@ -9,9 +9,10 @@
 //! and the `web-push` npm package ([`node`]). The APNs bridge runs in-process
 //! with a recording double for Apple ([`apns`]). DynamoDB tests run on local
 //! DynamoDB-compatible servers, moto and dynalite ([`dynamo`]); Bigtable tests
-//! on Google's emulator ([`bigtable`]). An upstream is put behind https with
-//! [`tls`]; the service itself runs behind Debian's nginx and Caddy, as the
-//! docs deploy it, with [`nginx`] and [`caddy`]. A test that must hold on every
+//! on Google's emulator ([`bigtable`]). An upstream is put behind https, and the
+//! server's own TLS ports are spoken to, with [`tls`]; the service also runs
+//! behind Debian's nginx and Caddy, as the docs deploy it, with [`nginx`] and
+//! [`caddy`]. A test that must hold on every
 //! backend runs once on each ([`backend`], `on_every_backend!`).
 //!
 //! Environment:

@@ -203,6 +203,26 @@ impl Server {
         unreachable!()
     }
 
+    /// Whether the public ports speak TLS (started with `--tls-cert`).
+    fn tls(&self) -> bool {
+        self.node.args.iter().any(|a| a == "--tls-cert")
+    }
+
+    /// The websocket URL over TLS, `wss://127.0.0.1:P/`.
+    pub fn wss_url(&self) -> String {
+        format!("wss://127.0.0.1:{}/", self.ws_port)
+    }
+
+    /// The public HTTP base over TLS, `https://127.0.0.1:E`.
+    pub fn https_endpoint_base(&self) -> String {
+        format!("https://127.0.0.1:{}", self.endpoint_port)
+    }
+
+    /// The public ports: (websocket, endpoint).
+    pub fn public_ports(&self) -> (u16, u16) {
+        (self.ws_port, self.endpoint_port)
+    }
+
     /// The websocket URL, `ws://127.0.0.1:P/`.
     pub fn ws_url(&self) -> String {
         format!("ws://127.0.0.1:{}/", self.ws_port)
@@ -296,6 +316,11 @@ impl Server {
         }
     }
 
+    /// Ask the process to reload (SIGHUP), as `systemctl reload` does.
+    pub fn hangup(&self) {
+        self.signal(libc::SIGHUP);
+    }
+
     /// Freeze the process (SIGSTOP), as a stalled machine or VM is frozen:
     /// it keeps its sockets, and the kernel still accepts connections and
     /// buffers requests for it, but nothing answers until [`Server::resume`].
@@ -341,6 +366,7 @@ impl Server {
     fn args(&self) -> Vec<String> {
         let endpoint_url = match &self.node.endpoint_url {
             Some(url) => url.clone(),
+            None if self.tls() => self.https_endpoint_base(),
             None => self.endpoint_base(),
         };
         let db = match &self.node.db {
@@ -402,11 +428,13 @@ impl Server {
             .timeout(Duration::from_secs(2))
             .build()
             .expect("reqwest client");
+        // Over TLS the listeners are bound once the service says it runs
+        // (the health routes there are the TLS tests' business).
         let mut urls = Vec::new();
-        if self.node.role != "connection" {
+        if self.node.role != "connection" && !self.tls() {
             urls.push(format!("{}/health", self.endpoint_base()));
         }
-        if self.node.role != "endpoint" {
+        if self.node.role != "endpoint" && !self.tls() {
             urls.push(format!("{}/health", self.ws_http_base()));
         }
         let deadline = Instant::now() + START_TIMEOUT;
@@ -417,7 +445,7 @@ impl Server {
                 self.child = None;
                 return Err(self.failure(&args, &format!("exited during start-up ({status})")));
             }
-            let mut healthy = true;
+            let mut healthy = !self.tls() || self.stderr().contains("autopush running");
             for url in &urls {
                 let ok =
                     matches!(client.get(url).send().await, Ok(r) if r.status().as_u16() == 200);

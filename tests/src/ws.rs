@@ -3,7 +3,6 @@
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -108,6 +107,45 @@ impl WsClient {
         }
     }
 
+    /// Connect to a `wss://127.0.0.1:P/` URL offering the subprotocol,
+    /// trusting what `tls` trusts (see [`crate::tls::client_config_from`]).
+    pub async fn connect_wss(
+        url: &str,
+        tls: std::sync::Arc<rustls::ClientConfig>,
+    ) -> Result<WsClient, String> {
+        let addr = url
+            .trim_start_matches("wss://")
+            .trim_end_matches('/')
+            .parse::<std::net::SocketAddr>()
+            .unwrap_or_else(|e| panic!("{url}: not wss://IP:PORT/: {e}"));
+        let stream = tokio::time::timeout(HANG_GUARD, crate::tls::connect(addr, tls))
+            .await
+            .unwrap_or_else(|_| panic!("TLS connect to {url} hung"))?;
+        let mut request = url.into_client_request().expect("websocket request");
+        request.headers_mut().insert(
+            "Sec-WebSocket-Protocol",
+            HeaderValue::from_static(SUBPROTOCOL),
+        );
+        let (ws, response) = tokio::time::timeout(
+            HANG_GUARD,
+            tokio_tungstenite::client_async(request, MaybeTlsStream::Rustls(stream)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("websocket handshake with {url} hung"))
+        .map_err(|e| format!("websocket handshake with {url}: {e}"))?;
+        let subprotocol = response
+            .headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        Ok(WsClient {
+            ws,
+            subprotocol,
+            uaid: None,
+            pending: VecDeque::new(),
+        })
+    }
+
     /// Connect offering the subprotocol, with extra request headers (e.g.
     /// `X-Forwarded-For`, as a proxy in front of the node would add).
     pub async fn connect_with_headers(url: &str, headers: &[(&'static str, &str)]) -> WsClient {
@@ -164,7 +202,7 @@ impl WsClient {
             .await
             .unwrap_or_else(|_| panic!("TCP connect to {url} hung"))?;
         let connector =
-            tokio_tungstenite::Connector::Rustls(Arc::new(crate::tls::client_config(ca)));
+            tokio_tungstenite::Connector::Rustls(crate::tls::client_config_from(ca));
         let (ws, response) = tokio::time::timeout(
             HANG_GUARD,
             tokio_tungstenite::client_async_tls_with_config(request, stream, None, Some(connector)),

@@ -113,7 +113,18 @@ async fn the_url_must_be_the_websocket() {
     assert!(stdout.contains("is not a websocket URL"), "{stdout}");
     let (out, stdout) = check(&["wss://127.0.0.1:1/"]).await;
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("no TLS yet"), "{stdout}");
+    assert!(
+        stdout.contains("wss://127.0.0.1:1/: cannot connect"),
+        "{stdout}"
+    );
+    // TLS to the plain websocket port: the handshake fails, with its reason.
+    let plain_as_wss = server.ws_url().replace("ws://", "wss://");
+    let (out, stdout) = check(&[&plain_as_wss]).await;
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(&format!("{plain_as_wss}: TLS failed")),
+        "{stdout}"
+    );
     let endpoint_port_as_ws = server.endpoint_base().replace("http://", "ws://") + "/";
     let (out, stdout) = check(&[&endpoint_port_as_ws]).await;
     assert_eq!(out.status.code(), Some(1), "{stdout}");

@@ -7,7 +7,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use autopush_tests::caddy::Caddy;
@@ -99,7 +98,7 @@ async fn register_from(front: &Front, from: [u8; 4]) -> u16 {
         .connect(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .unwrap_or_else(|e| panic!("connect to the proxy's endpoint port: {e}"));
-    let connector = TlsConnector::from(Arc::new(tls::client_config(&test_ca())));
+    let connector = TlsConnector::from(tls::client_config_from(&test_ca()));
     let name = ServerName::from(IpAddr::from([127, 0, 0, 1]));
     let exchange = async {
         let mut tls = connector.connect(name, tcp).await?;

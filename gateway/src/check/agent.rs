@@ -3,19 +3,28 @@
 //! sentence for the operator.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout, timeout_at};
+use tokio_rustls::TlsConnector;
+use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::{self, Message};
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+/// The connection under the websocket: TCP, or TLS over TCP.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 pub struct Agent {
-    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    ws: WebSocketStream<Box<dyn Io>>,
     wait: Duration,
     /// Messages read while waiting for another kind.
     pending: VecDeque<Value>,
@@ -23,18 +32,16 @@ pub struct Agent {
 
 impl Agent {
     /// Open the websocket (offering the `push-notification` subprotocol, as
-    /// Firefox does).
-    pub async fn connect(url: &str, wait: Duration) -> Result<Agent, String> {
+    /// Firefox does); a `wss://` one trusting the roots of `tls`.
+    pub async fn connect(
+        url: &str,
+        wait: Duration,
+        tls: &Arc<ClientConfig>,
+    ) -> Result<Agent, String> {
         if !(url.starts_with("ws://") || url.starts_with("wss://")) {
             return Err(format!(
                 "{url} is not a websocket URL: give the service's ws://… or wss://… URL, \
                  as Firefox's dom.push.serverURL holds it"
-            ));
-        }
-        if url.starts_with("wss://") {
-            return Err(format!(
-                "{url}: this build of autopush check has no TLS yet; check the service's \
-                 ws:// port from inside its network"
             ));
         }
         let mut request = url
@@ -44,20 +51,47 @@ impl Agent {
             "sec-websocket-protocol",
             HeaderValue::from_static("push-notification"),
         );
-        // Without TCP_NODELAY a message right after one the server does not
-        // answer (an ack, then unregister) would wait ~40 ms for its TCP ack.
-        let connecting = tokio_tungstenite::connect_async_with_config(request, None, true);
+        let secure = url.starts_with("wss://");
+        let uri = request.uri();
+        let host = uri
+            .host()
+            .unwrap_or_default()
+            .trim_matches(|c| c == '[' || c == ']')
+            .to_owned();
+        let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+        let connecting = async {
+            let tcp = TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| format!("{url}: cannot connect: {e}"))?;
+            // Without TCP_NODELAY a message right after one the server does
+            // not answer (an ack, then unregister) would wait ~40 ms for its
+            // TCP ack.
+            let _ = tcp.set_nodelay(true);
+            let stream: Box<dyn Io> = if secure {
+                let name = ServerName::try_from(host.clone())
+                    .map_err(|e| format!("{url}: {host:?} is not a TLS server name: {e}"))?;
+                let tls = TlsConnector::from(tls.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| super::tls::failed(url, &e))?;
+                Box::new(tls)
+            } else {
+                Box::new(tcp)
+            };
+            tokio_tungstenite::client_async_with_config(request, stream, None)
+                .await
+                .map_err(|e| match e {
+                    tungstenite::Error::Http(response) => format!(
+                        "{url} answered {} instead of a websocket upgrade: is it the service's \
+                         websocket port (--port)?",
+                        response.status()
+                    ),
+                    e => format!("{url}: {e}"),
+                })
+        };
         let (ws, _) = timeout(wait, connecting)
             .await
-            .map_err(|_| format!("{url} did not complete the websocket handshake in {wait:?}"))?
-            .map_err(|e| match e {
-                tungstenite::Error::Http(response) => format!(
-                    "{url} answered {} instead of a websocket upgrade: is it the service's \
-                     websocket port (--port)?",
-                    response.status()
-                ),
-                e => format!("{url}: {e}"),
-            })?;
+            .map_err(|_| format!("{url} did not complete the websocket handshake in {wait:?}"))??;
         Ok(Agent {
             ws,
             wait,

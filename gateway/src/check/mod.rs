@@ -14,22 +14,32 @@
 //! service fails with a reason instead of hanging.
 
 mod agent;
+mod tls;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use autopush_common::http_client::error_chain;
 use autopush_crypto::b64;
 use autopush_crypto::ece::{self, Encoding, Encrypted, SubscriptionKeys};
 use autopush_crypto::vapid::VapidKey;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use reqwest::Url;
 use uuid::Uuid;
 
 use agent::Agent;
 
 pub struct Options {
-    /// The service's websocket URL (`ws://localhost:8080/`).
+    /// The service's websocket URL (`ws://localhost:8080/`, `wss://…`).
     pub url: String,
+    /// A CA certificate (PEM) to trust beyond the system's roots.
+    pub ca: Option<PathBuf>,
     /// The longest any single wait may take.
     pub wait: Duration,
     /// The VAPID `sub` claim of the pushes.
@@ -102,13 +112,8 @@ impl Subscription {
         let endpoint = agent.register(&channel_id, key.as_deref()).await?;
         let endpoint = Url::parse(&endpoint)
             .ok()
-            .filter(|url| url.scheme() == "http")
-            .ok_or_else(|| {
-                format!(
-                    "the pushEndpoint {endpoint:?} is not an http:// URL (this build of \
-                     autopush check has no TLS yet)"
-                )
-            })?;
+            .filter(|url| matches!(url.scheme(), "http" | "https"))
+            .ok_or_else(|| format!("the pushEndpoint {endpoint:?} is not an http(s):// URL"))?;
         Ok(Subscription {
             name,
             channel_id,
@@ -127,9 +132,13 @@ impl Subscription {
     }
 }
 
+/// The most of an answer's body that is read.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
 /// The application server the check plays.
 struct Sender {
-    http: reqwest::Client,
+    http: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    wait: Duration,
     vapid: VapidKey,
     vapid_sub: String,
 }
@@ -150,29 +159,44 @@ impl Sender {
         )
         .map_err(|e| format!("encrypting: {e}"))?;
         let audience = sub.endpoint.origin().ascii_serialization();
-        let mut request = self
-            .http
-            .post(sub.endpoint.clone())
+        let mut request = http::Request::post(sub.endpoint.as_str())
             .header("ttl", "60")
             .header(
                 "authorization",
                 self.vapid.authorization(&audience, &self.vapid_sub),
-            )
-            .body(message.body.clone());
+            );
         for (name, value) in message.http_headers() {
             request = request.header(name, value);
         }
         let where_to = sub.endpoint_shown();
-        let response = request.send().await.map_err(|e| {
+        let request = request
+            .body(Full::new(Bytes::from(message.body)))
+            .map_err(|e| format!("POST {where_to}: {e}"))?;
+        let unreachable = |e: String| {
             format!(
-                "POST {where_to}: {}; the endpoint URL comes from the service's \
-                 --endpoint-url: is it right, and reachable from here?",
-                error_chain(&e.without_url())
+                "POST {where_to}: {e}; the endpoint URL comes from the service's \
+                 --endpoint-url: is it right, and reachable from here?"
             )
-        })?;
-        let status = response.status().as_u16();
-        let body = response.text().await.unwrap_or_default();
-        Ok((status, body))
+        };
+        let answered = async {
+            let response = self.http.request(request).await.map_err(|e| {
+                if sub.endpoint.scheme() == "https" {
+                    unreachable(tls::failed(&where_to, &e))
+                } else {
+                    unreachable(error_chain(&e))
+                }
+            })?;
+            let status = response.status().as_u16();
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
+                .collect()
+                .await
+                .map(|body| String::from_utf8_lossy(&body.to_bytes()).into_owned())
+                .unwrap_or_default();
+            Ok((status, body))
+        };
+        tokio::time::timeout(self.wait, answered)
+            .await
+            .map_err(|_| unreachable(format!("no answer within {:?}", self.wait)))?
     }
 
     /// [`Sender::post`], which must be accepted (201).
@@ -224,21 +248,30 @@ async fn receive(
 /// `None`: stopped at a failure that later checks depend on.
 async fn checks(options: &Options, report: &mut Report) -> Option<()> {
     let wait = options.wait;
-    let http = autopush_common::http_client::builder()
-        .timeout(wait)
-        .connect_timeout(wait)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| println!("FAIL http client: {e}"))
+    let tls = tls::client_config(options.ca.as_deref())
+        .map_err(|e| println!("FAIL {e}"))
         .ok()?;
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(wait));
+    // No redirects are followed: a push answered 3xx fails its check.
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config((*tls).clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(tcp);
     let sender = Sender {
-        http,
+        http: Client::builder(TokioExecutor::new()).build(connector),
+        wait,
         vapid: VapidKey::generate(),
         vapid_sub: options.vapid_sub.clone(),
     };
     let url = options.url.as_str();
 
-    let mut agent = report.check("connect", Agent::connect(url, wait)).await?;
+    let mut agent = report
+        .check("connect", Agent::connect(url, wait, &tls))
+        .await?;
     let uaid = report.check("hello", agent.hello("")).await?;
     let v1 = report
         .check(
@@ -284,7 +317,7 @@ async fn checks(options: &Options, report: &mut Report) -> Option<()> {
         .await?;
     let mut agent = report
         .check("stored delivery on reconnect", async {
-            let mut agent = Agent::connect(url, wait).await?;
+            let mut agent = Agent::connect(url, wait, &tls).await?;
             let again = agent.hello(&uaid).await?;
             if again != uaid {
                 return Err(format!(
