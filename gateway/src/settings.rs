@@ -260,6 +260,202 @@ impl SettingsLayer {
     }
 }
 
+impl SettingsLayer {
+    /// The flags' layer (which carries the environment's values, through
+    /// clap) over the TOML file at `config`, if any: every setting given,
+    /// none defaulted yet.
+    pub fn merged(
+        mut flags: SettingsLayer,
+        config: Option<&std::path::Path>,
+    ) -> Result<SettingsLayer, String> {
+        // autopush's historical name, below AUTOPUSH_CRYPTO_KEY and above the file.
+        if flags.crypto_key.is_none() {
+            flags.crypto_key = std::env::var("CRYPTO_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(Secret::from);
+        }
+        match config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let file = SettingsLayer::from_file(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                flags.over(file)
+            }
+            None => Ok(flags),
+        }
+    }
+
+    /// This layer with every setting that has a default filled in: the
+    /// one place defaults are decided. Settings still unset are off, or
+    /// decided at start-up (keys, `max_connections`).
+    pub fn with_defaults(mut self) -> SettingsLayer {
+        fn or<T>(value: &mut Option<T>, default: impl FnOnce() -> T) {
+            value.get_or_insert_with(default);
+        }
+        or(&mut self.host, || "0.0.0.0".into());
+        or(&mut self.port, || 8080);
+        or(&mut self.router_host, || "127.0.0.1".into());
+        or(&mut self.router_port, || 8081);
+        let router = format!(
+            "http://{}:{}",
+            url_host(self.router_host.as_deref().unwrap_or_default()),
+            self.router_port.unwrap_or_default()
+        );
+        or(&mut self.node_url, || router);
+        or(&mut self.endpoint_port, || 8082);
+        let endpoint = format!(
+            "http://localhost:{}",
+            self.endpoint_port.unwrap_or_default()
+        );
+        or(&mut self.endpoint_url, || endpoint);
+        or(&mut self.db, || "./autopush-data".into());
+        let db = self.db.as_deref().unwrap_or_default();
+        let bigtable = db == "bigtable" || db.starts_with("grpc://");
+        // The table settings are an error on any other store.
+        if db == "dynamodb" {
+            let tables = Tables::default();
+            or(&mut self.router_table, || tables.router);
+            or(&mut self.message_table, || tables.message);
+            or(&mut self.message_table_rotation, || false);
+        }
+        or(&mut self.msg_limit, || 100);
+        or(&mut self.durable_direct, || true);
+        // On Bigtable receipts are off unless asked for: autopush-rs fails
+        // a fetch on a receipt row, and going back to it must stay a swap.
+        or(&mut self.receipt_retention, || {
+            if bigtable { 0 } else { 86_400 }
+        });
+        or(&mut self.max_channels, || 1000);
+        or(&mut self.sweep_interval, || 600.0);
+        or(&mut self.drop_idle_users_after_days, || 60.0);
+        or(&mut self.max_data_bytes, || 5630);
+        or(&mut self.hello_timeout, || 30.0);
+        or(&mut self.auto_ping_interval, || 300.0);
+        or(&mut self.auto_ping_timeout, || 10.0);
+        or(&mut self.min_ping_interval, || 20.0);
+        or(&mut self.ws_send_timeout, || 5.0);
+        or(&mut self.sender_limit, || "1000,10000".into());
+        or(&mut self.subscription_limit, || "10,100".into());
+        or(&mut self.source_ip_limit, || "100,1000".into());
+        or(&mut self.registration_limit, || "1,20".into());
+        or(&mut self.new_uaid_limit, || "1,20".into());
+        or(&mut self.bridge_app_limit, || "5000,10000".into());
+        or(&mut self.limiter_max_keys, || 100_000);
+        or(&mut self.http_header_timeout, || 10.0);
+        or(&mut self.http_idle_timeout, || 75.0);
+        or(&mut self.http_body_timeout, || 30.0);
+        or(&mut self.max_http_connections, || 1024);
+        or(&mut self.vapid_cache_size, || 10_000);
+        or(&mut self.statsd_flush_interval, || 2.0);
+        or(&mut self.statsd_label, || "autopush".into());
+        or(&mut self.log_format, || "human".into());
+        self
+    }
+
+    /// One line per setting, in the order `--help` lists them: `key = value`
+    /// in TOML, or a comment naming a setting that is not set. Secrets
+    /// (the settings whose environment values `--help` hides) show as
+    /// `[redacted]` unless `show_secrets`; so does key material written
+    /// inline in a bridge's tables.
+    pub fn lines(&self, show_secrets: bool) -> Result<Vec<String>, String> {
+        let mut table = toml::Table::try_from(self).map_err(|e| e.to_string())?;
+        let mut lines = Vec::new();
+        for arg in settings_args() {
+            let key = arg.get_id().as_str();
+            match table.remove(key) {
+                Some(mut value) => {
+                    if arg.is_hide_env_values_set() && !show_secrets {
+                        redact(&mut value);
+                    }
+                    lines.push(format!("{key} = {value}"));
+                }
+                None => lines.push(format!("# {key}: not set")),
+            }
+        }
+        // The bridges' file tables (`[fcm.apps.NAME]`), which have no flag.
+        for (key, mut value) in table {
+            if !show_secrets {
+                redact(&mut value);
+            }
+            lines.push(format!("{key} = {value}"));
+        }
+        Ok(lines)
+    }
+}
+
+/// The settings' arguments as clap declares them, bridges' included: each
+/// one's id is its TOML key.
+pub fn settings_args() -> Vec<clap::Arg> {
+    SettingsLayer::augment_args(clap::Command::new("autopush"))
+        .get_arguments()
+        .cloned()
+        .collect()
+}
+
+/// What `[redacted]` replaces: a secret setting's string, and in tables,
+/// inline key material (PEM text starts with `-`, JSON keys with `{`;
+/// paths to key files are shown).
+fn redact(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(_) => *value = toml::Value::String("[redacted]".into()),
+        toml::Value::Table(table) => {
+            for (_, value) in table.iter_mut() {
+                match value {
+                    toml::Value::String(s) if !s.trim_start().starts_with(['-', '{']) => {}
+                    _ => redact(value),
+                }
+            }
+        }
+        toml::Value::Array(values) => values.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// `host` as the host of a URL: an IPv6 address in brackets.
+fn url_host(host: &str) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(ip) => format!("[{ip}]"),
+        Err(_) => host.to_owned(),
+    }
+}
+
+/// Every problem found in the settings, reported together in one error:
+/// an operator fixes them all in one go, not one per run.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    pub fn add(&mut self, problem: String) {
+        self.0.push(problem);
+    }
+
+    /// `result`'s value; or, its error noted, `stand_in`.
+    pub fn take<T>(&mut self, result: Result<T, String>, stand_in: T) -> T {
+        result.unwrap_or_else(|problem| {
+            self.add(problem);
+            stand_in
+        })
+    }
+
+    /// `value` if no problem was found, else the error naming them all.
+    pub fn or<T>(self, value: T) -> Result<T, String> {
+        match self.0.as_slice() {
+            [] => Ok(value),
+            [one] => Err(one.clone()),
+            many => Err(format!(
+                "{} problems with the settings:\n{}",
+                many.len(),
+                many.iter()
+                    .map(|p| format!("  - {p}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )),
+        }
+    }
+}
+
 /// Where settings live: the embedded store in a directory, DynamoDB, or
 /// Bigtable.
 #[derive(Clone, Debug, PartialEq)]
@@ -348,8 +544,7 @@ pub struct Settings {
     pub bridges: BridgeSettings,
 }
 
-fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
-    let value = value.unwrap_or(default);
+fn seconds(name: &str, value: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| format!("{name} must be a non-negative number of seconds"))
 }
@@ -369,8 +564,8 @@ pub struct RateLimits {
 
 /// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
 /// for no limit.
-fn rate(name: &str, value: Option<&str>, default: &str) -> Result<Option<Rate>, String> {
-    let value = value.unwrap_or(default).trim();
+fn rate(name: &str, value: &str) -> Result<Option<Rate>, String> {
+    let value = value.trim();
     let (per_second, burst) = value.split_once(',').unwrap_or((value, value));
     let number = |v: &str| {
         v.trim()
@@ -424,9 +619,10 @@ fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String
         .collect()
 }
 
-/// A timeout that cannot be zero (it would close every connection at once).
-fn timeout(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
-    match seconds(name, value, default)? {
+/// A timeout or interval that cannot be zero (a timeout would close every
+/// connection at once, an interval spin).
+fn timeout(name: &str, value: f64) -> Result<Duration, String> {
+    match seconds(name, value)? {
         d if d.is_zero() => Err(format!("{name} must be more than 0 seconds")),
         d => Ok(d),
     }
@@ -434,48 +630,39 @@ fn timeout(name: &str, value: Option<f64>, default: f64) -> Result<Duration, Str
 
 impl Settings {
     /// Resolve `flags` (which already carry env values, via clap) over the
-    /// TOML file at `config`, if any, over the defaults.
+    /// TOML file at `config`, if any, over the defaults. Every problem
+    /// with the settings is named in the one error.
     pub fn resolve(
-        mut flags: SettingsLayer,
+        flags: SettingsLayer,
         config: Option<&std::path::Path>,
     ) -> Result<Settings, String> {
-        // autopush's historical name, below AUTOPUSH_CRYPTO_KEY and above the file.
-        if flags.crypto_key.is_none() {
-            flags.crypto_key = std::env::var("CRYPTO_KEY")
-                .ok()
-                .filter(|k| !k.is_empty())
-                .map(Secret::from);
-        }
-        let layer = match config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let file = SettingsLayer::from_file(&text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                flags.over(file)?
-            }
-            None => flags,
-        };
-        Settings::from_layer(layer)
+        Settings::from_layer(SettingsLayer::merged(flags, config)?)
     }
 
     pub fn from_layer(l: SettingsLayer) -> Result<Settings, String> {
-        let router_host = l.router_host.unwrap_or_else(|| "127.0.0.1".into());
-        let router_port = l.router_port.unwrap_or(8081);
-        let endpoint_port = l.endpoint_port.unwrap_or(8082);
-        let node_url = l
-            .node_url
-            .unwrap_or_else(|| format!("http://{router_host}:{router_port}"));
-        let endpoint_url = l
-            .endpoint_url
-            .unwrap_or_else(|| format!("http://localhost:{endpoint_port}"));
+        let (settings, problems) = Settings::checked(l);
+        problems.or(settings)
+    }
+
+    /// The settings of `l` with its defaults, and every problem found in
+    /// them. Where a setting is wrong its default stands in, so that the
+    /// settings after it are still checked.
+    pub fn checked(l: SettingsLayer) -> (Settings, Problems) {
+        let l = l.with_defaults();
+        let mut p = Problems::default();
+        // Every setting with a default has it now (`with_defaults`); an
+        // `unwrap_or_default` below reads a setting that has one.
+        let endpoint_url = l.endpoint_url.unwrap_or_default();
         let endpoint_url = endpoint_url.trim_end_matches('/').to_owned();
         if !(endpoint_url.starts_with("http://") || endpoint_url.starts_with("https://")) {
-            return Err(format!(
+            p.add(format!(
                 "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
             ));
         }
-        let db = db_from(l.db.as_deref(), l.db_settings.as_deref())?;
+        let db = p.take(
+            db_from(l.db.as_deref(), l.db_settings.as_deref()),
+            Db::Embedded(PathBuf::from(l.db.clone().unwrap_or_default())),
+        );
         if db != Db::DynamoDb {
             for (name, given) in [
                 ("router_table", l.router_table.is_some()),
@@ -483,7 +670,7 @@ impl Settings {
                 ("message_table_rotation", l.message_table_rotation.is_some()),
             ] {
                 if given {
-                    return Err(format!("{name} applies to --db dynamodb only"));
+                    p.add(format!("{name} applies to --db dynamodb only"));
                 }
             }
         }
@@ -491,7 +678,7 @@ impl Settings {
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
             message: l.message_table.unwrap_or(defaults.message),
-            rotate_messages: l.message_table_rotation.unwrap_or(false),
+            rotate_messages: l.message_table_rotation.unwrap_or_default(),
         };
         for name in [&tables.router, &tables.message] {
             let valid = (3..=255).contains(&name.len())
@@ -499,115 +686,142 @@ impl Settings {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
             if !valid {
-                return Err(format!(
+                p.add(format!(
                     "router_table/message_table: {name:?} is not a DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .)"
                 ));
             }
         }
         let log_format = match l.log_format.as_deref() {
-            None | Some("human") => LogFormat::Human,
             Some("json") => LogFormat::Json,
-            Some(other) => return Err(format!("log_format must be human or json, got {other:?}")),
+            Some("human") | None => LogFormat::Human,
+            Some(other) => {
+                p.add(format!("log_format must be human or json, got {other:?}"));
+                LogFormat::Human
+            }
         };
-        // On Bigtable receipts are off unless asked for: autopush-rs fails a
-        // fetch on a receipt row, and going back to it must stay a swap.
-        let receipt_retention = l.receipt_retention.unwrap_or(match db {
-            Db::Bigtable(_) => 0,
-            _ => 86_400,
-        });
-        Ok(Settings {
-            host: l.host.unwrap_or_else(|| "0.0.0.0".into()),
-            port: l.port.unwrap_or(8080),
-            router_host,
-            router_port,
-            node_url: node_url.trim_end_matches('/').to_owned(),
-            endpoint_port,
+        let at_least_1 = |p: &mut Problems, name: &str, value: Option<usize>| match value {
+            Some(0) => {
+                p.add(format!("{name} must be at least 1"));
+                1
+            }
+            other => other.unwrap_or_default(),
+        };
+        let mut secs = |name: &str, value: Option<f64>| {
+            p.take(seconds(name, value.unwrap_or_default()), Duration::MAX)
+        };
+        let hello_timeout = secs("hello_timeout", l.hello_timeout);
+        let auto_ping_interval = secs("auto_ping_interval", l.auto_ping_interval);
+        let auto_ping_timeout = secs("auto_ping_timeout", l.auto_ping_timeout);
+        let min_ping_interval = secs("min_ping_interval", l.min_ping_interval);
+        let mut nonzero = |name: &str, value: Option<f64>| {
+            p.take(timeout(name, value.unwrap_or_default()), Duration::MAX)
+        };
+        let sweep_interval = nonzero("sweep_interval", l.sweep_interval);
+        let statsd_flush_interval = nonzero("statsd_flush_interval", l.statsd_flush_interval);
+        let ws_send_timeout = nonzero("ws_send_timeout", l.ws_send_timeout);
+        let http_header_timeout = nonzero("http_header_timeout", l.http_header_timeout);
+        let http_idle_timeout = nonzero("http_idle_timeout", l.http_idle_timeout);
+        let http_body_timeout = nonzero("http_body_timeout", l.http_body_timeout);
+        let drop_idle_users_after = match l.drop_idle_users_after_days.unwrap_or_default() {
+            0.0 => None,
+            days => p
+                .take(
+                    Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
+                        "drop_idle_users_after_days must be a non-negative number".to_string()
+                    }),
+                    Duration::ZERO,
+                )
+                .into(),
+        };
+        let mut rate_of = |name: &str, value: Option<String>| {
+            p.take(rate(name, &value.unwrap_or_default()), None)
+        };
+        let rates = [
+            rate_of("sender_limit", l.sender_limit),
+            rate_of("subscription_limit", l.subscription_limit),
+            rate_of("source_ip_limit", l.source_ip_limit),
+            rate_of("registration_limit", l.registration_limit),
+            rate_of("new_uaid_limit", l.new_uaid_limit),
+            rate_of("bridge_app_limit", l.bridge_app_limit),
+        ];
+        let [
+            sender,
+            subscription,
+            source_ip,
+            registration,
+            new_uaid,
+            bridge_app,
+        ] = rates;
+        let limits = RateLimits {
+            sender,
+            subscription,
+            source_ip,
+            registration,
+            new_uaid,
+            bridge_app,
+            max_keys: at_least_1(&mut p, "limiter_max_keys", l.limiter_max_keys),
+            trusted_proxies: p.take(trusted_proxies(l.trusted_proxies.as_deref()), Vec::new()),
+        };
+        let http = HttpLimits {
+            header_timeout: http_header_timeout,
+            idle_timeout: http_idle_timeout,
+            body_timeout: http_body_timeout,
+            max_connections: at_least_1(&mut p, "max_http_connections", l.max_http_connections),
+        };
+        let settings = Settings {
+            host: l.host.unwrap_or_default(),
+            port: l.port.unwrap_or_default(),
+            router_host: l.router_host.unwrap_or_default(),
+            router_port: l.router_port.unwrap_or_default(),
+            node_url: l
+                .node_url
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .to_owned(),
+            endpoint_port: l.endpoint_port.unwrap_or_default(),
             endpoint_url,
             db,
             tables,
             crypto_key: l.crypto_key,
             auth_key: l.auth_key,
             router_key: l.router_key,
-            msg_limit: l.msg_limit.unwrap_or(100),
-            durable_direct: l.durable_direct.unwrap_or(true),
-            receipt_retention,
-            max_channels: match l.max_channels {
-                Some(0) => return Err("max_channels must be at least 1".into()),
-                other => other.unwrap_or(1000),
-            },
-            sweep_interval: match seconds("sweep_interval", l.sweep_interval, 600.0)? {
-                d if d.is_zero() => return Err("sweep_interval must be more than 0".into()),
-                d => d,
-            },
-            drop_idle_users_after: match l.drop_idle_users_after_days.unwrap_or(60.0) {
-                0.0 => None,
-                days => Some(Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
-                    "drop_idle_users_after_days must be a non-negative number".to_string()
-                })?),
-            },
-            max_data_bytes: l.max_data_bytes.unwrap_or(5630),
-            hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
-            auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,
-            auto_ping_timeout: seconds("auto_ping_timeout", l.auto_ping_timeout, 10.0)?,
-            min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 20.0)?,
+            msg_limit: l.msg_limit.unwrap_or_default(),
+            durable_direct: l.durable_direct.unwrap_or_default(),
+            receipt_retention: l.receipt_retention.unwrap_or_default(),
+            max_channels: at_least_1(&mut p, "max_channels", l.max_channels),
+            sweep_interval,
+            drop_idle_users_after,
+            max_data_bytes: l.max_data_bytes.unwrap_or_default(),
+            hello_timeout,
+            auto_ping_interval,
+            auto_ping_timeout,
+            min_ping_interval,
             max_connections: match l.max_connections {
-                Some(0) => return Err("max_connections must be at least 1".into()),
+                Some(0) => {
+                    p.add("max_connections must be at least 1".into());
+                    None
+                }
                 other => other,
             },
-            ws_send_timeout: timeout("ws_send_timeout", l.ws_send_timeout, 5.0)?,
-            limits: RateLimits {
-                sender: rate("sender_limit", l.sender_limit.as_deref(), "1000,10000")?,
-                subscription: rate(
-                    "subscription_limit",
-                    l.subscription_limit.as_deref(),
-                    "10,100",
-                )?,
-                source_ip: rate("source_ip_limit", l.source_ip_limit.as_deref(), "100,1000")?,
-                registration: rate(
-                    "registration_limit",
-                    l.registration_limit.as_deref(),
-                    "1,20",
-                )?,
-                new_uaid: rate("new_uaid_limit", l.new_uaid_limit.as_deref(), "1,20")?,
-                bridge_app: rate(
-                    "bridge_app_limit",
-                    l.bridge_app_limit.as_deref(),
-                    "5000,10000",
-                )?,
-                max_keys: match l.limiter_max_keys {
-                    Some(0) => return Err("limiter_max_keys must be at least 1".into()),
-                    other => other.unwrap_or(100_000),
-                },
-                trusted_proxies: trusted_proxies(l.trusted_proxies.as_deref())?,
-            },
-            http: HttpLimits {
-                header_timeout: timeout("http_header_timeout", l.http_header_timeout, 10.0)?,
-                idle_timeout: timeout("http_idle_timeout", l.http_idle_timeout, 75.0)?,
-                body_timeout: timeout("http_body_timeout", l.http_body_timeout, 30.0)?,
-                max_connections: match l.max_http_connections {
-                    Some(0) => return Err("max_http_connections must be at least 1".into()),
-                    other => other.unwrap_or(1024),
-                },
-            },
-            unsigned_node_calls_from: networks(
-                "unsigned_node_calls_from",
-                l.unsigned_node_calls_from.as_deref(),
-            )?,
-            vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
+            ws_send_timeout,
+            limits,
+            http,
+            unsigned_node_calls_from: p.take(
+                networks(
+                    "unsigned_node_calls_from",
+                    l.unsigned_node_calls_from.as_deref(),
+                ),
+                Vec::new(),
+            ),
+            vapid_cache_size: l.vapid_cache_size.unwrap_or_default(),
             metrics_port: l.metrics_port,
-            statsd: l.statsd_host.as_deref().map(parse_statsd).transpose()?,
-            statsd_flush_interval: match seconds(
-                "statsd_flush_interval",
-                l.statsd_flush_interval,
-                2.0,
-            )? {
-                d if d.is_zero() => return Err("statsd_flush_interval must be more than 0".into()),
-                d => d,
-            },
-            statsd_label: l.statsd_label.unwrap_or_else(|| "autopush".into()),
+            statsd: p.take(l.statsd_host.as_deref().map(parse_statsd).transpose(), None),
+            statsd_flush_interval,
+            statsd_label: l.statsd_label.unwrap_or_default(),
             log_format,
             bridges: l.bridges,
-        })
+        };
+        (settings, p)
     }
 
     /// The VAPID `aud` senders must use: the origin of `endpoint_url`.
