@@ -5,9 +5,12 @@
 //! env) and the TOML file schema, so the two can never drift apart; an
 //! unknown key in the file is an error at start-up. Layers are merged
 //! through serde ([`SettingsLayer::over`]), so every field is merged without
-//! being named: a new setting is a field here, a field in [`Settings`] and
-//! its line in [`Settings::from_layer`]. A bridge's settings are its crate's
-//! section, flattened in through [`crate::bridges::BridgeSettings`].
+//! being named: a new setting is a field here, its default in
+//! [`SettingsLayer::with_defaults`], a field in [`Settings`] and its line in
+//! [`Settings::checked`]; then regenerate docs/settings.md and
+//! packaging/autopush.toml (see [`crate::reference`]). A bridge's settings
+//! are its crate's section, flattened in through
+//! [`crate::bridges::BridgeSettings`].
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -28,13 +31,15 @@ use serde::{Deserialize, Serialize};
 // through the flattened bridge sections.
 #[serde(rename_all = "snake_case")]
 pub struct SettingsLayer {
-    /// Address the public ports (websocket, endpoint) listen on [default: 0.0.0.0]
+    /// Address the public ports (websocket, endpoint) listen on: an IP
+    /// address (IPv6 bare or in brackets, `::` or `[::]`) or a name,
+    /// resolved at start-up and listened on at every address it has [default: 0.0.0.0]
     #[arg(long, env = "AUTOPUSH_HOST", global = true)]
     pub host: Option<String>,
     /// Websocket port for user agents [default: 8080]
     #[arg(long, env = "AUTOPUSH_PORT", global = true)]
     pub port: Option<u16>,
-    /// Address the internal router API listens on [default: 127.0.0.1]
+    /// Address the internal router API listens on, written as --host is [default: 127.0.0.1]
     #[arg(long, env = "AUTOPUSH_ROUTER_HOST", global = true)]
     pub router_host: Option<String>,
     /// Internal router API port (never expose publicly) [default: 8081]
@@ -200,8 +205,9 @@ pub struct SettingsLayer {
     /// response once its socket is full [default: 30]
     #[arg(long, env = "AUTOPUSH_HTTP_BODY_TIMEOUT", global = true)]
     pub http_body_timeout: Option<f64>,
-    /// Most HTTP connections open at once on each port (websockets count
-    /// only during their handshake); more are answered 503 [default: 1024]
+    /// Most HTTP connections open at once on each port, and on each address
+    /// of a host name (websockets count only during their handshake); more
+    /// are answered 503 [default: 1024]
     #[arg(long, env = "AUTOPUSH_MAX_HTTP_CONNECTIONS", global = true)]
     pub max_http_connections: Option<usize>,
     /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
@@ -659,10 +665,10 @@ impl Settings {
                 "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
             ));
         }
-        let db = p.take(
-            db_from(l.db.as_deref(), l.db_settings.as_deref()),
-            Db::Embedded(PathBuf::from(l.db.clone().unwrap_or_default())),
-        );
+        // Standing in for a store whose settings are wrong: the same store,
+        // or another shared one, so that no check after it is misled.
+        let stand_in = db_from(l.db.as_deref(), None).unwrap_or(Db::DynamoDb);
+        let db = p.take(db_from(l.db.as_deref(), l.db_settings.as_deref()), stand_in);
         if db != Db::DynamoDb {
             for (name, given) in [
                 ("router_table", l.router_table.is_some()),
@@ -974,6 +980,45 @@ mod tests {
             std::fs::write(&path, file).unwrap();
             let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
             assert!(err.contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_problem_is_named_in_one_error() {
+        let layer = SettingsLayer {
+            log_format: Some("xml".into()),
+            max_channels: Some(0),
+            sender_limit: Some("fast".into()),
+            db: Some("grpc://h:1".into()),
+            ..Default::default()
+        };
+        let err = Settings::from_layer(layer).unwrap_err();
+        assert!(err.starts_with("4 problems with the settings:"), "{err}");
+        for name in ["log_format", "max_channels", "sender_limit", "table_name"] {
+            assert!(err.contains(name), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn lines_redact_secrets_and_inline_key_material() {
+        let mut layer = SettingsLayer {
+            auth_key: Some(Secret::new("auth-secret-2")),
+            ..Default::default()
+        };
+        layer.bridges.apns.apns = Some(
+            autopush_apns::settings::ApnsSettings::from_json(
+                r#"{"a": {"key": "-----BEGIN secret-pem", "key_id": "K", "team_id": "T", "topic": "t"},
+                    "b": {"key": "/etc/apns/b.p8", "key_id": "K", "team_id": "T", "topic": "t"}}"#,
+            )
+            .unwrap(),
+        );
+        let lines = layer.with_defaults().lines(false).unwrap().join("\n");
+        assert!(lines.contains("auth_key = \"[redacted]\""), "{lines}");
+        assert!(lines.contains("/etc/apns/b.p8"), "{lines}");
+        assert!(lines.contains("# crypto_key: not set"), "{lines}");
+        assert!(lines.contains("port = 8080"), "{lines}");
+        for secret in ["auth-secret-2", "secret-pem"] {
+            assert!(!lines.contains(secret), "{secret} in {lines}");
         }
     }
 
