@@ -196,9 +196,13 @@ fn print_config(layer: &SettingsLayer, show_secrets: bool) -> ExitCode {
 /// where one line of 60 settings would be unreadable. Secrets redacted.
 fn log_settings(layer: &SettingsLayer) {
     match layer.lines(false) {
-        Ok(lines) => lines
-            .iter()
-            .for_each(|line| tracing::info!("setting {line}")),
+        Ok(lines) => {
+            for line in &lines {
+                // `# key: not set` reads as `setting key: not set`.
+                let line = line.strip_prefix("# ").unwrap_or(line);
+                tracing::info!("setting {line}");
+            }
+        }
         Err(e) => tracing::warn!("cannot show the settings: {e}"),
     }
 }
