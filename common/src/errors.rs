@@ -67,6 +67,12 @@ pub enum ApiError {
     BridgeUnavailable { retry_after: u64 },
     #[error("Not found")]
     NotFound,
+    /// A receipt asked of a service that keeps none (`--receipt-retention 0`).
+    #[error(
+        "Receipts are off on this service (receipt_retention is 0): the push was accepted, \
+         but what became of it is not kept"
+    )]
+    ReceiptsOff,
     /// A known path asked with a method it does not take (`allowed`).
     #[error("Method not allowed: this path takes {allowed} only")]
     MethodNotAllowed { allowed: &'static str },
@@ -92,7 +98,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         use ApiError::*;
         match self {
-            InvalidToken | InvalidMessageId | NotFound => StatusCode::NOT_FOUND,
+            InvalidToken | InvalidMessageId | NotFound | ReceiptsOff => StatusCode::NOT_FOUND,
             NoUser | NoSubscription | DeviceGone => StatusCode::GONE,
             BridgeAuthentication | BridgeConnect(_) | BridgeTimeout => StatusCode::BAD_GATEWAY,
             PayloadTooLarge(_) | BridgePayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -108,7 +114,8 @@ impl ApiError {
     pub fn errno(&self) -> u16 {
         use ApiError::*;
         match self {
-            InvalidToken | InvalidMessageId | NotFound => 102,
+            // "Invalid URL endpoint": the one errno of a 404.
+            InvalidToken | InvalidMessageId | NotFound | ReceiptsOff => 102,
             NoUser => 103,
             PayloadTooLarge(_) | BridgePayloadTooLarge(_) => 104,
             NoSubscription | DeviceGone => 106,

@@ -30,9 +30,9 @@ use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::endpoint::{self, EndpointState};
-use crate::keys::{self, Key, Missing};
+use crate::keys::{self, Key, Planned};
 use crate::limits;
-use crate::settings::{Db, Settings};
+use crate::settings::{Db, Problems, Settings};
 use crate::vapid::VapidVerifier;
 
 /// The roles a process plays.
@@ -90,22 +90,9 @@ async fn answering<S: Storage + 'static>(store: S, db: &str) -> Result<Arc<dyn S
 /// the directory and says what is wrong with it.
 pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
     let name = dir.display();
-    match std::fs::metadata(dir) {
-        Ok(meta) if !meta.is_dir() => {
-            return Err(format!(
-                "--db {name}: not a directory (the embedded store needs a directory, \
-                 or give `--db dynamodb`)"
-            ));
-        }
-        Ok(_) => {
-            let probe = dir.join(format!(".write-check-{}", std::process::id()));
-            std::fs::write(&probe, b"")
-                .and_then(|()| std::fs::remove_file(&probe))
-                .map_err(|e| format!("--db {name}: the data directory cannot be written: {e}"))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(dir)
-            .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?,
-        Err(e) => return Err(format!("--db {name}: cannot use the data directory: {e}")),
+    if !check_data_dir(dir)? {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?;
     }
     let store = EmbeddedStore::open(dir).map_err(|e| format!("--db {name}: {e}"))?;
     // A relative --db depends on where the service was started from: say
@@ -113,6 +100,37 @@ pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
     let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
     info!(data_dir = %absolute.display(), "embedded store open");
     Ok(store)
+}
+
+/// Whether the embedded store's directory exists, checked without making
+/// it: an existing one must be a directory this process can write (a probe
+/// file is written and removed), a missing one must lie under a directory.
+fn check_data_dir(dir: &Path) -> Result<bool, String> {
+    let name = dir.display();
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => Err(format!(
+            "--db {name}: not a directory (the embedded store needs a directory, \
+             or give `--db dynamodb`)"
+        )),
+        Ok(_) => {
+            let probe = dir.join(format!(".write-check-{}", std::process::id()));
+            std::fs::write(&probe, b"")
+                .and_then(|()| std::fs::remove_file(&probe))
+                .map_err(|e| format!("--db {name}: the data directory cannot be written: {e}"))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
+            match absolute.ancestors().skip(1).find(|a| a.exists()) {
+                Some(parent) if !parent.is_dir() => Err(format!(
+                    "--db {name}: cannot create the data directory: {} is not a directory",
+                    parent.display()
+                )),
+                _ => Ok(false),
+            }
+        }
+        Err(e) => Err(format!("--db {name}: cannot use the data directory: {e}")),
+    }
 }
 
 /// Refuse settings that cannot work in `mode`: split mode on the embedded
@@ -208,27 +226,59 @@ fn refresh_last_connect(drop_idle_users_after: Option<Duration>) -> Duration {
     drop_idle_users_after.map_or(daily, |after| daily.min(after / 4))
 }
 
-async fn bind(host: &str, port: u16, what: &str) -> Result<TcpListener, String> {
-    let addr: SocketAddr = format!("{host}:{port}")
-        .parse()
-        .map_err(|e| format!("{what}: bad listen address {host}:{port}: {e}"))?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
-    info!("{what} listening on {addr}");
-    Ok(listener)
+/// A listener on `port` at each of `addresses` (those of one host setting).
+async fn bind(addresses: &[IpAddr], port: u16, what: &str) -> Result<Vec<TcpListener>, String> {
+    let mut listeners = Vec::new();
+    for ip in addresses {
+        let addr = SocketAddr::new(*ip, port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
+        let bound = listener.local_addr().unwrap_or(addr);
+        info!("{what} listening on {bound}");
+        listeners.push(listener);
+    }
+    Ok(listeners)
 }
 
-/// The key(s) that sign and check internal router API calls. A key
-/// generated into the data directory is known to this machine only, so a
-/// router API that other machines can reach needs a configured, shared one.
+/// The addresses `--host` or `--router-host` (`setting`) names: an IP
+/// address (IPv6 bare or in brackets, as in `::` or `[::1]`), or a name,
+/// resolved at start-up: the service listens on every address it has
+/// (`localhost`: 127.0.0.1 and ::1 where both are configured).
+fn listen_addresses(setting: &str, host: &str) -> Result<Vec<IpAddr>, String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Ok(vec![ip]);
+    }
+    let unresolved = |why: String| format!("{setting} {host}: cannot resolve the name: {why}");
+    let resolved = std::net::ToSocketAddrs::to_socket_addrs(&(bare, 0))
+        .map_err(|e| unresolved(e.to_string()))?;
+    let mut addresses = Vec::new();
+    for addr in resolved {
+        if !addresses.contains(&addr.ip()) {
+            addresses.push(addr.ip());
+        }
+    }
+    match addresses.is_empty() {
+        true => Err(unresolved("no address".into())),
+        false => Ok(addresses),
+    }
+}
+
+/// Where the key(s) that sign and check internal router API calls come
+/// from. A key generated into the data directory is known to this machine
+/// only, so a router API that other machines can reach needs a
+/// configured, shared one.
 fn router_keys(
     settings: &Settings,
     mode: Mode,
-    data_dir: Option<&std::path::Path>,
-) -> Result<Vec<String>, String> {
-    let host = settings.router_host.trim_matches(|c| c == '[' || c == ']');
-    let loopback = host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    router_hosts: &[IpAddr],
+    data_dir: Option<&Path>,
+) -> Result<Planned, String> {
+    let loopback = router_hosts.iter().all(IpAddr::is_loopback);
     if mode.connection() && !loopback && settings.router_key.is_none() {
         return Err(format!(
             "--router-host {} lets other machines call the internal router API: give every \
@@ -236,12 +286,90 @@ fn router_keys(
             settings.router_host
         ));
     }
-    keys::resolve(
-        Key::Router,
-        settings.router_key.as_ref(),
-        data_dir,
-        Missing::Generate,
-    )
+    keys::plan(Key::Router, settings.router_key.as_ref(), data_dir)
+}
+
+/// Start-up's findings, every setting and key checked before anything was
+/// touched: no directory made, no key written, no store opened, no port
+/// bound. [`Checked::start`] does those.
+pub struct Checked {
+    mode: Mode,
+    settings: Settings,
+    crypto: Planned,
+    auth: Option<Planned>,
+    router: Planned,
+    /// The addresses of `--host` and of `--router-host`.
+    hosts: Vec<IpAddr>,
+    router_hosts: Vec<IpAddr>,
+    /// The certificate of the public ports, if they speak TLS.
+    tls: Option<Arc<Certificates>>,
+    bridges: RouterRegistry,
+    serves: String,
+}
+
+/// Check everything `mode` needs from `settings` (with the `problems`
+/// already found in them), touching nothing: one error names every
+/// problem.
+pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<Checked, String> {
+    problems.take(check_mode(mode, &settings), ());
+    let data_dir = match (&settings.db, mode) {
+        (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
+        _ => None,
+    };
+    if let Some(dir) = data_dir {
+        problems.take(check_data_dir(dir).map(drop), ());
+    }
+    let hosts = problems.take(listen_addresses("--host", &settings.host), Vec::new());
+    let router_hosts = match mode.connection() || settings.metrics_port.is_some() {
+        true => problems.take(
+            listen_addresses("--router-host", &settings.router_host),
+            Vec::new(),
+        ),
+        false => Vec::new(),
+    };
+    let none = || Planned::Ready(Vec::new());
+    let crypto = keys::plan(Key::Crypto, settings.crypto_key.as_ref(), data_dir);
+    let crypto = problems.take(
+        crypto.and_then(|planned| match &planned {
+            Planned::Ready(keys) => EndpointCrypto::new(keys, &settings.endpoint_url)
+                .map(|_| planned)
+                .map_err(|e| format!("--crypto-key (AUTOPUSH_CRYPTO_KEY): {e}")),
+            Planned::Generate(..) => Ok(planned),
+        }),
+        none(),
+    );
+    let auth = match mode.endpoint() {
+        true => Some(problems.take(
+            keys::plan(Key::Auth, settings.auth_key.as_ref(), data_dir),
+            none(),
+        )),
+        false => None,
+    };
+    let router = problems.take(
+        router_keys(&settings, mode, &router_hosts, data_dir),
+        none(),
+    );
+    let tls = match &settings.tls {
+        Some(files) => problems.take(Certificates::load(files).map(Some), None),
+        None => None,
+    };
+    let (bridges, serves) = problems.take(
+        crate::bridges::bridges(&settings.bridges, &bridge_limits(&settings)),
+        (RouterRegistry::default(), String::new()),
+    );
+    let checked = Checked {
+        mode,
+        settings,
+        crypto,
+        auth,
+        router,
+        hosts,
+        router_hosts,
+        tls,
+        bridges,
+        serves,
+    };
+    problems.or(checked)
 }
 
 /// A started service: its servers run until [`Running::wait`] returns or the
@@ -267,93 +395,98 @@ pub async fn start(
     settings: &Settings,
     bridges: RouterRegistry,
 ) -> Result<Running, String> {
-    check_mode(mode, settings)?;
-    // Before anything is made or bound: a bad certificate stops start-up here.
-    let tls = settings.tls.as_ref().map(Certificates::load).transpose()?;
-    let (configured, serves) =
-        crate::bridges::bridges(&settings.bridges, &bridge_limits(settings))?;
-    let bridges = configured.extend(bridges);
-    let metrics = crate::metrics::install(
-        settings.statsd.as_ref(),
-        &settings.statsd_label,
-        settings.statsd_flush_interval,
-    )?;
-    let storage = open_storage(settings).await?;
-    let data_dir = match (&settings.db, mode) {
-        (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
-        _ => None,
-    };
-    let crypto_keys = keys::resolve(
-        Key::Crypto,
-        settings.crypto_key.as_ref(),
-        data_dir,
-        Missing::Generate,
-    )?;
-    let shared = Shared {
-        crypto: Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?),
-        nodes: NodeClient::new(NodeKeys::new(&router_keys(settings, mode, data_dir)?)?),
-        health: HealthCheck::new(storage.clone()),
-        storage,
-    };
+    check(mode, settings.clone(), Problems::default())?
+        .start(bridges)
+        .await
+}
 
-    let mut servers = JoinSet::new();
-    servers.spawn(
-        tls::reloader(tls.clone(), tls::POLL_EVERY)
-            .map_err(|e| format!("cannot handle SIGHUP: {e}"))?,
-    );
-    // Both public ports speak HTTP/1.1 only (see autopush_serving::http).
-    let tls = tls.map(|certs| certs.acceptor(&[b"http/1.1"]));
-    servers.spawn(autopush_storage::sweeper::run(
-        shared.storage.clone(),
-        autopush_storage::sweeper::SweepSettings {
-            interval: settings.sweep_interval,
-            drop_idle_users_after: settings.drop_idle_users_after,
-        },
-    ));
-    let mut clients = None;
-    if mode.connection() {
-        let tls = tls.clone();
-        clients = Some(start_connection(settings, &shared, &metrics, tls, &mut servers).await?);
-    }
-    if let Some(port) = settings.metrics_port {
-        let listener = bind(&settings.router_host, port, "metrics").await?;
-        servers.spawn(crate::metrics::serve(listener, metrics, settings.http));
-    }
-    if mode.endpoint() {
-        // In all-in-one mode the webpush router hands notifications to the
-        // local connection node directly instead of over HTTP.
-        let local = clients.clone().map(|c| c as Arc<dyn LocalNode>);
-        let auth_keys = keys::resolve(
-            Key::Auth,
-            settings.auth_key.as_ref(),
-            data_dir,
-            Missing::Generate,
-        )?;
-        info!("{serves}");
-        start_endpoint(
+impl Checked {
+    /// Make what is missing (the data directory, all-in-one keys), open
+    /// the store, bind the ports and serve. `bridges` as for [`start`].
+    pub async fn start(self, bridges: RouterRegistry) -> Result<Running, String> {
+        let Checked {
+            mode,
             settings,
-            shared,
-            bridges,
-            local,
-            &auth_keys,
+            crypto,
+            auth,
+            router,
+            hosts,
+            router_hosts,
             tls,
-            &mut servers,
-        )
-        .await?;
+            bridges: configured,
+            serves,
+        } = self;
+        let settings = &settings;
+        let bridges = configured.extend(bridges);
+        let metrics = crate::metrics::install(
+            settings.statsd.as_ref(),
+            &settings.statsd_label,
+            settings.statsd_flush_interval,
+        )?;
+        let storage = open_storage(settings).await?;
+        let crypto_keys = crypto.load()?;
+        let shared = Shared {
+            crypto: Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?),
+            nodes: NodeClient::new(NodeKeys::new(&router.load()?)?),
+            health: HealthCheck::new(storage.clone()),
+            storage,
+        };
+
+        let mut servers = JoinSet::new();
+        servers.spawn(
+            tls::reloader(tls.clone(), tls::POLL_EVERY)
+                .map_err(|e| format!("cannot handle SIGHUP: {e}"))?,
+        );
+        // Both public ports speak HTTP/1.1 only (see autopush_serving::http).
+        let tls = tls.map(|certs| certs.acceptor(&[b"http/1.1"]));
+        servers.spawn(autopush_storage::sweeper::run(
+            shared.storage.clone(),
+            autopush_storage::sweeper::SweepSettings {
+                interval: settings.sweep_interval,
+                drop_idle_users_after: settings.drop_idle_users_after,
+            },
+        ));
+        let mut clients = None;
+        if mode.connection() {
+            let listen = (&hosts[..], &router_hosts[..]);
+            let tls = tls.clone();
+            clients = Some(
+                start_connection(settings, listen, &shared, &metrics, tls, &mut servers).await?,
+            );
+        }
+        if let Some(port) = settings.metrics_port {
+            for listener in bind(&router_hosts, port, "metrics").await? {
+                servers.spawn(crate::metrics::serve(
+                    listener,
+                    metrics.clone(),
+                    settings.http,
+                ));
+            }
+        }
+        if let Some(auth) = auth {
+            // In all-in-one mode the webpush router hands notifications to the
+            // local connection node directly instead of over HTTP.
+            let local = clients.clone().map(|c| c as Arc<dyn LocalNode>);
+            let auth_keys = auth.load()?;
+            info!("{serves}");
+            let roles = (shared, bridges, local);
+            start_endpoint(settings, &hosts, roles, &auth_keys, tls, &mut servers).await?;
+        }
+        if mode.connection() {
+            info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
+        } else {
+            // An endpoint node has no router API, so no node URL of its own.
+            info!(endpoint_url = %settings.endpoint_url, ?mode, "autopush running");
+        }
+        Ok(Running { servers, clients })
     }
-    if mode.connection() {
-        info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
-    } else {
-        // An endpoint node has no router API, so no node URL of its own.
-        info!(endpoint_url = %settings.endpoint_url, ?mode, "autopush running");
-    }
-    Ok(Running { servers, clients })
 }
 
 /// The connection role: the websocket port and the internal router API.
 /// Returns the registry of the clients connected here.
 async fn start_connection(
     settings: &Settings,
+    (hosts, router_hosts): (&[IpAddr], &[IpAddr]),
     shared: &Shared,
     metrics: &PrometheusHandle,
     tls: Option<TlsAcceptor>,
@@ -400,26 +533,25 @@ async fn start_connection(
              --unsigned-node-calls-from off once no autopush-rs endpoint is left"
         );
     }
-    let websocket = bind(&settings.host, settings.port, "websocket").await?;
-    let router_api = bind(
-        &settings.router_host,
-        settings.router_port,
-        "internal router API",
-    )
-    .await?;
-    servers.spawn(server::serve_websocket(
-        websocket,
-        tls,
-        ctx.clone(),
-        shared.health.clone(),
-        settings.http,
-    ));
-    servers.spawn(server::serve_router_api(
-        router_api,
-        ctx,
-        crate::metrics::route(metrics.clone()),
-        settings.http,
-    ));
+    let websockets = bind(hosts, settings.port, "websocket").await?;
+    let router_apis = bind(router_hosts, settings.router_port, "internal router API").await?;
+    for websocket in websockets {
+        servers.spawn(server::serve_websocket(
+            websocket,
+            tls.clone(),
+            ctx.clone(),
+            shared.health.clone(),
+            settings.http,
+        ));
+    }
+    for router_api in router_apis {
+        servers.spawn(server::serve_router_api(
+            router_api,
+            ctx.clone(),
+            crate::metrics::route(metrics.clone()),
+            settings.http,
+        ));
+    }
     Ok(registry)
 }
 
@@ -428,9 +560,8 @@ async fn start_connection(
 /// this process also holds connections) and `bridges`, over `tls` if given.
 async fn start_endpoint(
     settings: &Settings,
-    shared: Shared,
-    bridges: RouterRegistry,
-    local: Option<Arc<dyn LocalNode>>,
+    hosts: &[IpAddr],
+    (shared, bridges, local): (Shared, RouterRegistry, Option<Arc<dyn LocalNode>>),
     auth_keys: &[String],
     tls: Option<TlsAcceptor>,
     servers: &mut JoinSet<()>,
@@ -480,14 +611,15 @@ async fn start_endpoint(
             }
         }
     });
-    let listener = bind(&settings.host, settings.endpoint_port, "endpoint").await?;
     let routes = warp::service(endpoint::routes(state));
-    servers.spawn(autopush_serving::http::serve_with(
-        listener,
-        tls,
-        routes,
-        settings.http,
-    ));
+    for listener in bind(hosts, settings.endpoint_port, "endpoint").await? {
+        servers.spawn(autopush_serving::http::serve_with(
+            listener,
+            tls.clone(),
+            routes.clone(),
+            settings.http,
+        ));
+    }
     Ok(())
 }
 
@@ -566,8 +698,27 @@ mod tests {
     #[test]
     fn a_split_node_needs_a_configured_router_key() {
         let s = settings(SettingsLayer::default());
-        let err = router_keys(&s, Mode::Connection, None).unwrap_err();
+        let loopback = [IpAddr::from([127, 0, 0, 1])];
+        let err = router_keys(&s, Mode::Connection, &loopback, None).unwrap_err();
         assert!(err.contains("--router-key"), "{err}");
+    }
+
+    #[test]
+    fn hosts_are_addresses_or_names() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (host, want) in [
+            ("::", ip("::")),
+            ("[::]", ip("::")),
+            ("::1", ip("::1")),
+            ("[::1]", ip("::1")),
+            ("127.0.0.1", ip("127.0.0.1")),
+        ] {
+            assert_eq!(listen_addresses("--host", host).unwrap(), [want], "{host}");
+        }
+        let local = listen_addresses("--host", "localhost").unwrap();
+        assert!(local.iter().all(IpAddr::is_loopback), "{local:?}");
+        let err = listen_addresses("--host", "no-such-host.invalid").unwrap_err();
+        assert!(err.contains("--host no-such-host.invalid"), "{err}");
     }
 
     #[test]

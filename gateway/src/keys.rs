@@ -7,13 +7,13 @@
 //! Split mode needs the same explicit keys on every node.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use autopush_common::Secret;
 use autopush_common::endpoint::{generate_key, parse_key_list};
 
 /// Which key, and the file it is kept in.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub enum Key {
     Crypto,
     Auth,
@@ -83,6 +83,68 @@ pub enum Missing {
     Fail,
 }
 
+/// A key as start-up finds it, before anything is written.
+#[derive(Debug)]
+pub enum Planned {
+    /// Configured, or kept in the data directory.
+    Ready(Vec<String>),
+    /// Missing from the data directory: made there by [`Planned::load`].
+    Generate(Key, PathBuf),
+}
+
+/// Check `key` and find it without writing anything: the configured keys,
+/// parsed and checked, or the all-in-one key kept in `data_dir` (to be
+/// generated there when missing).
+pub fn plan(
+    key: Key,
+    configured: Option<&Secret>,
+    data_dir: Option<&Path>,
+) -> Result<Planned, String> {
+    if let Some(configured) = configured {
+        let keys = parse_key_list(configured.expose());
+        if keys.is_empty() {
+            return Err(format!("{} is empty", key.flag()));
+        }
+        check_strength(key, &keys)?;
+        return Ok(Planned::Ready(keys));
+    }
+    let Some(dir) = data_dir else {
+        return Err(format!(
+            "this mode needs {} ({}; the same on every node; make one with `autopush keygen`)",
+            key.flag(),
+            key.env()
+        ));
+    };
+    let path = dir.join(key.file());
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(Planned::Ready(parse_key_list(&text))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Planned::Generate(key, path)),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+impl Planned {
+    /// The keys, generating (and announcing) a missing all-in-one key.
+    pub fn load(self) -> Result<Vec<String>, String> {
+        let (key, path) = match self {
+            Planned::Ready(keys) => return Ok(keys),
+            Planned::Generate(key, path) => (key, path),
+        };
+        let secret = generate_key();
+        write_private(&path, &secret)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let path = std::path::absolute(&path).unwrap_or(path);
+        tracing::warn!(
+            path = %path.display(),
+            "no {} in this data directory: generated a new one. Endpoints and secrets \
+             issued by a server on another data directory are not valid here; if you \
+             meant to keep them, stop and give that directory as --db",
+            key.file()
+        );
+        Ok(vec![secret])
+    }
+}
+
 /// The configured keys, or the all-in-one key kept in `data_dir`.
 pub fn resolve(
     key: Key,
@@ -90,46 +152,14 @@ pub fn resolve(
     data_dir: Option<&Path>,
     missing: Missing,
 ) -> Result<Vec<String>, String> {
-    if let Some(configured) = configured {
-        let keys = parse_key_list(configured.expose());
-        if keys.is_empty() {
-            return Err(format!("{} is empty", key.flag()));
-        }
-        check_strength(key, &keys)?;
-        return Ok(keys);
-    }
-    let Some(dir) = data_dir else {
-        return Err(format!(
-            "this mode needs {} (the same on every node; make one with `autopush keygen`)",
+    match plan(key, configured, data_dir)? {
+        Planned::Generate(key, path) if missing == Missing::Fail => Err(format!(
+            "no {} at {}: give {} or the --db of an all-in-one server",
+            key.file(),
+            path.display(),
             key.flag()
-        ));
-    };
-    let path = dir.join(key.file());
-    match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(parse_key_list(&text)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && missing == Missing::Fail => {
-            Err(format!(
-                "no {} at {}: give {} or the --db of an all-in-one server",
-                key.file(),
-                path.display(),
-                key.flag()
-            ))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let secret = generate_key();
-            write_private(&path, &secret)
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            let path = std::path::absolute(&path).unwrap_or(path);
-            tracing::warn!(
-                path = %path.display(),
-                "no {} in this data directory: generated a new one. Endpoints and secrets \
-                 issued by a server on another data directory are not valid here; if you \
-                 meant to keep them, stop and give that directory as --db",
-                key.file()
-            );
-            Ok(vec![secret])
-        }
-        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+        )),
+        planned => planned.load(),
     }
 }
 

@@ -15,5 +15,6 @@ pub mod keys;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod reference;
 pub mod settings;
 pub mod vapid;

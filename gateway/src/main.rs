@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::settings::{Settings, SettingsLayer};
 use autopush_gateway::{check, db, diagnose, logging};
@@ -36,6 +37,15 @@ enum Command {
     Endpoint,
     /// Print a new endpoint crypto key
     Keygen,
+    /// Print the effective settings (flags over environment over --config
+    /// file over defaults: what `autopush all` would run with) as a TOML
+    /// file that --config reads back; keys and other secrets show as
+    /// "[redacted]" unless --show-secrets
+    Config {
+        /// Print secrets (keys, inline bridge credentials) as they are
+        #[arg(long)]
+        show_secrets: bool,
+    },
     /// Decode a push endpoint URL and show the subscription behind it
     Diagnose { url: String },
     /// Test a running service end to end, as a user agent and an application
@@ -87,12 +97,28 @@ fn main() -> ExitCode {
     {
         return run_check(url, timeout, vapid_sub, ca);
     }
-    let settings = match Settings::resolve(cli.settings, cli.config.as_deref()) {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("autopush: {e}");
-            return ExitCode::from(2);
-        }
+    let layer = match SettingsLayer::merged(cli.settings, cli.config.as_deref()) {
+        Ok(layer) => layer.with_defaults(),
+        Err(e) => return settings_error(&e),
+    };
+    if let Command::Config { show_secrets } = command {
+        return print_config(&layer, show_secrets);
+    }
+    let (settings, problems) = Settings::checked(layer.clone());
+    let mode = match command {
+        Command::All => Some(Mode::All),
+        Command::Connection => Some(Mode::Connection),
+        Command::Endpoint => Some(Mode::Endpoint),
+        _ => None,
+    };
+    // A service checks its keys and addresses too, and names every problem
+    // together (`app::check`); a tool needs its settings right now.
+    let (settings, problems) = match mode {
+        Some(_) => (settings, problems),
+        None => match problems.or(settings) {
+            Ok(settings) => (settings, Default::default()),
+            Err(e) => return settings_error(&e),
+        },
     };
     logging::init(settings.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
@@ -102,11 +128,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(mode) = mode {
+        // Bridges build their clients in the runtime's context.
+        let checked = match runtime.block_on(async { app::check(mode, settings, problems) }) {
+            Ok(checked) => checked,
+            Err(e) => return settings_error(&e),
+        };
+        log_settings(&layer);
+        let result = runtime
+            .block_on(async { checked.start(RouterRegistry::default()).await?.wait().await });
+        return finish(result);
+    }
     let result = runtime.block_on(async {
         match command {
-            Command::All => app::run(Mode::All, settings).await,
-            Command::Connection => app::run(Mode::Connection, settings).await,
-            Command::Endpoint => app::run(Mode::Endpoint, settings).await,
             Command::Diagnose { url } => {
                 let found = diagnose::run(&settings, &url).await?;
                 println!(
@@ -119,15 +153,62 @@ fn main() -> ExitCode {
                 }
             }
             Command::Db { action } => db::run(&settings, action).await,
-            Command::Keygen | Command::Check { .. } => Ok(()),
+            _ => Ok(()),
         }
     });
+    finish(result)
+}
+
+/// A setting (or several) that cannot work: exit code 2, as for clap's
+/// own refusals.
+fn settings_error(e: &str) -> ExitCode {
+    eprintln!("autopush: {e}");
+    ExitCode::from(2)
+}
+
+fn finish(result: Result<(), String>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("autopush: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `autopush config`: the effective settings as a settings file.
+fn print_config(layer: &SettingsLayer, show_secrets: bool) -> ExitCode {
+    // Checked as `autopush all` checks them, so that what is printed runs.
+    if let Err(e) = Settings::from_layer(layer.clone()) {
+        return settings_error(&e);
+    }
+    let lines = match layer.lines(show_secrets) {
+        Ok(lines) => lines,
+        Err(e) => return settings_error(&e),
+    };
+    let text = format!(
+        "# autopush {}: effective settings\n{}\n",
+        env!("CARGO_PKG_VERSION"),
+        lines.join("\n")
+    );
+    // A closed pipe (`| head`) is the reader's choice, not a failure.
+    let _ = std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+/// The effective settings, first in the log, one line per setting: each
+/// is found with grep, and in JSON logs each is an event of its own,
+/// where one line of 60 settings would be unreadable. Secrets redacted.
+fn log_settings(layer: &SettingsLayer) {
+    match layer.lines(false) {
+        Ok(lines) => {
+            for line in &lines {
+                // `# key: not set` reads as `setting key: not set`.
+                let line = line.strip_prefix("# ").unwrap_or(line);
+                tracing::info!("setting {line}");
+            }
+        }
+        Err(e) => tracing::warn!("cannot show the settings: {e}"),
     }
 }
 

@@ -5,9 +5,12 @@
 //! env) and the TOML file schema, so the two can never drift apart; an
 //! unknown key in the file is an error at start-up. Layers are merged
 //! through serde ([`SettingsLayer::over`]), so every field is merged without
-//! being named: a new setting is a field here, a field in [`Settings`] and
-//! its line in [`Settings::from_layer`]. A bridge's settings are its crate's
-//! section, flattened in through [`crate::bridges::BridgeSettings`].
+//! being named: a new setting is a field here, its default in
+//! [`SettingsLayer::with_defaults`], a field in [`Settings`] and its line in
+//! [`Settings::checked`]; then regenerate docs/settings.md and
+//! packaging/autopush.toml (see [`crate::reference`]). A bridge's settings
+//! are its crate's section, flattened in through
+//! [`crate::bridges::BridgeSettings`].
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -29,13 +32,15 @@ use serde::{Deserialize, Serialize};
 // through the flattened bridge sections.
 #[serde(rename_all = "snake_case")]
 pub struct SettingsLayer {
-    /// Address the public ports (websocket, endpoint) listen on [default: 0.0.0.0]
+    /// Address the public ports (websocket, endpoint) listen on: an IP
+    /// address (IPv6 bare or in brackets, `::` or `[::]`) or a name,
+    /// resolved at start-up and listened on at every address it has [default: 0.0.0.0]
     #[arg(long, env = "AUTOPUSH_HOST", global = true)]
     pub host: Option<String>,
     /// Websocket port for user agents [default: 8080]
     #[arg(long, env = "AUTOPUSH_PORT", global = true)]
     pub port: Option<u16>,
-    /// Address the internal router API listens on [default: 127.0.0.1]
+    /// Address the internal router API listens on, written as --host is [default: 127.0.0.1]
     #[arg(long, env = "AUTOPUSH_ROUTER_HOST", global = true)]
     pub router_host: Option<String>,
     /// Internal router API port (never expose publicly) [default: 8081]
@@ -209,8 +214,9 @@ pub struct SettingsLayer {
     /// response once its socket is full [default: 30]
     #[arg(long, env = "AUTOPUSH_HTTP_BODY_TIMEOUT", global = true)]
     pub http_body_timeout: Option<f64>,
-    /// Most HTTP connections open at once on each port (websockets count
-    /// only during their handshake); more are answered 503 [default: 1024]
+    /// Most HTTP connections open at once on each port, and on each address
+    /// of a host name (websockets count only during their handshake); more
+    /// are answered 503 [default: 1024]
     #[arg(long, env = "AUTOPUSH_MAX_HTTP_CONNECTIONS", global = true)]
     pub max_http_connections: Option<usize>,
     /// Verified VAPID tokens kept to skip repeated signature checks [default: 10000]
@@ -266,6 +272,204 @@ impl SettingsLayer {
         merged
             .try_into()
             .map_err(|e| format!("cannot merge settings: {e}"))
+    }
+}
+
+impl SettingsLayer {
+    /// The flags' layer (which carries the environment's values, through
+    /// clap) over the TOML file at `config`, if any: every setting given,
+    /// none defaulted yet.
+    pub fn merged(
+        mut flags: SettingsLayer,
+        config: Option<&std::path::Path>,
+    ) -> Result<SettingsLayer, String> {
+        // autopush's historical name, below AUTOPUSH_CRYPTO_KEY and above the file.
+        if flags.crypto_key.is_none() {
+            flags.crypto_key = std::env::var("CRYPTO_KEY")
+                .ok()
+                .filter(|k| !k.is_empty())
+                .map(Secret::from);
+        }
+        match config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                let file = SettingsLayer::from_file(&text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                flags.over(file)
+            }
+            None => Ok(flags),
+        }
+    }
+
+    /// This layer with every setting that has a default filled in: the
+    /// one place defaults are decided. Settings still unset are off, or
+    /// decided at start-up (keys, `max_connections`).
+    pub fn with_defaults(mut self) -> SettingsLayer {
+        fn or<T>(value: &mut Option<T>, default: impl FnOnce() -> T) {
+            value.get_or_insert_with(default);
+        }
+        or(&mut self.host, || "0.0.0.0".into());
+        or(&mut self.port, || 8080);
+        or(&mut self.router_host, || "127.0.0.1".into());
+        or(&mut self.router_port, || 8081);
+        let router = format!(
+            "http://{}:{}",
+            url_host(self.router_host.as_deref().unwrap_or_default()),
+            self.router_port.unwrap_or_default()
+        );
+        or(&mut self.node_url, || router);
+        or(&mut self.endpoint_port, || 8082);
+        // With TLS on the public ports, endpoints are https.
+        let scheme = if self.tls_cert.is_some() { "https" } else { "http" };
+        let endpoint = format!(
+            "{scheme}://localhost:{}",
+            self.endpoint_port.unwrap_or_default()
+        );
+        or(&mut self.endpoint_url, || endpoint);
+        or(&mut self.db, || "./autopush-data".into());
+        let db = self.db.as_deref().unwrap_or_default();
+        let bigtable = db == "bigtable" || db.starts_with("grpc://");
+        // The table settings are an error on any other store.
+        if db == "dynamodb" {
+            let tables = Tables::default();
+            or(&mut self.router_table, || tables.router);
+            or(&mut self.message_table, || tables.message);
+            or(&mut self.message_table_rotation, || false);
+        }
+        or(&mut self.msg_limit, || 100);
+        or(&mut self.durable_direct, || true);
+        // On Bigtable receipts are off unless asked for: autopush-rs fails
+        // a fetch on a receipt row, and going back to it must stay a swap.
+        or(&mut self.receipt_retention, || {
+            if bigtable { 0 } else { 86_400 }
+        });
+        or(&mut self.max_channels, || 1000);
+        or(&mut self.sweep_interval, || 600.0);
+        or(&mut self.drop_idle_users_after_days, || 60.0);
+        or(&mut self.max_data_bytes, || 5630);
+        or(&mut self.hello_timeout, || 30.0);
+        or(&mut self.auto_ping_interval, || 300.0);
+        or(&mut self.auto_ping_timeout, || 10.0);
+        or(&mut self.min_ping_interval, || 20.0);
+        or(&mut self.ws_send_timeout, || 5.0);
+        or(&mut self.sender_limit, || "1000,10000".into());
+        or(&mut self.subscription_limit, || "10,100".into());
+        or(&mut self.source_ip_limit, || "100,1000".into());
+        or(&mut self.registration_limit, || "1,20".into());
+        or(&mut self.new_uaid_limit, || "1,20".into());
+        or(&mut self.bridge_app_limit, || "5000,10000".into());
+        or(&mut self.limiter_max_keys, || 100_000);
+        or(&mut self.http_header_timeout, || 10.0);
+        or(&mut self.http_idle_timeout, || 75.0);
+        or(&mut self.http_body_timeout, || 30.0);
+        or(&mut self.max_http_connections, || 1024);
+        or(&mut self.vapid_cache_size, || 10_000);
+        or(&mut self.statsd_flush_interval, || 2.0);
+        or(&mut self.statsd_label, || "autopush".into());
+        or(&mut self.log_format, || "human".into());
+        self
+    }
+
+    /// One line per setting, in the order `--help` lists them: `key = value`
+    /// in TOML, or a comment naming a setting that is not set. Secrets
+    /// (the settings whose environment values `--help` hides) show as
+    /// `[redacted]` unless `show_secrets`; so does key material written
+    /// inline in a bridge's tables.
+    pub fn lines(&self, show_secrets: bool) -> Result<Vec<String>, String> {
+        let mut table = toml::Table::try_from(self).map_err(|e| e.to_string())?;
+        let mut lines = Vec::new();
+        for arg in settings_args() {
+            let key = arg.get_id().as_str();
+            match table.remove(key) {
+                Some(mut value) => {
+                    if arg.is_hide_env_values_set() && !show_secrets {
+                        redact(&mut value);
+                    }
+                    lines.push(format!("{key} = {value}"));
+                }
+                None => lines.push(format!("# {key}: not set")),
+            }
+        }
+        // The bridges' file tables (`[fcm.apps.NAME]`), which have no flag.
+        for (key, mut value) in table {
+            if !show_secrets {
+                redact(&mut value);
+            }
+            lines.push(format!("{key} = {value}"));
+        }
+        Ok(lines)
+    }
+}
+
+/// The settings' arguments as clap declares them, bridges' included: each
+/// one's id is its TOML key.
+pub fn settings_args() -> Vec<clap::Arg> {
+    SettingsLayer::augment_args(clap::Command::new("autopush"))
+        .get_arguments()
+        .cloned()
+        .collect()
+}
+
+/// What `[redacted]` replaces: a secret setting's string, and in tables,
+/// inline key material (PEM text starts with `-`, JSON keys with `{`;
+/// paths to key files are shown).
+fn redact(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(_) => *value = toml::Value::String("[redacted]".into()),
+        toml::Value::Table(table) => {
+            for (_, value) in table.iter_mut() {
+                match value {
+                    toml::Value::String(s) if !s.trim_start().starts_with(['-', '{']) => {}
+                    _ => redact(value),
+                }
+            }
+        }
+        toml::Value::Array(values) => values.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// `host` as the host of a URL: an IPv6 address in brackets.
+fn url_host(host: &str) -> String {
+    match host.parse::<std::net::Ipv6Addr>() {
+        Ok(ip) => format!("[{ip}]"),
+        Err(_) => host.to_owned(),
+    }
+}
+
+/// Every problem found in the settings, reported together in one error:
+/// an operator fixes them all in one go, not one per run.
+#[derive(Debug, Default)]
+pub struct Problems(Vec<String>);
+
+impl Problems {
+    pub fn add(&mut self, problem: String) {
+        self.0.push(problem);
+    }
+
+    /// `result`'s value; or, its error noted, `stand_in`.
+    pub fn take<T>(&mut self, result: Result<T, String>, stand_in: T) -> T {
+        result.unwrap_or_else(|problem| {
+            self.add(problem);
+            stand_in
+        })
+    }
+
+    /// `value` if no problem was found, else the error naming them all.
+    pub fn or<T>(self, value: T) -> Result<T, String> {
+        match self.0.as_slice() {
+            [] => Ok(value),
+            [one] => Err(one.clone()),
+            many => Err(format!(
+                "{} problems with the settings:\n{}",
+                many.len(),
+                many.iter()
+                    .map(|p| format!("  - {p}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )),
+        }
     }
 }
 
@@ -359,8 +563,7 @@ pub struct Settings {
     pub bridges: BridgeSettings,
 }
 
-fn seconds(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
-    let value = value.unwrap_or(default);
+fn seconds(name: &str, value: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(value)
         .map_err(|_| format!("{name} must be a non-negative number of seconds"))
 }
@@ -380,8 +583,8 @@ pub struct RateLimits {
 
 /// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
 /// for no limit.
-fn rate(name: &str, value: Option<&str>, default: &str) -> Result<Option<Rate>, String> {
-    let value = value.unwrap_or(default).trim();
+fn rate(name: &str, value: &str) -> Result<Option<Rate>, String> {
+    let value = value.trim();
     let (per_second, burst) = value.split_once(',').unwrap_or((value, value));
     let number = |v: &str| {
         v.trim()
@@ -435,9 +638,10 @@ fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String
         .collect()
 }
 
-/// A timeout that cannot be zero (it would close every connection at once).
-fn timeout(name: &str, value: Option<f64>, default: f64) -> Result<Duration, String> {
-    match seconds(name, value, default)? {
+/// A timeout or interval that cannot be zero (a timeout would close every
+/// connection at once, an interval spin).
+fn timeout(name: &str, value: f64) -> Result<Duration, String> {
+    match seconds(name, value)? {
         d if d.is_zero() => Err(format!("{name} must be more than 0 seconds")),
         d => Ok(d),
     }
@@ -445,58 +649,47 @@ fn timeout(name: &str, value: Option<f64>, default: f64) -> Result<Duration, Str
 
 impl Settings {
     /// Resolve `flags` (which already carry env values, via clap) over the
-    /// TOML file at `config`, if any, over the defaults.
+    /// TOML file at `config`, if any, over the defaults. Every problem
+    /// with the settings is named in the one error.
     pub fn resolve(
-        mut flags: SettingsLayer,
+        flags: SettingsLayer,
         config: Option<&std::path::Path>,
     ) -> Result<Settings, String> {
-        // autopush's historical name, below AUTOPUSH_CRYPTO_KEY and above the file.
-        if flags.crypto_key.is_none() {
-            flags.crypto_key = std::env::var("CRYPTO_KEY")
-                .ok()
-                .filter(|k| !k.is_empty())
-                .map(Secret::from);
-        }
-        let layer = match config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let file = SettingsLayer::from_file(&text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                flags.over(file)?
-            }
-            None => flags,
-        };
-        Settings::from_layer(layer)
+        Settings::from_layer(SettingsLayer::merged(flags, config)?)
     }
 
     pub fn from_layer(l: SettingsLayer) -> Result<Settings, String> {
-        let router_host = l.router_host.unwrap_or_else(|| "127.0.0.1".into());
-        let router_port = l.router_port.unwrap_or(8081);
-        let endpoint_port = l.endpoint_port.unwrap_or(8082);
-        let node_url = l
-            .node_url
-            .unwrap_or_else(|| format!("http://{router_host}:{router_port}"));
+        let (settings, problems) = Settings::checked(l);
+        problems.or(settings)
+    }
+
+    /// The settings of `l` with its defaults, and every problem found in
+    /// them. Where a setting is wrong its default stands in, so that the
+    /// settings after it are still checked.
+    pub fn checked(l: SettingsLayer) -> (Settings, Problems) {
+        let l = l.with_defaults();
+        let mut p = Problems::default();
+        // Every setting with a default has it now (`with_defaults`); an
+        // `unwrap_or_default` below reads a setting that has one.
         let tls = match (l.tls_cert, l.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
             (None, None) => None,
             _ => {
-                return Err(
-                    "tls_cert and tls_key go together: give both --tls-cert and --tls-key".into(),
-                );
+                p.add("tls_cert and tls_key go together: give both --tls-cert and --tls-key".into());
+                None
             }
         };
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        let endpoint_url = l
-            .endpoint_url
-            .unwrap_or_else(|| format!("{scheme}://localhost:{endpoint_port}"));
+        let endpoint_url = l.endpoint_url.unwrap_or_default();
         let endpoint_url = endpoint_url.trim_end_matches('/').to_owned();
         if !(endpoint_url.starts_with("http://") || endpoint_url.starts_with("https://")) {
-            return Err(format!(
+            p.add(format!(
                 "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
             ));
         }
-        let db = db_from(l.db.as_deref(), l.db_settings.as_deref())?;
+        // Standing in for a store whose settings are wrong: the same store,
+        // or another shared one, so that no check after it is misled.
+        let stand_in = db_from(l.db.as_deref(), None).unwrap_or(Db::DynamoDb);
+        let db = p.take(db_from(l.db.as_deref(), l.db_settings.as_deref()), stand_in);
         if db != Db::DynamoDb {
             for (name, given) in [
                 ("router_table", l.router_table.is_some()),
@@ -504,7 +697,7 @@ impl Settings {
                 ("message_table_rotation", l.message_table_rotation.is_some()),
             ] {
                 if given {
-                    return Err(format!("{name} applies to --db dynamodb only"));
+                    p.add(format!("{name} applies to --db dynamodb only"));
                 }
             }
         }
@@ -512,7 +705,7 @@ impl Settings {
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
             message: l.message_table.unwrap_or(defaults.message),
-            rotate_messages: l.message_table_rotation.unwrap_or(false),
+            rotate_messages: l.message_table_rotation.unwrap_or_default(),
         };
         for name in [&tables.router, &tables.message] {
             let valid = (3..=255).contains(&name.len())
@@ -520,29 +713,99 @@ impl Settings {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
             if !valid {
-                return Err(format!(
+                p.add(format!(
                     "router_table/message_table: {name:?} is not a DynamoDB table name (3-255 of a-z A-Z 0-9 _ - .)"
                 ));
             }
         }
         let log_format = match l.log_format.as_deref() {
-            None | Some("human") => LogFormat::Human,
             Some("json") => LogFormat::Json,
-            Some(other) => return Err(format!("log_format must be human or json, got {other:?}")),
+            Some("human") | None => LogFormat::Human,
+            Some(other) => {
+                p.add(format!("log_format must be human or json, got {other:?}"));
+                LogFormat::Human
+            }
         };
-        // On Bigtable receipts are off unless asked for: autopush-rs fails a
-        // fetch on a receipt row, and going back to it must stay a swap.
-        let receipt_retention = l.receipt_retention.unwrap_or(match db {
-            Db::Bigtable(_) => 0,
-            _ => 86_400,
-        });
-        Ok(Settings {
-            host: l.host.unwrap_or_else(|| "0.0.0.0".into()),
-            port: l.port.unwrap_or(8080),
-            router_host,
-            router_port,
-            node_url: node_url.trim_end_matches('/').to_owned(),
-            endpoint_port,
+        let at_least_1 = |p: &mut Problems, name: &str, value: Option<usize>| match value {
+            Some(0) => {
+                p.add(format!("{name} must be at least 1"));
+                1
+            }
+            other => other.unwrap_or_default(),
+        };
+        let mut secs = |name: &str, value: Option<f64>| {
+            p.take(seconds(name, value.unwrap_or_default()), Duration::MAX)
+        };
+        let hello_timeout = secs("hello_timeout", l.hello_timeout);
+        let auto_ping_interval = secs("auto_ping_interval", l.auto_ping_interval);
+        let auto_ping_timeout = secs("auto_ping_timeout", l.auto_ping_timeout);
+        let min_ping_interval = secs("min_ping_interval", l.min_ping_interval);
+        let mut nonzero = |name: &str, value: Option<f64>| {
+            p.take(timeout(name, value.unwrap_or_default()), Duration::MAX)
+        };
+        let sweep_interval = nonzero("sweep_interval", l.sweep_interval);
+        let statsd_flush_interval = nonzero("statsd_flush_interval", l.statsd_flush_interval);
+        let ws_send_timeout = nonzero("ws_send_timeout", l.ws_send_timeout);
+        let http_header_timeout = nonzero("http_header_timeout", l.http_header_timeout);
+        let http_idle_timeout = nonzero("http_idle_timeout", l.http_idle_timeout);
+        let http_body_timeout = nonzero("http_body_timeout", l.http_body_timeout);
+        let drop_idle_users_after = match l.drop_idle_users_after_days.unwrap_or_default() {
+            0.0 => None,
+            days => p
+                .take(
+                    Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
+                        "drop_idle_users_after_days must be a non-negative number".to_string()
+                    }),
+                    Duration::ZERO,
+                )
+                .into(),
+        };
+        let mut rate_of = |name: &str, value: Option<String>| {
+            p.take(rate(name, &value.unwrap_or_default()), None)
+        };
+        let rates = [
+            rate_of("sender_limit", l.sender_limit),
+            rate_of("subscription_limit", l.subscription_limit),
+            rate_of("source_ip_limit", l.source_ip_limit),
+            rate_of("registration_limit", l.registration_limit),
+            rate_of("new_uaid_limit", l.new_uaid_limit),
+            rate_of("bridge_app_limit", l.bridge_app_limit),
+        ];
+        let [
+            sender,
+            subscription,
+            source_ip,
+            registration,
+            new_uaid,
+            bridge_app,
+        ] = rates;
+        let limits = RateLimits {
+            sender,
+            subscription,
+            source_ip,
+            registration,
+            new_uaid,
+            bridge_app,
+            max_keys: at_least_1(&mut p, "limiter_max_keys", l.limiter_max_keys),
+            trusted_proxies: p.take(trusted_proxies(l.trusted_proxies.as_deref()), Vec::new()),
+        };
+        let http = HttpLimits {
+            header_timeout: http_header_timeout,
+            idle_timeout: http_idle_timeout,
+            body_timeout: http_body_timeout,
+            max_connections: at_least_1(&mut p, "max_http_connections", l.max_http_connections),
+        };
+        let settings = Settings {
+            host: l.host.unwrap_or_default(),
+            port: l.port.unwrap_or_default(),
+            router_host: l.router_host.unwrap_or_default(),
+            router_port: l.router_port.unwrap_or_default(),
+            node_url: l
+                .node_url
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .to_owned(),
+            endpoint_port: l.endpoint_port.unwrap_or_default(),
             endpoint_url,
             tls,
             db,
@@ -550,86 +813,43 @@ impl Settings {
             crypto_key: l.crypto_key,
             auth_key: l.auth_key,
             router_key: l.router_key,
-            msg_limit: l.msg_limit.unwrap_or(100),
-            durable_direct: l.durable_direct.unwrap_or(true),
-            receipt_retention,
-            max_channels: match l.max_channels {
-                Some(0) => return Err("max_channels must be at least 1".into()),
-                other => other.unwrap_or(1000),
-            },
-            sweep_interval: match seconds("sweep_interval", l.sweep_interval, 600.0)? {
-                d if d.is_zero() => return Err("sweep_interval must be more than 0".into()),
-                d => d,
-            },
-            drop_idle_users_after: match l.drop_idle_users_after_days.unwrap_or(60.0) {
-                0.0 => None,
-                days => Some(Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
-                    "drop_idle_users_after_days must be a non-negative number".to_string()
-                })?),
-            },
-            max_data_bytes: l.max_data_bytes.unwrap_or(5630),
-            hello_timeout: seconds("hello_timeout", l.hello_timeout, 30.0)?,
-            auto_ping_interval: seconds("auto_ping_interval", l.auto_ping_interval, 300.0)?,
-            auto_ping_timeout: seconds("auto_ping_timeout", l.auto_ping_timeout, 10.0)?,
-            min_ping_interval: seconds("min_ping_interval", l.min_ping_interval, 20.0)?,
+            msg_limit: l.msg_limit.unwrap_or_default(),
+            durable_direct: l.durable_direct.unwrap_or_default(),
+            receipt_retention: l.receipt_retention.unwrap_or_default(),
+            max_channels: at_least_1(&mut p, "max_channels", l.max_channels),
+            sweep_interval,
+            drop_idle_users_after,
+            max_data_bytes: l.max_data_bytes.unwrap_or_default(),
+            hello_timeout,
+            auto_ping_interval,
+            auto_ping_timeout,
+            min_ping_interval,
             max_connections: match l.max_connections {
-                Some(0) => return Err("max_connections must be at least 1".into()),
+                Some(0) => {
+                    p.add("max_connections must be at least 1".into());
+                    None
+                }
                 other => other,
             },
-            ws_send_timeout: timeout("ws_send_timeout", l.ws_send_timeout, 5.0)?,
-            limits: RateLimits {
-                sender: rate("sender_limit", l.sender_limit.as_deref(), "1000,10000")?,
-                subscription: rate(
-                    "subscription_limit",
-                    l.subscription_limit.as_deref(),
-                    "10,100",
-                )?,
-                source_ip: rate("source_ip_limit", l.source_ip_limit.as_deref(), "100,1000")?,
-                registration: rate(
-                    "registration_limit",
-                    l.registration_limit.as_deref(),
-                    "1,20",
-                )?,
-                new_uaid: rate("new_uaid_limit", l.new_uaid_limit.as_deref(), "1,20")?,
-                bridge_app: rate(
-                    "bridge_app_limit",
-                    l.bridge_app_limit.as_deref(),
-                    "5000,10000",
-                )?,
-                max_keys: match l.limiter_max_keys {
-                    Some(0) => return Err("limiter_max_keys must be at least 1".into()),
-                    other => other.unwrap_or(100_000),
-                },
-                trusted_proxies: trusted_proxies(l.trusted_proxies.as_deref())?,
-            },
-            http: HttpLimits {
-                header_timeout: timeout("http_header_timeout", l.http_header_timeout, 10.0)?,
-                idle_timeout: timeout("http_idle_timeout", l.http_idle_timeout, 75.0)?,
-                body_timeout: timeout("http_body_timeout", l.http_body_timeout, 30.0)?,
-                max_connections: match l.max_http_connections {
-                    Some(0) => return Err("max_http_connections must be at least 1".into()),
-                    other => other.unwrap_or(1024),
-                },
-            },
-            unsigned_node_calls_from: networks(
-                "unsigned_node_calls_from",
-                l.unsigned_node_calls_from.as_deref(),
-            )?,
-            vapid_cache_size: l.vapid_cache_size.unwrap_or(10_000),
+            ws_send_timeout,
+            limits,
+            http,
+            unsigned_node_calls_from: p.take(
+                networks(
+                    "unsigned_node_calls_from",
+                    l.unsigned_node_calls_from.as_deref(),
+                ),
+                Vec::new(),
+            ),
+            vapid_cache_size: l.vapid_cache_size.unwrap_or_default(),
             metrics_port: l.metrics_port,
-            statsd: l.statsd_host.as_deref().map(parse_statsd).transpose()?,
-            statsd_flush_interval: match seconds(
-                "statsd_flush_interval",
-                l.statsd_flush_interval,
-                2.0,
-            )? {
-                d if d.is_zero() => return Err("statsd_flush_interval must be more than 0".into()),
-                d => d,
-            },
-            statsd_label: l.statsd_label.unwrap_or_else(|| "autopush".into()),
+            statsd: p.take(l.statsd_host.as_deref().map(parse_statsd).transpose(), None),
+            statsd_flush_interval,
+            statsd_label: l.statsd_label.unwrap_or_default(),
             log_format,
             bridges: l.bridges,
-        })
+        };
+        (settings, p)
     }
 
     /// The VAPID `aud` senders must use: the origin of `endpoint_url`.
@@ -782,6 +1002,45 @@ mod tests {
             std::fs::write(&path, file).unwrap();
             let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
             assert!(err.contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn every_problem_is_named_in_one_error() {
+        let layer = SettingsLayer {
+            log_format: Some("xml".into()),
+            max_channels: Some(0),
+            sender_limit: Some("fast".into()),
+            db: Some("grpc://h:1".into()),
+            ..Default::default()
+        };
+        let err = Settings::from_layer(layer).unwrap_err();
+        assert!(err.starts_with("4 problems with the settings:"), "{err}");
+        for name in ["log_format", "max_channels", "sender_limit", "table_name"] {
+            assert!(err.contains(name), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn lines_redact_secrets_and_inline_key_material() {
+        let mut layer = SettingsLayer {
+            auth_key: Some(Secret::new("auth-secret-2")),
+            ..Default::default()
+        };
+        layer.bridges.apns.apns = Some(
+            autopush_apns::settings::ApnsSettings::from_json(
+                r#"{"a": {"key": "-----BEGIN secret-pem", "key_id": "K", "team_id": "T", "topic": "t"},
+                    "b": {"key": "/etc/apns/b.p8", "key_id": "K", "team_id": "T", "topic": "t"}}"#,
+            )
+            .unwrap(),
+        );
+        let lines = layer.with_defaults().lines(false).unwrap().join("\n");
+        assert!(lines.contains("auth_key = \"[redacted]\""), "{lines}");
+        assert!(lines.contains("/etc/apns/b.p8"), "{lines}");
+        assert!(lines.contains("# crypto_key: not set"), "{lines}");
+        assert!(lines.contains("port = 8080"), "{lines}");
+        for secret in ["auth-secret-2", "secret-pem"] {
+            assert!(!lines.contains(secret), "{secret} in {lines}");
         }
     }
 

@@ -279,15 +279,19 @@ on_every_backend!(
     a_receipt_is_gone_after_its_retention,
 );
 
-/// With `--receipt-retention 0` there are no receipts, and pushes, acks
-/// and DELETE work as before.
+/// With `--receipt-retention 0` (the default on Bigtable) there are no
+/// receipts: a receipt URL answers 404 saying so, and pushes, acks and
+/// DELETE work as before.
 #[tokio::test]
 async fn receipts_can_be_turned_off() {
     let server = start(Db::Embedded, &["--receipt-retention", "0"]).await;
     let (uaid, sub) = server.offline_subscription(false).await;
     let kept = location(&sub.push_text("kept").await);
     let cancelled = location(&sub.push_text("cancelled").await);
-    http::get(&kept).await.assert_error(404, 102);
+    let reply = http::get(&kept).await;
+    reply.assert_error(404, 102);
+    let message = reply.json["message"].as_str().unwrap_or_default();
+    assert!(message.contains("Receipts are off"), "{reply:?}");
     assert_eq!(http::delete(&cancelled).await.status, 204);
     let mut ws = server.reconnect(&uaid).await;
     let (n, d) = sub.receive(&mut ws).await;

@@ -3,7 +3,8 @@
 //! Answers `200` with `{"state", "updated"}` (see
 //! [`MessageState`] for the states) while the message is pending and for
 //! `--receipt-retention` seconds after its final state; after that, for an
-//! id this service never gave, or with receipts off, `404`/102. Whoever
+//! id this service never gave, `404`/102; with receipts off, `404`/102
+//! saying so. Whoever
 //! holds the URL may read it (the id is sealed, so it cannot be guessed);
 //! a message to a VAPID-restricted (v2) subscription also needs a VAPID
 //! signature with the key of the push, else `401`/109 (as for `DELETE`).
@@ -40,7 +41,7 @@ pub async fn answer(
 ) -> ApiResult<Response> {
     let message = state.crypto.parse_message_id(&message_id)?;
     if state.receipt_retention == 0 {
-        return Err(ApiError::NotFound);
+        return Err(ApiError::ReceiptsOff);
     }
     authorize(&state, &message, &headers)?;
     let now = now_secs();
