@@ -8,6 +8,7 @@ pub mod scenario;
 pub mod server;
 pub mod stand_in;
 pub mod stats;
+pub mod try_bridges;
 
 /// The micro-benchmarks' one optional argument: a count above zero, or
 /// `default` when none is given; anything else prints `usage` and exits 2.

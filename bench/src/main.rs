@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
 use autopush_bench::server::{ServerUnderTest, Target};
-use autopush_bench::stand_in;
+use autopush_bench::{stand_in, try_bridges};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -134,6 +134,17 @@ enum Scenario {
         /// The app's cap on messages in flight to FCM
         #[arg(long, default_value_t = 1000)]
         max_in_flight: usize,
+    },
+    /// A stand-in for Google (OAuth and FCM HTTP v1) and the settings that
+    /// point `autopush` at it: try the FCM bridge, the mailbox and receipts
+    /// with no credentials (docs/try-bridges.md). Runs until Ctrl-C
+    TryBridges {
+        /// Where the service account, the settings file and the store go
+        #[arg(long, default_value = "target/try-bridges")]
+        dir: PathBuf,
+        /// The stand-in's port on 127.0.0.1 (0: any free one)
+        #[arg(long, default_value_t = 8190)]
+        port: u16,
     },
     /// A stand-in for `google` or `apple` (started by `fcm` and `apns`)
     #[command(hide = true)]
@@ -279,6 +290,12 @@ async fn main() {
                 eprintln!(
                     "some pushes were refused, never reached FCM, or needed more than one token"
                 );
+                std::process::exit(1);
+            }
+        }
+        Scenario::TryBridges { dir, port } => {
+            if let Err(e) = try_bridges::run(&dir, port).await {
+                eprintln!("try-bridges: {e}");
                 std::process::exit(1);
             }
         }

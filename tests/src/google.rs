@@ -150,10 +150,15 @@ fn unix_now() -> u64 {
 impl Google {
     /// Start on a free loopback port.
     pub async fn start() -> Google {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        Google::start_on(SocketAddr::from(([127, 0, 0, 1], 0)))
             .await
-            .expect("bind the Google stand-in");
-        let addr = listener.local_addr().expect("local_addr");
+            .expect("bind the Google stand-in")
+    }
+
+    /// Start on `addr` (port 0: a free one).
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Google> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
         let template = service_account_template();
         let state = Arc::new(State {
             public_key: public_key_der(),
@@ -203,7 +208,7 @@ impl Google {
         let task = tokio::spawn(async move {
             warp::serve(routes).incoming(listener).run().await;
         });
-        Google { addr, state, task }
+        Ok(Google { addr, state, task })
     }
 
     /// Where it listens (plain HTTP).

@@ -482,6 +482,14 @@ async fn version_names_the_built_commit_and_no_source() {
         "{reply:?}"
     );
     assert!(reply.json.get("source").is_none(), "{reply:?}");
+    // The binary's --version names the same version (the workspace's).
+    let flag = server::run_autopush(&["--version"]).await;
+    assert!(flag.status.success(), "autopush --version: {flag:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&flag.stdout).trim(),
+        format!("autopush {}", reply.json["version"].as_str().unwrap_or("?")),
+        "autopush --version and /__version__ disagree"
+    );
     let head = std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .current_dir(workspace_root())
