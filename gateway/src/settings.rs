@@ -321,7 +321,11 @@ impl SettingsLayer {
         or(&mut self.node_url, || router);
         or(&mut self.endpoint_port, || 8082);
         // With TLS on the public ports, endpoints are https.
-        let scheme = if self.tls_cert.is_some() { "https" } else { "http" };
+        let scheme = if self.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let endpoint = format!(
             "{scheme}://localhost:{}",
             self.endpoint_port.unwrap_or_default()
@@ -675,7 +679,9 @@ impl Settings {
             (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
             (None, None) => None,
             _ => {
-                p.add("tls_cert and tls_key go together: give both --tls-cert and --tls-key".into());
+                p.add(
+                    "tls_cert and tls_key go together: give both --tls-cert and --tls-key".into(),
+                );
                 None
             }
         };

@@ -201,8 +201,7 @@ impl WsClient {
         let stream = tokio::time::timeout(HANG_GUARD, socket.connect(to))
             .await
             .unwrap_or_else(|_| panic!("TCP connect to {url} hung"))?;
-        let connector =
-            tokio_tungstenite::Connector::Rustls(crate::tls::client_config_from(ca));
+        let connector = tokio_tungstenite::Connector::Rustls(crate::tls::client_config_from(ca));
         let (ws, response) = tokio::time::timeout(
             HANG_GUARD,
             tokio_tungstenite::client_async_tls_with_config(request, stream, None, Some(connector)),
