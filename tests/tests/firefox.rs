@@ -208,6 +208,26 @@ async fn firefox_over_wss_through_nginx() {
     .await;
 }
 
+#[tokio::test]
+async fn firefox_over_the_services_own_tls() {
+    let cert = cert_file("tls-127.0.0.1.pem");
+    let key = cert_file("tls-127.0.0.1-key.pem");
+    let server = Server::start_with(&[
+        "--tls-cert",
+        &cert.display().to_string(),
+        "--tls-key",
+        &key.display().to_string(),
+    ])
+    .await;
+    firefox_over_wss(
+        &server,
+        &server.wss_url(),
+        &server.https_endpoint_base(),
+        &cert_file("tls-ca.pem"),
+    )
+    .await;
+}
+
 /// Firefox with `dom.push.serverURL = wss_url` and `ca` trusted, and no
 /// testing pref for insecure URLs: it subscribes (its endpoint under
 /// `endpoint_url`), receives a push sent there with pywebpush, and
