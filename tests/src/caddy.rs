@@ -6,18 +6,13 @@
 //! `AUTOPUSH_TEST_CADDY` names the binary (default `caddy` on `PATH`); a
 //! missing one fails the test.
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
 use crate::nginx::PublicPorts;
 use crate::{Server, cert_file, workspace_root};
-
-/// How long Caddy may take to listen.
-const START_GUARD: Duration = Duration::from_secs(20);
 
 /// A running Caddy in front of one [`Server`]. Killed on drop.
 pub struct Caddy {
@@ -58,29 +53,9 @@ impl Caddy {
                 )
             });
         let mut caddy = Caddy { child, dir, ports };
-        caddy.wait_listening();
+        let log = caddy.dir.path().join("caddy.log");
+        crate::nginx::wait_listening("caddy", &mut caddy.child, &caddy.ports, &log);
         caddy
-    }
-
-    fn wait_listening(&mut self) {
-        let deadline = Instant::now() + START_GUARD;
-        for port in [self.ports.websocket, self.ports.endpoint] {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    panic!(
-                        "caddy exited ({status}) before listening; its log:\n{}",
-                        self.log()
-                    );
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "caddy did not listen on 127.0.0.1:{port} within {START_GUARD:?}; \
-                     its log:\n{}",
-                    self.log()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
     }
 
     /// Caddy's log so far.

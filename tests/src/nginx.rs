@@ -11,7 +11,7 @@
 //! on `PATH`, then `/usr/sbin/nginx`); a missing one fails the test.
 
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -117,29 +117,9 @@ impl Nginx {
                 )
             });
         let mut nginx = Nginx { child, dir, ports };
-        nginx.wait_listening();
+        let log = nginx.dir.path().join("error.log");
+        wait_listening("nginx", &mut nginx.child, &nginx.ports, &log);
         nginx
-    }
-
-    fn wait_listening(&mut self) {
-        let deadline = Instant::now() + START_GUARD;
-        for port in [self.ports.websocket, self.ports.endpoint] {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Ok(Some(status)) = self.child.try_wait() {
-                    panic!(
-                        "nginx exited ({status}) before listening; its error log:\n{}",
-                        self.error_log()
-                    );
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "nginx did not listen on 127.0.0.1:{port} within {START_GUARD:?}; \
-                     its error log:\n{}",
-                    self.error_log()
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
     }
 
     /// `wss://127.0.0.1:P/`.
@@ -245,4 +225,27 @@ fn main_config(dir: &std::path::Path) -> String {
          \x20   include {dir}/autopush.conf;\n\
          }}\n"
     )
+}
+
+/// Wait until the proxy `name` (a child process) listens on both public
+/// `ports`; fail with its log file `log` if it exits first or takes too long.
+pub(crate) fn wait_listening(name: &str, child: &mut Child, ports: &PublicPorts, log: &Path) {
+    let log = || std::fs::read_to_string(log).unwrap_or_default();
+    let deadline = Instant::now() + START_GUARD;
+    for port in [ports.websocket, ports.endpoint] {
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "{name} exited ({status}) before listening; its log:\n{}",
+                    log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} did not listen on 127.0.0.1:{port} within {START_GUARD:?}; its log:\n{}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
