@@ -65,7 +65,8 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         ca: Option<PathBuf>,
     },
-    /// DynamoDB maintenance (with --db dynamodb)
+    /// Store maintenance: create and check tables (DynamoDB, Bigtable), drop old users, move
+    /// legacy Bigtable cells, replay a refused journal (embedded store)
     Db {
         #[command(subcommand)]
         action: DbCommand,
