@@ -55,7 +55,7 @@ pub struct ConnectionSettings {
     pub refresh_last_connect: Duration,
     /// Proxies whose `X-Forwarded-For` names the client of a websocket
     /// upgrade (for the quota of new UAIDs).
-    pub trusted_proxies: Vec<IpAddr>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// During a migration from autopush-rs, whose endpoints call the router
     /// API unsigned: peers whose unsigned `PUT /push` and `PUT /notif` are
     /// taken. Empty (the default): every call must be signed.

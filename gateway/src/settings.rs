@@ -192,8 +192,9 @@ pub struct SettingsLayer {
     /// tracks; beyond it, the least informative are forgotten [default: 100000]
     #[arg(long, env = "AUTOPUSH_LIMITER_MAX_KEYS", global = true)]
     pub limiter_max_keys: Option<usize>,
-    /// Proxies (comma-separated IP addresses) whose `X-Forwarded-For` names
-    /// the client; from anyone else the header is ignored [default: none]
+    /// Proxies (comma-separated IP addresses or networks, e.g. a load
+    /// balancer's 10.0.0.0/8) whose `X-Forwarded-For` names the client; from
+    /// anyone else the header is ignored [default: none]
     #[arg(long, env = "AUTOPUSH_TRUSTED_PROXIES", global = true)]
     pub trusted_proxies: Option<String>,
     /// During a migration from autopush-rs only: its endpoints call the
@@ -582,7 +583,7 @@ pub struct RateLimits {
     pub new_uaid: Option<Rate>,
     pub bridge_app: Option<Rate>,
     pub max_keys: usize,
-    pub trusted_proxies: Vec<IpAddr>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 /// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
@@ -613,18 +614,9 @@ fn items(value: Option<&str>) -> impl Iterator<Item = &str> {
         .filter(|v| !v.is_empty())
 }
 
-fn trusted_proxies(value: Option<&str>) -> Result<Vec<IpAddr>, String> {
-    items(value)
-        .map(|v| {
-            v.parse()
-                .map_err(|_| format!("trusted_proxies: {v:?} is not an IP address"))
-        })
-        .collect()
-}
-
 /// Addresses and networks, comma-separated; an address is a network of
-/// one. A network of every address (`/0`) is refused: the setting names
-/// the autopush-rs endpoints, not the world.
+/// one. A network of every address (`/0`) is refused: these settings name
+/// particular hosts (proxies, autopush-rs endpoints), never the world.
 fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String> {
     items(value)
         .map(|v| {
@@ -634,7 +626,7 @@ fn networks(name: &str, value: Option<&str>) -> Result<Vec<ipnet::IpNet>, String
                 .map_err(|_| format!("{name}: {v:?} is neither an IP address nor a network"))?;
             match net.prefix_len() {
                 0 => Err(format!(
-                    "{name}: {v:?} is every address; name the autopush-rs endpoints"
+                    "{name}: {v:?} is every address; name the hosts it means"
                 )),
                 _ => Ok(net.trunc()),
             }
@@ -793,7 +785,10 @@ impl Settings {
             new_uaid,
             bridge_app,
             max_keys: at_least_1(&mut p, "limiter_max_keys", l.limiter_max_keys),
-            trusted_proxies: p.take(trusted_proxies(l.trusted_proxies.as_deref()), Vec::new()),
+            trusted_proxies: p.take(
+                networks("trusted_proxies", l.trusted_proxies.as_deref()),
+                Vec::new(),
+            ),
         };
         let http = HttpLimits {
             header_timeout: http_header_timeout,

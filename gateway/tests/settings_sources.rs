@@ -129,14 +129,19 @@ const CASES: &[Case] = &[
     case("limiter_max_keys", "5", "6", |s| {
         s.limits.max_keys.to_string()
     }),
-    case("trusted_proxies", "10.0.0.1", "10.0.0.2,10.0.0.3", |s| {
-        s.limits
-            .trusted_proxies
-            .iter()
-            .map(|ip| ip.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    }),
+    case(
+        "trusted_proxies",
+        "10.0.0.1/32",
+        "10.0.0.2/32,192.168.0.0/16",
+        |s| {
+            s.limits
+                .trusted_proxies
+                .iter()
+                .map(|ip| ip.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    ),
     case(
         "unsigned_node_calls_from",
         "10.0.0.0/24",

@@ -32,6 +32,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -66,17 +67,25 @@ impl Default for HttpLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer(pub IpAddr);
 
-/// The client a request speaks for: the peer, unless the peer is one of the
-/// `trusted` proxies, in which case the nearest address in
+/// The client a request speaks for: the peer, unless the peer is in one of
+/// the `trusted` proxy networks, in which case the nearest address in
 /// `X-Forwarded-For` that is not a trusted proxy (a client can put anything
 /// at the start of that header; only what our proxies appended counts).
 ///
 /// Addresses are compared and returned canonical: on a dual-stack listener
 /// an IPv4 proxy connects as `::ffff:10.0.0.1`, which must match a proxy
 /// configured as `10.0.0.1` (and the other way round).
-pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpAddr]) -> IpAddr {
+pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpNet]) -> IpAddr {
     let peer = peer.to_canonical();
-    let is_trusted = |ip: IpAddr| trusted.iter().any(|t| t.to_canonical() == ip);
+    let is_trusted = |ip: IpAddr| {
+        let mapped = match ip {
+            IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+            v6 => v6,
+        };
+        trusted
+            .iter()
+            .any(|net| net.contains(&ip) || net.contains(&mapped))
+    };
     if !is_trusted(peer) {
         return peer;
     }
@@ -596,13 +605,19 @@ mod client_ip_tests {
     fn forwarded_for_counts_only_from_trusted_proxies() {
         let proxy: IpAddr = "10.0.0.1".parse().unwrap();
         let client: IpAddr = "203.0.113.9".parse().unwrap();
+        let proxies = [IpNet::from(proxy)];
         let h = headers("198.51.100.1, 203.0.113.9");
         // Not from a proxy: the header is the client's own say.
-        assert_eq!(client_ip(client, &h, &[proxy]), client);
+        assert_eq!(client_ip(client, &h, &proxies), client);
         // From our proxy: the address it appended, not what the client put first.
-        assert_eq!(client_ip(proxy, &h, &[proxy]), client);
-        assert_eq!(client_ip(proxy, &headers("garbage"), &[proxy]), proxy);
-        assert_eq!(client_ip(proxy, &http::HeaderMap::new(), &[proxy]), proxy);
+        assert_eq!(client_ip(proxy, &h, &proxies), client);
+        assert_eq!(client_ip(proxy, &headers("garbage"), &proxies), proxy);
+        assert_eq!(client_ip(proxy, &http::HeaderMap::new(), &proxies), proxy);
+        // A network of proxies (a load balancer's range): every hop inside it
+        // is skipped.
+        let range = ["10.0.0.0/8".parse::<IpNet>().unwrap()];
+        let h = headers("198.51.100.1, 203.0.113.9, 10.1.2.3");
+        assert_eq!(client_ip(proxy, &h, &range), client);
     }
 
     #[test]
@@ -611,7 +626,7 @@ mod client_ip_tests {
         let h = headers("198.51.100.1, 203.0.113.9, ::ffff:10.0.0.1");
         // A proxy configured as IPv4, seen IPv4-mapped on a dual-stack
         // socket, and each hop compared the same way.
-        let trusted = [ip("10.0.0.1"), ip("10.0.0.2")];
+        let trusted = [IpNet::from(ip("10.0.0.1")), IpNet::from(ip("10.0.0.2"))];
         assert_eq!(
             client_ip(ip("::ffff:10.0.0.2"), &h, &trusted),
             ip("203.0.113.9")
@@ -619,7 +634,7 @@ mod client_ip_tests {
         // Configured IPv4-mapped, seen IPv4.
         let h = headers("::ffff:203.0.113.9");
         assert_eq!(
-            client_ip(ip("10.0.0.1"), &h, &[ip("::ffff:10.0.0.1")]),
+            client_ip(ip("10.0.0.1"), &h, &[IpNet::from(ip("::ffff:10.0.0.1"))]),
             ip("203.0.113.9")
         );
         // An untrusted peer is its canonical self.

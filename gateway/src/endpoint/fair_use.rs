@@ -41,7 +41,7 @@ pub struct FairUse {
     /// Failed signature checks by source address (at `source_ip`'s rate).
     forged: Option<Limiter<IpAddr>>,
     /// Proxies whose `X-Forwarded-For` names the client.
-    pub trusted_proxies: Vec<IpAddr>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl FairUse {
