@@ -94,56 +94,7 @@ impl WsClient {
         .await
         .unwrap_or_else(|_| panic!("websocket handshake with {url} hung"))
         .unwrap_or_else(|e| panic!("websocket handshake with {url}: {e}"));
-        let subprotocol = response
-            .headers()
-            .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        WsClient {
-            ws,
-            subprotocol,
-            uaid: None,
-            pending: VecDeque::new(),
-        }
-    }
-
-    /// Connect to a `wss://127.0.0.1:P/` URL offering the subprotocol,
-    /// trusting what `tls` trusts (see [`crate::tls::client_config_from`]).
-    pub async fn connect_wss(
-        url: &str,
-        tls: std::sync::Arc<rustls::ClientConfig>,
-    ) -> Result<WsClient, String> {
-        let addr = url
-            .trim_start_matches("wss://")
-            .trim_end_matches('/')
-            .parse::<std::net::SocketAddr>()
-            .unwrap_or_else(|e| panic!("{url}: not wss://IP:PORT/: {e}"));
-        let stream = tokio::time::timeout(HANG_GUARD, crate::tls::connect(addr, tls))
-            .await
-            .unwrap_or_else(|_| panic!("TLS connect to {url} hung"))?;
-        let mut request = url.into_client_request().expect("websocket request");
-        request.headers_mut().insert(
-            "Sec-WebSocket-Protocol",
-            HeaderValue::from_static(SUBPROTOCOL),
-        );
-        let (ws, response) = tokio::time::timeout(
-            HANG_GUARD,
-            tokio_tungstenite::client_async(request, MaybeTlsStream::Rustls(stream)),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("websocket handshake with {url} hung"))
-        .map_err(|e| format!("websocket handshake with {url}: {e}"))?;
-        let subprotocol = response
-            .headers()
-            .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        Ok(WsClient {
-            ws,
-            subprotocol,
-            uaid: None,
-            pending: VecDeque::new(),
-        })
+        WsClient::after_handshake(ws, &response)
     }
 
     /// Connect offering the subprotocol, with extra request headers (e.g.

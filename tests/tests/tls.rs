@@ -75,12 +75,7 @@ fn leaf(name: &str) -> rustls::pki_types::CertificateDer<'static> {
 }
 
 async fn wss_client(server: &Server) -> WsClient {
-    let mut ws = WsClient::connect_wss(&server.wss_url(), tls::client_config(CA))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let reply = ws.hello(None).await;
-    assert_eq!(reply["status"], 200, "hello over wss: {reply}");
-    ws
+    WsClient::connect_tls_hello(&server.wss_url(), &cert_file(CA)).await
 }
 
 /// Push `text` to `sub` over https (trusting the test CA); the status.
