@@ -268,13 +268,7 @@ async fn fresh_vapid_keys_do_not_escape_the_limits() {
     );
     // The key a subscription pins is its sender's: not limited by address.
     let key = SigningKey::generate();
-    let reply = ws
-        .register(
-            &new_channel_id(),
-            Some(&autopush_crypto::b64(key.public_key())),
-        )
-        .await;
-    let pinned = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    let pinned = &pinned_endpoint(&mut ws, &key).await;
     for _ in 0..2 {
         signed_push(&server, pinned, &key).await.assert_created();
     }
@@ -313,13 +307,7 @@ async fn forged_signatures_for_a_pinned_key_are_limited_by_address() {
     .await;
     let mut ws = server.client().await;
     let key = SigningKey::generate();
-    let reply = ws
-        .register(
-            &new_channel_id(),
-            Some(&autopush_crypto::b64(key.public_key())),
-        )
-        .await;
-    let pinned = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+    let pinned = &pinned_endpoint(&mut ws, &key).await;
     // Signed by another key, but naming the pinned one: only the signature
     // check can tell.
     let forger = SigningKey::generate();
@@ -390,4 +378,18 @@ async fn a_proxy_seen_ipv4_mapped_is_trusted() {
     );
     let other = register_from(&server, "192.0.2.2").await;
     assert_eq!(other.status, 200, "another client: {}", other.text);
+}
+
+/// Register a new channel pinned to `key` (a v2 endpoint); its endpoint.
+async fn pinned_endpoint(ws: &mut WsClient, key: &SigningKey) -> String {
+    let reply = ws
+        .register(
+            &new_channel_id(),
+            Some(&autopush_crypto::b64(key.public_key())),
+        )
+        .await;
+    reply["pushEndpoint"]
+        .as_str()
+        .expect("pushEndpoint")
+        .to_string()
 }
