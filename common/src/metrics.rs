@@ -58,13 +58,21 @@ pub const STORAGE_ERRORS: &str = "storage.error";
 /// `rpc` (Bigtable's `ReadRows`, `CheckAndMutateRow`...).
 pub const STORAGE_REQUESTS: &str = "storage.request";
 /// Requests refused over a rate limit: `limit` (`sender`, `subscription`,
-/// `source_ip`, `registration`, `new_uaid`, `bridge_app`).
+/// `source_ip`, `registration`, `new_uaid`, `bridge_app`, `matrix_gateway`).
 pub const RATE_LIMITED: &str = "rate_limit.refused";
 /// Keys a rate limiter tracks now: `limit`.
 pub const RATE_LIMIT_KEYS: &str = "rate_limit.keys";
 /// Router API calls taken unsigned from an autopush-rs endpoint during a
 /// migration (`--unsigned-node-calls-from`): `route` (`push`, `notif`).
 pub const UNSIGNED_NODE_CALLS: &str = "node.unsigned_call";
+/// Matrix gateway notifications, one per device: `outcome` (`delivered`,
+/// `foreign` (a pushkey not ours), `gone`, `too_large`, `failed`).
+pub const MATRIX_NOTIFICATIONS: &str = "notification.matrix";
+
+/// A Matrix gateway notification for one device, by what became of it.
+pub fn matrix_notification(outcome: &'static str) {
+    counter!(MATRIX_NOTIFICATIONS, "outcome" => outcome).increment(1);
+}
 
 /// A request refused by the `limit` limiter, which now tracks `keys` keys.
 pub fn rate_limited(limit: &'static str, keys: usize) {

@@ -188,6 +188,10 @@ pub struct SettingsLayer {
     /// `PER_SECOND,BURST` [default: 5000,10000]
     #[arg(long, env = "AUTOPUSH_BRIDGE_APP_LIMIT", global = true)]
     pub bridge_app_limit: Option<String>,
+    /// Matrix gateway notifications (one per device) per homeserver source
+    /// address (an IPv6 /64), as `PER_SECOND,BURST` [default: 100,1000]
+    #[arg(long, env = "AUTOPUSH_MATRIX_GATEWAY_LIMIT", global = true)]
+    pub matrix_gateway_limit: Option<String>,
     /// Most keys (senders, subscriptions, addresses) each rate limiter
     /// tracks; beyond it, the least informative are forgotten [default: 100000]
     #[arg(long, env = "AUTOPUSH_LIMITER_MAX_KEYS", global = true)]
@@ -364,6 +368,7 @@ impl SettingsLayer {
         or(&mut self.registration_limit, || "1,20".into());
         or(&mut self.new_uaid_limit, || "1,20".into());
         or(&mut self.bridge_app_limit, || "5000,10000".into());
+        or(&mut self.matrix_gateway_limit, || "100,1000".into());
         or(&mut self.limiter_max_keys, || 100_000);
         or(&mut self.http_header_timeout, || 10.0);
         or(&mut self.http_idle_timeout, || 75.0);
@@ -582,6 +587,7 @@ pub struct RateLimits {
     pub registration: Option<Rate>,
     pub new_uaid: Option<Rate>,
     pub bridge_app: Option<Rate>,
+    pub matrix_gateway: Option<Rate>,
     pub max_keys: usize,
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
@@ -768,6 +774,7 @@ impl Settings {
             rate_of("registration_limit", l.registration_limit),
             rate_of("new_uaid_limit", l.new_uaid_limit),
             rate_of("bridge_app_limit", l.bridge_app_limit),
+            rate_of("matrix_gateway_limit", l.matrix_gateway_limit),
         ];
         let [
             sender,
@@ -776,6 +783,7 @@ impl Settings {
             registration,
             new_uaid,
             bridge_app,
+            matrix_gateway,
         ] = rates;
         let limits = RateLimits {
             sender,
@@ -784,6 +792,7 @@ impl Settings {
             registration,
             new_uaid,
             bridge_app,
+            matrix_gateway,
             max_keys: at_least_1(&mut p, "limiter_max_keys", l.limiter_max_keys),
             trusted_proxies: p.take(
                 networks("trusted_proxies", l.trusted_proxies.as_deref()),

@@ -126,6 +126,9 @@ const CASES: &[Case] = &[
     case("bridge_app_limit", "5,50", "6,60", |s| {
         rate_text(s.limits.bridge_app)
     }),
+    case("matrix_gateway_limit", "5,50", "6,60", |s| {
+        rate_text(s.limits.matrix_gateway)
+    }),
     case("limiter_max_keys", "5", "6", |s| {
         s.limits.max_keys.to_string()
     }),

@@ -13,7 +13,10 @@
 //! signed one also counts against its key. A pinned key is public, so
 //! anyone can name it beside a forged signature: a push whose signature
 //! fails counts against its source address, and an address out of that
-//! budget is refused before any verification. `/v1` registrations, which
+//! budget is refused before any verification. A Matrix homeserver's
+//! notifications count, one per device, against its source address in a
+//! bucket of their own, and against each subscription they reach, as an
+//! unsigned push does. `/v1` registrations, which
 //! create users without credentials, count against their source address.
 //! Addresses count by [`address_key`] (an IPv6 host by its /64). Limits are
 //! per node: behind a load balancer spreading over N nodes, a sender gets
@@ -22,6 +25,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use autopush_common::endpoint::TokenInfo;
 use autopush_common::errors::retry_after_secs;
 use autopush_common::limit::{Limiter, Rate, address_key};
 use autopush_common::{ApiError, ApiResult, metrics};
@@ -40,6 +44,8 @@ pub struct FairUse {
     registration: Option<Limiter<IpAddr>>,
     /// Failed signature checks by source address (at `source_ip`'s rate).
     forged: Option<Limiter<IpAddr>>,
+    /// Matrix gateway notifications by the homeserver's source address.
+    matrix_gateway: Option<Limiter<IpAddr>>,
     /// Proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
@@ -58,6 +64,7 @@ impl FairUse {
             source_ip: limiter(limits.source_ip, limits.max_keys),
             registration: limiter(limits.registration, limits.max_keys),
             forged: limiter(limits.source_ip, limits.max_keys),
+            matrix_gateway: limiter(limits.matrix_gateway, limits.max_keys),
             trusted_proxies: limits.trusted_proxies.clone(),
         }
     }
@@ -117,6 +124,29 @@ impl FairUse {
         keys("source_ip", &self.source_ip);
         keys("registration", &self.registration);
         keys("forged", &self.forged);
+        keys("matrix_gateway", &self.matrix_gateway);
+    }
+
+    /// A Matrix gateway notification for one device, from the homeserver
+    /// at `client`: taken before its pushkey is looked at.
+    pub fn matrix_notification(&self, client: IpAddr) -> ApiResult<()> {
+        take(
+            &self.matrix_gateway,
+            &address_key(client),
+            "matrix_gateway",
+            "homeserver address",
+        )
+    }
+
+    /// A Matrix gateway notification to `subscription`, which counts as
+    /// an unsigned push to it does.
+    pub fn matrix_subscription(&self, subscription: &TokenInfo) -> ApiResult<()> {
+        take(
+            &self.subscription,
+            &(subscription.uaid, subscription.channel_id),
+            "subscription",
+            "subscription",
+        )
     }
 
     /// A `/v1` registration from `client`.
@@ -165,6 +195,7 @@ mod tests {
             registration: rate,
             new_uaid: rate,
             bridge_app: rate,
+            matrix_gateway: rate,
             max_keys: 1000,
             trusted_proxies: Vec::new(),
         })

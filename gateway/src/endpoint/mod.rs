@@ -3,6 +3,7 @@
 //! * `POST /wpush/{v1|v2}/{token}`: send a push ([`webpush`]).
 //! * `DELETE /m/{message_id}`: cancel an undelivered push ([`message`]).
 //! * `GET /m/{message_id}`: what became of a push, its receipt ([`receipt`]).
+//! * `/_matrix/push/v1/notify`: a Matrix push gateway ([`matrix`]).
 //! * health routes.
 //!
 //! Every failure is a JSON `{code, errno, error, message, more_info}`.
@@ -10,6 +11,7 @@
 pub mod fair_use;
 pub mod headers;
 pub mod mailbox;
+pub mod matrix;
 pub mod message;
 pub mod receipt;
 pub mod webpush;
@@ -196,6 +198,7 @@ pub fn routes(
                 render(reply.map(|json| warp::reply::json(&json).into_response()))
             },
         );
+    let matrix = matrix::routes(state.clone());
     let health = autopush_serving::health::routes(state.health.clone());
     // Whatever no route took: decided here from the path alone, not from
     // which of warp's rejections ranks highest.
@@ -206,6 +209,8 @@ pub fn routes(
         .or(receipt)
         .unify()
         .or(registration)
+        .unify()
+        .or(matrix)
         .unify()
         .or(health)
         .unify()

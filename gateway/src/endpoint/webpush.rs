@@ -69,7 +69,20 @@ pub async fn send(
     if let Some(sender) = &sender {
         state.fair_use.signed_push(sender)?;
     }
+    let sender = sender.as_ref().and_then(|s| s.sub.as_deref());
+    deliver(state, &subscription, push, body, sender, router_type).await
+}
 
+/// Route an accepted push to `subscription`: directly, stored, or through
+/// its bridge. `sender` names who signed it, for the logs.
+pub async fn deliver(
+    state: Arc<EndpointState>,
+    subscription: &TokenInfo,
+    push: PushHeaders,
+    body: Bytes,
+    sender: Option<&str>,
+    router_type: &mut Option<RouterType>,
+) -> ApiResult<Response> {
     let (user, subscribed) = state
         .storage
         .get_user_and_channel(&subscription.uaid, &subscription.channel_id)
@@ -92,7 +105,7 @@ pub async fn send(
         (state.receipt_retention > 0 && user.router_type != RouterType::WebPush && !mailbox)
             .then(|| (MessageState::Bridged, now_secs()));
     let (notification, mut message) =
-        build_notification(&state, &subscription, push, &body, bridged);
+        build_notification(&state, subscription, push, &body, bridged);
     let (mut message_id, ttl) = (notification.version.clone(), notification.ttl);
     if mailbox {
         mailbox::keep(&state, &user, &notification).await?;
@@ -137,7 +150,7 @@ pub async fn send(
     debug!(
         uaid = %uaid_tag(&subscription.uaid),
         ?delivery,
-        sender = sender.as_ref().and_then(|s| s.sub.as_deref()).unwrap_or("-"),
+        sender = sender.unwrap_or("-"),
         "push routed"
     );
 
