@@ -12,7 +12,8 @@
 //! on Google's emulator ([`bigtable`]). An upstream is put behind https, and the
 //! server's own TLS ports are spoken to, with [`tls`]; the service also runs
 //! behind Debian's nginx and Caddy, as the docs deploy it, with [`nginx`] and
-//! [`caddy`]. A test that must hold on every
+//! [`caddy`]. The Matrix push gateway is pushed to by a real Synapse
+//! ([`synapse`]). A test that must hold on every
 //! backend runs once on each ([`backend`], `on_every_backend!`).
 //!
 //! Environment:
@@ -45,6 +46,7 @@ pub mod receipt;
 pub mod scenarios;
 pub mod server;
 pub mod subscription;
+pub mod synapse;
 pub mod tls;
 pub mod ws;
 
