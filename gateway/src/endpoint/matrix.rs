@@ -313,7 +313,7 @@ impl From<&ApiError> for MatrixError {
         let errcode = match status {
             StatusCode::TOO_MANY_REQUESTS => "M_LIMIT_EXCEEDED",
             StatusCode::PAYLOAD_TOO_LARGE => "M_TOO_LARGE",
-            StatusCode::BAD_REQUEST => "M_BAD_JSON",
+            // Not the body's shape (that is `parse`'s): the store, a bridge.
             _ => "M_UNKNOWN",
         };
         MatrixError {
