@@ -213,19 +213,15 @@ async fn deliver(
     device: &Value,
 ) -> ApiResult<()> {
     let whole = payload(notification, device, false);
-    let short = || payload(notification, device, true);
-    let first = if whole.len() <= state.max_data_bytes {
-        whole
-    } else {
-        short()
-    };
-    match route(state, subscription, notification, first.clone()).await {
-        // A bridge holds less than Web Push: try the short form there.
-        Err(ApiError::BridgePayloadTooLarge(_)) if first != short() => {
-            route(state, subscription, notification, short()).await
+    if whole.len() <= state.max_data_bytes {
+        match route(state, subscription, notification, whole).await {
+            // A bridge's message holds less than a Web Push one.
+            Err(ApiError::BridgePayloadTooLarge(_)) => {}
+            delivered_or_not => return delivered_or_not,
         }
-        other => other,
     }
+    let event_id_only = payload(notification, device, true);
+    route(state, subscription, notification, event_id_only).await
 }
 
 /// The JSON the subscription receives for `device`.
