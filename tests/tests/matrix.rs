@@ -1,9 +1,11 @@
 //! The Matrix push gateway on the endpoint port (`/_matrix/push/v1/notify`):
 //! a real Synapse pushes through it to a websocket client, and gets back
 //! `rejected` once the subscription is gone; raw requests check the
-//! discovery answer, pushkeys that are not ours, bad bodies, the rate limit
-//! and stored delivery.
+//! discovery answer, pushkeys that are not ours, bad bodies, the rate limit,
+//! stored delivery, and delivery through the FCM bridge (to Google's
+//! stand-in).
 
+use autopush_tests::google::{Google, Reply};
 use autopush_tests::http::{get, request};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::synapse::Synapse;
@@ -259,5 +261,56 @@ async fn a_notification_too_large_for_a_push_arrives_event_id_only() {
             "devices": [{"app_id": "org.example.app", "pushkey": subscription.endpoint,
                 "pushkey_ts": 1, "data": {"cs": "secret"}}],
         }})
+    );
+}
+
+#[tokio::test]
+async fn a_bridged_app_gets_the_notification_through_fcm_and_a_gone_device_is_rejected() {
+    let google = Google::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key_file = google.write_service_account(dir.path(), "service-account.json");
+    let config = dir.path().join("autopush.toml");
+    let toml = format!(
+        "[fcm.apps.app1]\nproject_id = \"autopush-test\"\ncredential = \"{}\"\n\
+         base_url = \"{}\"\n",
+        key_file.display(),
+        google.base_url()
+    );
+    std::fs::write(&config, toml).expect("write the settings file");
+    let server = Server::start_with(&["--config", &config.display().to_string()]).await;
+    let registration = request(
+        Method::POST,
+        &format!("{}/v1/fcm/app1/registration", server.endpoint_base()),
+        &[("content-type", "application/json")],
+        Some(json!({"token": "device-1"}).to_string().into_bytes()),
+    )
+    .await;
+    assert_eq!(registration.status, 200, "{}", registration.text);
+    let endpoint = registration.field("endpoint");
+
+    let body = notification(&[&endpoint], "to the app").to_string();
+    let reply = notify(&server, body.as_bytes()).await;
+    assert_eq!(reply.json, json!({"rejected": []}), "{}", reply.text);
+    let got = google.wait_for("device-1", 1).await;
+    let data = got[0].data();
+    assert!(data.get("con").is_none(), "not encrypted: {data}");
+    let sent = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(
+            data["body"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no body: {data}")),
+        )
+        .expect("base64url");
+    let sent: Value = serde_json::from_slice(&sent).expect("JSON");
+    assert_eq!(sent["notification"]["content"]["body"], "to the app");
+
+    // FCM says the app was uninstalled: the homeserver is told to stop.
+    google.script("device-1", &[Reply::Unregistered]);
+    let reply = notify(&server, body.as_bytes()).await;
+    assert_eq!(
+        reply.json,
+        json!({ "rejected": [endpoint] }),
+        "{}",
+        reply.text
     );
 }
