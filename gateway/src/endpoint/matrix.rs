@@ -78,7 +78,7 @@ pub fn routes(
                         let client = state.client(peer, &headers);
                         let result = match read_body(body, MAX_BODY).await {
                             Ok(body) => notify(&state, client, &body).await,
-                            Err(e) => Err(MatrixError::from(&e)),
+                            Err(e) => Err(e.into()),
                         };
                         match result {
                             Ok(rejected) => {
@@ -111,10 +111,7 @@ async fn notify(
     // get theirs meanwhile).
     let mut failure = None;
     for device in &devices {
-        state
-            .fair_use
-            .matrix_notification(client)
-            .map_err(|e| MatrixError::from(&e))?;
+        state.fair_use.matrix_notification(client)?;
         let pushkey = device["pushkey"].as_str().unwrap_or_default();
         let Some(subscription) = our_subscription(state, pushkey) else {
             debug!("matrix gateway: a pushkey that is not one of our endpoints, rejected");
@@ -122,10 +119,7 @@ async fn notify(
             rejected.push(pushkey.to_owned());
             continue;
         };
-        state
-            .fair_use
-            .matrix_subscription(&subscription)
-            .map_err(|e| MatrixError::from(&e))?;
+        state.fair_use.matrix_subscription(&subscription)?;
         match deliver(state, &subscription, &notification, device).await {
             Ok(()) => metrics::matrix_notification("delivered"),
             Err(ApiError::NoUser | ApiError::NoSubscription | ApiError::DeviceGone) => {
@@ -146,7 +140,7 @@ async fn notify(
         }
     }
     match failure {
-        Some(e) => Err(MatrixError::from(&e)),
+        Some(e) => Err(e.into()),
         None => Ok(rejected),
     }
 }
@@ -303,8 +297,8 @@ impl MatrixError {
     }
 }
 
-impl From<&ApiError> for MatrixError {
-    fn from(e: &ApiError) -> Self {
+impl From<ApiError> for MatrixError {
+    fn from(e: ApiError) -> Self {
         let status = e.status();
         let errcode = match status {
             StatusCode::TOO_MANY_REQUESTS => "M_LIMIT_EXCEEDED",
