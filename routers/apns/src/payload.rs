@@ -210,6 +210,7 @@ mod tests {
             last_connect: 0,
             over_msg_limit: false,
             current_month: None,
+            min_urgency: autopush_common::Urgency::VeryLow,
         }
     }
 
