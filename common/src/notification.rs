@@ -45,8 +45,8 @@ pub struct Notification {
     pub durable: bool,
 }
 
-/// RFC 8030 §5.3 `Urgency`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// RFC 8030 §5.3 `Urgency`, ordered from `very-low` to `high`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Urgency {
     VeryLow,
@@ -102,6 +102,11 @@ impl Notification {
 
     pub fn is_expired(&self, now_secs: u64) -> bool {
         self.expiry() <= now_secs
+    }
+
+    /// Less urgent than `min` (a message without `Urgency` is normal).
+    pub fn is_below(&self, min: Urgency) -> bool {
+        self.urgency.unwrap_or(Urgency::Normal) < min
     }
 
     /// This notification's JSON: see [`Notification::write_json`].

@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::notification::{Notification, Urgency};
+
 /// How notifications for a user are delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -62,6 +64,19 @@ pub struct User {
     /// not read yet, e.g. `message_2026_11`. Kept as read; `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_month: Option<String>,
+    /// The least urgent message the user agent wants now (RFC 8030 §5.3),
+    /// set with the websocket's `urgency` message: less urgent ones are
+    /// held in storage. `very-low` (take everything) is not stored.
+    #[serde(default = "lowest", skip_serializing_if = "is_lowest")]
+    pub min_urgency: Urgency,
+}
+
+fn lowest() -> Urgency {
+    Urgency::VeryLow
+}
+
+fn is_lowest(urgency: &Urgency) -> bool {
+    *urgency == Urgency::VeryLow
 }
 
 /// The `router_data` key of a bridge registration that asked for a mailbox.
@@ -91,6 +106,13 @@ impl User {
             last_connect: connected_at,
             over_msg_limit: false,
             current_month: None,
+            min_urgency: Urgency::VeryLow,
         }
+    }
+
+    /// Whether `message` waits in storage until the user agent lowers its
+    /// minimum urgency.
+    pub fn holds(&self, message: &Notification) -> bool {
+        message.is_below(self.min_urgency)
     }
 }

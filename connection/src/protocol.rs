@@ -1,8 +1,8 @@
 //! The websocket push protocol (see the seeds' "User Agent Protocol Overview"):
 //! client messages in, server messages out, as JSON text frames.
 
-use autopush_common::Notification;
 use autopush_common::bridge::{write_json_members, write_json_str, write_json_uuid};
+use autopush_common::{Notification, Urgency};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -48,6 +48,13 @@ pub enum ClientMessage {
     },
     /// `{}`: the client's keep-alive.
     Ping,
+    /// The least urgent message the client wants now: `min` is read by
+    /// [`min_urgency`], so that a bad value is answered, not a protocol
+    /// error.
+    Urgency {
+        #[serde(default)]
+        min: Value,
+    },
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
@@ -112,6 +119,14 @@ impl ClientMessage {
     }
 }
 
+/// The `min` of an `urgency` message: one of RFC 8030's four values, as
+/// the `Urgency` header spells them; else why not.
+pub fn min_urgency(min: &Value) -> Result<Urgency, String> {
+    serde_json::from_value(min.clone()).map_err(|_| {
+        format!("min must be \"very-low\", \"low\", \"normal\" or \"high\", got {min}")
+    })
+}
+
 /// A message to the user agent.
 #[derive(Debug, Serialize)]
 #[serde(tag = "messageType", rename_all = "snake_case")]
@@ -134,6 +149,11 @@ pub enum ServerMessage {
     Unregister {
         #[serde(rename = "channelID")]
         channel_id: String,
+        status: u16,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    Urgency {
         status: u16,
         #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
@@ -250,6 +270,26 @@ mod tests {
         );
         let e = ClientMessage::parse(r#"{"messageType":"register"}"#).unwrap_err();
         assert!(e.reason.contains("channelID"), "{}", e.reason);
+    }
+
+    #[test]
+    fn reads_the_minimum_urgency() {
+        let ClientMessage::Urgency { min } =
+            ClientMessage::parse(r#"{"messageType":"urgency","min":"very-low"}"#).unwrap()
+        else {
+            panic!("not an urgency message");
+        };
+        assert_eq!(min_urgency(&min), Ok(Urgency::VeryLow));
+        for bad in [json!("urgent"), json!("LOW"), json!(3), Value::Null] {
+            let e = min_urgency(&bad).unwrap_err();
+            assert!(e.contains(&bad.to_string()), "{e}");
+        }
+        let ClientMessage::Urgency { min } =
+            ClientMessage::parse(r#"{"messageType":"urgency"}"#).unwrap()
+        else {
+            panic!("not an urgency message");
+        };
+        assert_eq!(min, Value::Null);
     }
 
     #[test]

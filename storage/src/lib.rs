@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::{ApiError, Notification, User};
+use autopush_common::{ApiError, Notification, Urgency, User};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -118,7 +118,10 @@ pub trait Storage: Send + Sync {
     /// still existing and still holding `seen_connected_at`. Returns whether
     /// it was written; `false` means the user was removed, or another
     /// connection took it over since it was read. Nothing else in the record
-    /// (router data, message month) is touched.
+    /// (router data, message month) is touched, except that a backend whose
+    /// cells expire (Bigtable) writes `min_urgency` of `user`, the minimum
+    /// read with `seen_connected_at`, again, and then also requires it to
+    /// be unchanged.
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool>;
 
     /// Set `last_connect` (ms) of a user, if it exists. Returns whether it
@@ -148,6 +151,18 @@ pub trait Storage: Send + Sync {
     /// Clear `node_id` if the record still names `node_id` at `connected_at`
     /// (an endpoint found the client gone). Returns whether it was cleared.
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool>;
+
+    /// Set the user agent's minimum urgency (`very-low` is stored as no
+    /// minimum at all), if the record still names `node_id` at
+    /// `connected_at`: only the connection that owns the record changes
+    /// it. Returns whether it was written.
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool>;
 
     /// Subscribe `channel_id` unless the user already has `limit` channels
     /// (re-adding a channel it has always succeeds). Returns whether the

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use autopush_common::metrics::storage_op;
-use autopush_common::{Notification, User};
+use autopush_common::{Notification, Urgency, User};
 use uuid::Uuid;
 
 use crate::{DirectCopy, Result, Storage, StoredMessage, SweepStep};
@@ -77,6 +77,17 @@ impl Storage for MeteredStorage {
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
         let call = self.inner.remove_node_id(uaid, node_id, connected_at);
         self.timed("remove_node_id", call).await
+    }
+
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool> {
+        let call = self.inner.set_min_urgency(uaid, node_id, connected_at, min);
+        self.timed("set_min_urgency", call).await
     }
 
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {

@@ -33,6 +33,8 @@ pub struct WebPushOptions {
     pub vapid: Option<VapidKey>,
     pub vapid_subject: String,
     pub topic: Option<String>,
+    /// web-push's `urgency` option, sent as the `Urgency` header.
+    pub urgency: Option<String>,
 }
 
 impl WebPushOptions {
@@ -44,6 +46,7 @@ impl WebPushOptions {
             vapid: None,
             vapid_subject: "mailto:test@example.com".to_string(),
             topic: None,
+            urgency: None,
         }
     }
 
@@ -62,6 +65,11 @@ impl WebPushOptions {
         self
     }
 
+    pub fn urgency(mut self, urgency: &str) -> WebPushOptions {
+        self.urgency = Some(urgency.to_string());
+        self
+    }
+
     fn request(&self, endpoint: &str, keys: &Keys) -> Value {
         let mut options = json!({
             "TTL": self.ttl,
@@ -76,6 +84,9 @@ impl WebPushOptions {
         }
         if let Some(t) = &self.topic {
             options["topic"] = json!(t);
+        }
+        if let Some(u) = &self.urgency {
+            options["urgency"] = json!(u);
         }
         json!({
             "subscription": {

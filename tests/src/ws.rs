@@ -261,6 +261,13 @@ impl WsClient {
     }
 
     /// Send a ping (`{}`); read the `{}` reply with [`WsClient::recv`].
+    /// Send `{"messageType":"urgency","min":min}` and return the answer.
+    pub async fn set_min_urgency(&mut self, min: Value) -> Value {
+        self.send_json(json!({"messageType": "urgency", "min": min}))
+            .await;
+        self.recv_type("urgency").await
+    }
+
     pub async fn ping(&mut self) {
         self.send_text("{}").await;
     }

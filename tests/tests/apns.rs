@@ -133,6 +133,52 @@ async fn urgency_ttl_zero_and_an_empty_push_map_onto_apns_headers() {
     );
 }
 
+/// The README's Urgency table, as Apple receives it: `very-low` is a
+/// background push at priority 5 (Apple allows no other for one) with
+/// `content-available` and no alert, even over a registration's own `aps`;
+/// `low` an alert at 5; `normal` and `high` alerts at 10. The app can
+/// decrypt each.
+#[tokio::test]
+async fn every_urgency_maps_onto_apns_priority_and_push_type() {
+    let service = ApnsService::start().await;
+    let token = device_token();
+    let aps = json!({"alert": {"loc-key": "push.body"}, "sound": "default"});
+    let app = service
+        .register(FIREFOX, &token, json!({"aps": aps.clone()}))
+        .await;
+    let table = [
+        ("very-low", "5", "background"),
+        ("low", "5", "alert"),
+        ("normal", "10", "alert"),
+        ("high", "10", "alert"),
+    ];
+    for (urgency, _, _) in table {
+        app.send(&SendOptions::text(urgency).ttl(60).urgency(urgency))
+            .await
+            .assert_created();
+    }
+    let recorded = service.double.recorded();
+    assert_eq!(recorded.len(), table.len());
+    for ((urgency, priority, push_type), delivered) in table.iter().zip(&recorded) {
+        let sent = headers(delivered);
+        assert_eq!(
+            (
+                sent["apns-priority"].as_str(),
+                sent["apns-push-type"].as_str()
+            ),
+            (*priority, *push_type),
+            "Urgency {urgency}"
+        );
+        let body = payload(delivered);
+        let want_aps = match *push_type {
+            "background" => json!({"content-available": 1}),
+            _ => aps.clone(),
+        };
+        assert_eq!(body["aps"], want_aps, "Urgency {urgency}");
+        assert_eq!(app.decrypt(delivered).await.text, *urgency);
+    }
+}
+
 #[tokio::test]
 async fn a_registration_may_replace_the_default_aps_and_its_token() {
     let service = ApnsService::start().await;

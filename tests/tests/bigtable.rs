@@ -612,6 +612,10 @@ fn check_cell(key: &str, family: &str, qualifier: &str, value: &[u8]) -> Result<
             // the router family only).
             ("message", "last_connect") => eight(value),
             ("message", "over_msg_limit") => Ok(()),
+            ("message", "min_urgency") => match value {
+                b"low" | b"normal" | b"high" => Ok(()),
+                _ => Err("not a minimum urgency (very-low is no cell)".into()),
+            },
             _ => Err("a cell of the user row autopush-rs does not know".into()),
         };
     };
@@ -709,6 +713,9 @@ async fn every_cell_we_write_is_one_autopush_rs_reads() {
         .to_owned();
     ws.register(&other, None).await;
     audit.scan(&store, "hello+register").await;
+    let min = ws.set_min_urgency(serde_json::json!("low")).await;
+    assert_eq!(min["status"], 200, "{min}");
+    audit.scan(&store, "minimum urgency").await;
     raw_push(&endpoint, &[("urgency", "high")]).await;
     let n = ws.recv_notification().await;
     audit.scan(&store, "direct").await;
@@ -812,6 +819,7 @@ async fn every_cell_we_write_is_one_autopush_rs_reads() {
         "user router:connected_at",
         "user message:last_connect",
         "user message:over_msg_limit",
+        "user message:min_urgency",
         "user router:router_data",
         "message message:data",
         "message message_topic:sortkey_timestamp",

@@ -322,6 +322,38 @@ async fn fcm_pushes_reach_google_as_data_messages_the_app_can_decrypt() {
     assert_eq!(bridge.google.token_fetches(), 1);
 }
 
+/// The README's Urgency table, as Google receives it: `very-low` and `low`
+/// are `normal` priority, `normal` and `high` are `high`. The app still gets
+/// the message to decrypt, whatever its urgency.
+#[tokio::test]
+async fn every_urgency_maps_onto_android_priority() {
+    let bridge = Bridge::start().await;
+    let token = "fcm-token-urgency";
+    let r = bridge.register("fcm", "app1", token).await;
+    let table = [
+        ("very-low", "normal"),
+        ("low", "normal"),
+        ("normal", "high"),
+        ("high", "high"),
+    ];
+    for (i, (urgency, _)) in table.iter().enumerate() {
+        let sent = bridge
+            .push(&r, &SendOptions::text(urgency).urgency(urgency))
+            .await;
+        sent.assert_created();
+        bridge.google.wait_for(token, i + 1).await;
+    }
+    let got = bridge.google.wait_for(token, table.len()).await;
+    for ((urgency, priority), received) in table.iter().zip(&got) {
+        let android = &received.body["message"]["android"];
+        assert_eq!(
+            android["priority"], *priority,
+            "Urgency {urgency}: {android}"
+        );
+        assert_eq!(bridge.decrypt(received.data()).await, *urgency);
+    }
+}
+
 #[tokio::test]
 async fn gcm_registrations_use_the_sender_id_and_hex_channel_ids() {
     let bridge = Bridge::start().await;

@@ -779,6 +779,66 @@ mod suite {
         assert!(store.get_user(&uaid).await.unwrap().is_none());
     }
 
+    /// The minimum urgency is written only by the connection the record
+    /// names, survives its next connection, and reads as very-low when
+    /// never set.
+    pub async fn the_minimum_urgency_belongs_to_the_connection(store: Arc<dyn Storage>) {
+        use autopush_common::Urgency;
+        let uaid = Uuid::new_v4();
+        store
+            .add_user(&User::new_webpush(uaid, "http://a", 10))
+            .await
+            .unwrap();
+        let min = async || store.get_user(&uaid).await.unwrap().unwrap().min_urgency;
+        assert_eq!(min().await, Urgency::VeryLow);
+        assert!(
+            !store
+                .set_min_urgency(&uaid, "http://b", 10, Urgency::High)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .set_min_urgency(&uaid, "http://a", 9, Urgency::High)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .set_min_urgency(&uaid, "http://a", 10, Urgency::Low)
+                .await
+                .unwrap()
+        );
+        assert_eq!(min().await, Urgency::Low);
+
+        // The next connection carries the minimum it read; it stays.
+        let mut b = User::new_webpush(uaid, "http://b", 11);
+        b.min_urgency = Urgency::Low;
+        assert!(store.take_over_user(&b, 10).await.unwrap());
+        assert_eq!(min().await, Urgency::Low);
+        assert!(
+            !store
+                .set_min_urgency(&uaid, "http://a", 10, Urgency::High)
+                .await
+                .unwrap()
+        );
+        assert!(
+            store
+                .set_min_urgency(&uaid, "http://b", 11, Urgency::VeryLow)
+                .await
+                .unwrap()
+        );
+        assert_eq!(min().await, Urgency::VeryLow);
+        store.remove_user(&uaid).await.unwrap();
+        assert!(
+            !store
+                .set_min_urgency(&uaid, "http://b", 11, Urgency::Low)
+                .await
+                .unwrap()
+        );
+        assert!(store.get_user(&uaid).await.unwrap().is_none());
+    }
+
     /// Connections racing to take over what they all read: exactly one
     /// wins, and the record names it. Many rounds, since a store that
     /// checks a condition apart from the write lets two win only now and
@@ -972,6 +1032,7 @@ macro_rules! suite_for {
                 a_fetch_never_deletes_a_topic_message_stored_meanwhile,
                 channels_per_user_are_capped,
                 a_connection_takes_over_only_what_it_read,
+                the_minimum_urgency_belongs_to_the_connection,
                 racing_connections_leave_exactly_one,
                 user_changes_are_conditional_on_what_was_read,
                 users_round_trip,

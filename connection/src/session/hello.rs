@@ -6,7 +6,7 @@ use std::sync::Arc;
 use autopush_common::ids::uaid_tag;
 use autopush_common::limit::address_key;
 use autopush_common::time::now_millis;
-use autopush_common::{RouterType, User};
+use autopush_common::{RouterType, Urgency, User};
 use tokio_tungstenite::tungstenite::Message;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -57,6 +57,11 @@ pub(super) struct Joined {
     /// Stored messages this session may send: `Some(msg_limit)` when the
     /// client is over the limit, `None` for no bound.
     pub stored_budget: Option<usize>,
+    /// When this connection recorded itself: what its own writes to the
+    /// user record are conditional on.
+    pub connected_at: u64,
+    /// The user agent's minimum urgency, as its record holds it.
+    pub min_urgency: Urgency,
 }
 
 /// Why a `hello` could not take its user over.
@@ -140,6 +145,9 @@ async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result
     let membership = ctx.registry.connect(uaid, connected_at);
     let mut user = User::new_webpush(uaid, ctx.node_id(), connected_at);
     user.over_msg_limit = over_limit;
+    if let Some(prev) = &previous {
+        user.min_urgency = prev.min_urgency;
+    }
     let written = match &previous {
         Some(prev) => ctx.storage.take_over_user(&user, prev.connected_at).await,
         None => ctx.storage.add_user(&user).await.map(|()| true),
@@ -164,6 +172,8 @@ async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result
         uaid,
         membership,
         stored_budget: over_limit.then_some(ctx.settings.msg_limit),
+        connected_at,
+        min_urgency: user.min_urgency,
     })
 }
 
@@ -213,6 +223,8 @@ pub(super) async fn accept(
         uaid,
         membership,
         stored_budget,
+        connected_at,
+        min_urgency,
     } = joined;
     let reply = ServerMessage::Hello {
         uaid: uaid.simple().to_string(),
@@ -240,6 +252,9 @@ pub(super) async fn accept(
         stored_budget,
         skip_stored: Default::default(),
         recently_settled: Default::default(),
+        connected_at,
+        min_urgency,
+        held: 0,
     })
 }
 
@@ -323,6 +338,15 @@ mod tests {
         }
         async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, at: u64) -> Result<bool> {
             self.inner.remove_node_id(uaid, node_id, at).await
+        }
+        async fn set_min_urgency(
+            &self,
+            uaid: &Uuid,
+            node_id: &str,
+            at: u64,
+            min: autopush_common::Urgency,
+        ) -> Result<bool> {
+            self.inner.set_min_urgency(uaid, node_id, at, min).await
         }
         async fn add_channel(&self, uaid: &Uuid, chid: &Uuid, limit: usize) -> Result<bool> {
             self.inner.add_channel(uaid, chid, limit).await

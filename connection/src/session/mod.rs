@@ -13,6 +13,7 @@ mod ping;
 mod register;
 mod stored;
 mod unregister;
+mod urgency;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -324,6 +325,13 @@ pub(crate) struct Session {
     /// The last stored messages settled, so a durable direct copy of one
     /// that arrives late is not delivered twice.
     recently_settled: ack::RecentlySettled,
+    /// When this connection recorded itself in the user record.
+    connected_at: u64,
+    /// Messages less urgent than this wait in storage.
+    min_urgency: autopush_common::Urgency,
+    /// Stored messages the last look at storage found held by
+    /// `min_urgency`: the next look fetches past them at once.
+    held: usize,
     /// Dropped last, after the clean-up below (or on a panic).
     _live: LiveSession,
 }
@@ -421,6 +429,7 @@ impl Session {
             // Broadcasts are not used by this service; accepting keeps Firefox happy.
             ClientMessage::BroadcastSubscribe { .. } => Ok(()),
             ClientMessage::Ping => self.ping().await,
+            ClientMessage::Urgency { min } => self.set_min_urgency(&min).await,
         }
     }
 
@@ -455,6 +464,10 @@ impl Session {
         if expired || sent_from_storage {
             self.inbox.settled_direct();
             return Ok(());
+        }
+        if notification.is_below(self.min_urgency) {
+            // Routed here before the endpoint read the minimum just raised.
+            return self.hold_direct(notification).await;
         }
         let message = notification_json(&notification);
         self.unacked_direct

@@ -30,23 +30,41 @@ impl Session {
             self.recheck_storage = false;
             return Ok(());
         }
-        // Nacked messages stay stored but are not sent again in this session:
-        // fetch past them.
-        let messages = self
-            .ctx
-            .storage
-            .fetch_messages(&self.uaid, batch + self.skip_stored.len())
-            .await
-            .map_err(Close::storage)?;
-        let (mut fresh, mut sent) = (0, 0);
-        for message in messages {
-            if fresh == batch {
-                break;
+        // Nacked messages stay stored but are not sent again in this
+        // session, and held ones (below the minimum urgency) wait: fetch
+        // past them. Held ones are counted, so the next look fetches past
+        // them in one read; until then the fetch doubles while they fill it.
+        let mut limit = batch + self.skip_stored.len() + self.held;
+        let (ready, held) = loop {
+            let messages = self
+                .ctx
+                .storage
+                .fetch_messages(&self.uaid, limit)
+                .await
+                .map_err(Close::storage)?;
+            let read = messages.len();
+            let (mut ready, mut held) = (Vec::new(), 0);
+            for message in messages {
+                if self.skip_stored.contains(&message.version) {
+                    continue;
+                }
+                if message.is_below(self.min_urgency) {
+                    held += 1;
+                    continue;
+                }
+                if ready.len() < batch {
+                    ready.push(message);
+                }
             }
-            if self.skip_stored.contains(&message.version) {
-                continue;
+            if ready.len() == batch || read < limit {
+                break (ready, held);
             }
-            fresh += 1;
+            limit = limit.saturating_mul(2);
+        };
+        self.held = held;
+        let fresh = ready.len();
+        let mut sent = 0;
+        for message in ready {
             // A direct notification stored at a previous disconnect (or
             // durably, before it was sent) may still be out with this client.
             if self.unacked_direct.contains_key(&message.version) {

@@ -105,7 +105,9 @@ async fn look_up(
                 Some(user) if user.router_type != RouterType::WebPush => {
                     (MessageState::Bridged, pending.timestamp)
                 }
-                Some(user) if user.node_id.is_some() => (
+                // Below the client's minimum urgency: it waits in storage
+                // while the client is connected.
+                Some(user) if user.node_id.is_some() && !user.holds(&pending) => (
                     MessageState::Sent,
                     pending.timestamp.max(user.connected_at / 1000),
                 ),

@@ -134,6 +134,7 @@ impl<'a> A2Payload<'a> {
         let ApnsHeaders {
             topic,
             priority,
+            background,
             expiration,
             collapse_id,
         } = &request.headers;
@@ -146,7 +147,11 @@ impl<'a> A2Payload<'a> {
             device_token: &request.device_token,
             options: NotificationOptions {
                 apns_id: None,
-                apns_push_type: Some(PushType::Alert),
+                apns_push_type: Some(if *background {
+                    PushType::Background
+                } else {
+                    PushType::Alert
+                }),
                 apns_expiration: Some(*expiration),
                 apns_priority: Some(if *priority == 5 {
                     Priority::Normal
@@ -269,6 +274,7 @@ mod tests {
             headers: ApnsHeaders {
                 topic: "org.example.app".into(),
                 priority: 5,
+                background: false,
                 expiration: 1234,
                 collapse_id: Some("news".into()),
             },

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use autopush_common::bridge::{web_push_fields, write_json_members};
 use autopush_common::router::{RouterDataInput, RouterError};
-use autopush_common::{Notification, User};
+use autopush_common::{Notification, Urgency, User};
 use serde_json::{Value, json};
 
 use crate::sender::{ApnsHeaders, ApnsRequest};
@@ -27,6 +27,10 @@ pub const MAX_APS_BYTES: usize = 1024;
 /// notification service extension may rewrite (`mutable-content`) once it
 /// has decrypted the message; shown as is if the extension cannot.
 const DEFAULT_APS: &str = r#"{"alert":{"title":"New message"},"mutable-content":1}"#;
+
+/// The `aps` of a background push (a `very-low` message): Apple allows no
+/// alert, sound or badge in one.
+const BACKGROUND_APS: &str = r#"{"content-available":1}"#;
 
 /// [`DEFAULT_APS`] as a value.
 pub fn default_aps() -> Value {
@@ -139,7 +143,14 @@ pub fn request(
     fields.insert("chid", &chid);
     fields.insert("ver", &notification.version);
     let ciphertext = notification.data.as_deref().unwrap_or_default();
-    let payload = body_json(data.aps.as_deref(), &fields)
+    // `very-low`: a background push, which Apple requires at priority 5
+    // and without the registration's alert; `low`: an alert at 5.
+    let background = notification.urgency == Some(Urgency::VeryLow);
+    let (aps, default_aps) = match background {
+        true => (None, BACKGROUND_APS),
+        false => (data.aps.as_deref(), DEFAULT_APS),
+    };
+    let payload = body_json(aps, default_aps, &fields)
         .map_err(|e| RouterError::Upstream(format!("cannot encode the APNs body: {e}")))?;
     if payload.len() > MAX_PAYLOAD_BYTES {
         // What the base64url body may take, in bytes of ciphertext.
@@ -152,6 +163,7 @@ pub fn request(
         headers: ApnsHeaders {
             topic: topic.to_owned(),
             priority: if low { 5 } else { 10 },
+            background,
             expiration: match notification.ttl {
                 0 => 0,
                 ttl => notification.timestamp.saturating_add(ttl),
@@ -162,16 +174,21 @@ pub fn request(
     })
 }
 
-/// `{"aps": ..., "body": ..., "chid": ...}`, written by hand rather than by
+/// `{"aps": ..., "body": ..., "chid": ...}` (`aps` as given, else
+/// `default_aps`), written by hand rather than by
 /// serde_json so that the body, base64url, is copied instead of scanned for
 /// escapes ([`write_json_members`]).
-fn body_json(aps: Option<&Value>, fields: &BTreeMap<&str, &str>) -> serde_json::Result<String> {
+fn body_json(
+    aps: Option<&Value>,
+    default_aps: &str,
+    fields: &BTreeMap<&str, &str>,
+) -> serde_json::Result<String> {
     let fields_len: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 6).sum();
     let mut out = Vec::with_capacity(fields_len + 256);
     out.extend_from_slice(b"{\"aps\":");
     match aps {
         Some(aps) => serde_json::to_writer(&mut out, aps)?,
-        None => out.extend_from_slice(DEFAULT_APS.as_bytes()),
+        None => out.extend_from_slice(default_aps.as_bytes()),
     }
     out.push(b',');
     write_json_members(&mut out, fields.iter().map(|(k, v)| (*k, *v)))?;
@@ -182,7 +199,7 @@ fn body_json(aps: Option<&Value>, fields: &BTreeMap<&str, &str>) -> serde_json::
 
 #[cfg(test)]
 mod tests {
-    use autopush_common::{RouterType, Urgency};
+    use autopush_common::RouterType;
     use uuid::Uuid;
 
     use super::*;
@@ -210,6 +227,7 @@ mod tests {
             last_connect: 0,
             over_msg_limit: false,
             current_month: None,
+            min_urgency: autopush_common::Urgency::VeryLow,
         }
     }
 
@@ -298,15 +316,32 @@ mod tests {
         let data = RouterData::of(&u).unwrap();
         let mut n = notification(None);
         n.ttl = 0;
-        n.urgency = Some(Urgency::VeryLow);
+        n.urgency = Some(Urgency::Low);
         n.topic = Some("scores".into());
         let request = request(&n, &data, "org.x").unwrap();
         assert_eq!(request.headers.priority, 5);
+        assert_eq!(request.headers.push_type(), "alert");
         assert_eq!(request.headers.expiration, 0);
         assert_eq!(request.headers.collapse_id.as_deref(), Some("scores"));
         let body: Value = serde_json::from_str(&request.payload).unwrap();
         assert_eq!(body["aps"], json!({"badge": 1}));
         assert!(body.get("body").is_none() && body.get("con").is_none());
+    }
+
+    /// Apple: a background push has priority 5, `content-available` and
+    /// no alert, sound or badge (not even the registration's own).
+    #[test]
+    fn very_low_is_a_background_push_at_priority_5() {
+        let u = user(json!({"token": TOKEN, "rel_channel": "firefox", "aps": "{\"badge\":1}"}));
+        let data = RouterData::of(&u).unwrap();
+        let mut n = notification(Some("YWJj".into()));
+        n.urgency = Some(Urgency::VeryLow);
+        let request = request(&n, &data, "org.x").unwrap();
+        assert_eq!(request.headers.priority, 5);
+        assert_eq!(request.headers.push_type(), "background");
+        let body: Value = serde_json::from_str(&request.payload).unwrap();
+        assert_eq!(body["aps"], json!({"content-available": 1}));
+        assert_eq!(body["body"], "YWJj");
     }
 
     #[test]

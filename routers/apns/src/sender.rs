@@ -22,8 +22,12 @@ pub struct ApnsRequest {
 pub struct ApnsHeaders {
     /// `apns-topic`: the app's bundle id.
     pub topic: String,
-    /// `apns-priority`: 10 (now) or 5 (when the device sees fit).
+    /// `apns-priority`: 10 (now) or 5 (when the device sees fit; the only
+    /// one Apple allows for a background push).
     pub priority: u8,
+    /// `apns-push-type` `background` instead of `alert`: the app is woken
+    /// without an alert, when the system sees fit (Apple throttles these).
+    pub background: bool,
     /// `apns-expiration`: Unix seconds; 0 means "now or never".
     pub expiration: u64,
     /// `apns-collapse-id`: the Web Push `Topic`, if the sender gave one.
@@ -31,15 +35,21 @@ pub struct ApnsHeaders {
 }
 
 impl ApnsHeaders {
-    /// Every push is an alert the app's notification service extension can
-    /// rewrite (`mutable-content`).
-    pub const PUSH_TYPE: &'static str = "alert";
+    /// `apns-push-type`: an alert the app's notification service extension
+    /// can rewrite (`mutable-content`), or a background push.
+    pub fn push_type(&self) -> &'static str {
+        if self.background {
+            "background"
+        } else {
+            "alert"
+        }
+    }
 
     /// The headers as they go on the wire, by name.
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = vec![
             ("apns-topic", self.topic.clone()),
-            ("apns-push-type", Self::PUSH_TYPE.to_owned()),
+            ("apns-push-type", self.push_type().to_owned()),
             ("apns-priority", self.priority.to_string()),
             ("apns-expiration", self.expiration.to_string()),
         ];

@@ -48,6 +48,7 @@ fn user(router: &ApnsRouter, token: &str, channel: &str) -> User {
         last_connect: 0,
         over_msg_limit: false,
         current_month: None,
+        min_urgency: autopush_common::Urgency::VeryLow,
     }
 }
 

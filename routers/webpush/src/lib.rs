@@ -16,6 +16,10 @@
 //! loses nothing. Off, a direct message lives in the node's memory until the
 //! ack, and is written to storage only if the session ends without one.
 //!
+//! A message less urgent than the user agent's minimum (RFC 8030 §5.3,
+//! kept on its record) is held: stored without waking the client, and
+//! sent once the client lowers its minimum.
+//!
 //! A node that is not ours (autopush-rs's, on a shared Bigtable table
 //! during a migration) never deletes a durable copy: its direct acks do not
 //! touch storage. Ours say they do ([`SETTLES_DURABLE_COPY`]); when a node
@@ -168,6 +172,27 @@ impl WebPushRouter {
         self.stored(&user.uaid).await
     }
 
+    /// Keep a message below the user agent's minimum urgency in storage,
+    /// without waking its client (TTL 0: dropped). The client may have
+    /// lowered its minimum (and checked storage) since we read its record:
+    /// look again, and if the message is now accepted, nudge its node.
+    async fn hold(&self, notification: Notification, user: &User) -> ApiResult<Delivery> {
+        if notification.ttl == 0 {
+            return Ok(Delivery::Dropped);
+        }
+        let uaid = user.uaid;
+        self.storage
+            .save_messages(&uaid, vec![notification.clone()])
+            .await?;
+        if let Some(now) = self.storage.get_user(&uaid).await?
+            && !now.holds(&notification)
+            && let Some(node_id) = &now.node_id
+        {
+            self.notify_node(node_id, &uaid).await;
+        }
+        Ok(Delivery::Stored)
+    }
+
     /// The message is in storage: the client may have connected (and
     /// checked storage) since we read its record, so look again and nudge
     /// whichever node has it now.
@@ -212,6 +237,9 @@ impl Router for WebPushRouter {
         mut notification: Notification,
         user: &User,
     ) -> ApiResult<Delivery> {
+        if user.holds(&notification) {
+            return self.hold(notification, user).await;
+        }
         if !stores_direct(self.durable_direct, notification.ttl) {
             return self.deliver_kept(notification, user).await;
         }

@@ -27,7 +27,7 @@ pub mod settings;
 use std::collections::HashSet;
 
 use async_trait::async_trait;
-use autopush_common::{Notification, User, time::now_secs};
+use autopush_common::{Notification, Urgency, User, time::now_secs};
 use futures_util::{StreamExt, TryStreamExt};
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
     self as pb, RowFilter, RowRange, RowSet, mutate_rows_request, row_range,
@@ -409,13 +409,12 @@ impl Storage for BigtableStore {
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
         let mut mutations = row::connection_mutations(self.families(), user);
         mutations.extend(row::new_version(self.families()));
-        self.check_and_mutate(
-            row::user_key(&user.uaid),
+        let predicate = row::and(
             self.connected_at_is(seen_connected_at),
-            mutations,
-            Vec::new(),
-        )
-        .await
+            row::min_urgency_is(self.families(), user.min_urgency),
+        );
+        self.check_and_mutate(row::user_key(&user.uaid), predicate, mutations, Vec::new())
+            .await
     }
 
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
@@ -479,6 +478,22 @@ impl Storage for BigtableStore {
         );
         let mut mutations = vec![row::delete_column(router, b"node_id")];
         mutations.extend(row::new_version(self.families()));
+        self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
+            .await
+    }
+
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool> {
+        let predicate = row::and(
+            row::column_is(&self.families().router, "node_id", node_id.as_bytes()),
+            self.connected_at_is(connected_at),
+        );
+        let mutations = row::min_urgency_mutations(self.families(), min);
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }

@@ -19,9 +19,11 @@
 //! autopush-rs's `get_user` reads every router cell of the user row and
 //! takes each one it does not know for a channel (`chid:{uuid}`), failing
 //! the whole read otherwise: the router family holds only the cells above.
-//! What we keep of a user beside them, `last_connect` and `over_msg_limit`,
-//! is in the user row's *message* family ([`OWN_USER_CELLS`]), stamped like
-//! router cells: autopush-rs reads that row only through its router family
+//! What we keep of a user beside them, `last_connect`, `over_msg_limit` and
+//! `min_urgency` (the user agent's minimum urgency as the `Urgency` header
+//! spells it; absent for `very-low`), is in the user row's *message* family
+//! ([`OWN_USER_CELLS`]), stamped like router cells and written again at
+//! every connection, so none outlives its user or expires under it: autopush-rs reads that row only through its router family
 //! and message families only in rows `{uaid}#...`, and its `remove_user`
 //! deletes the whole row, these cells with it. Older versions of ours wrote
 //! them in the router family; every connection deletes those, and
@@ -254,10 +256,11 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
 
 /// The user row's cells of ours, kept in its message family where
 /// autopush-rs does not look (see the module's notes).
-pub const OWN_USER_CELLS: [&str; 2] = ["last_connect", "over_msg_limit"];
+pub const OWN_USER_CELLS: [&str; 3] = ["last_connect", "over_msg_limit", "min_urgency"];
 
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
-/// `over_msg_limit`.
+/// `over_msg_limit`; and `min_urgency`, written again as read so that its
+/// stamp moves on with the others.
 pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
     let f = &families.router;
     let mut m = Vec::new();
@@ -277,7 +280,22 @@ pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutatio
         "over_msg_limit",
         user.over_msg_limit.then(|| vec![1]),
     ));
+    m.extend(min_urgency_mutations(families, user.min_urgency));
     m
+}
+
+/// Sets `min_urgency`, or removes it for `very-low`.
+pub fn min_urgency_mutations(families: &Families, min: Urgency) -> Vec<pb::Mutation> {
+    let value = (min != Urgency::VeryLow).then(|| min.as_str().as_bytes().to_vec());
+    replace(&families.message, "min_urgency", value)
+}
+
+/// Matches while the user row holds `min` as its minimum urgency.
+pub fn min_urgency_is(families: &Families, min: Urgency) -> RowFilter {
+    match min {
+        Urgency::VeryLow => absent(column(&families.message, b"min_urgency")),
+        min => column_is(&families.message, "min_urgency", min.as_str().as_bytes()),
+    }
 }
 
 /// Sets `last_connect`, and removes the router cells of ours older
@@ -822,6 +840,13 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         last_connect,
         over_msg_limit: own("over_msg_limit").is_some(),
         current_month: None,
+        min_urgency: match row.get(&families.message, "min_urgency") {
+            Some(v) => {
+                let v = text_of(v, "min_urgency")?;
+                Urgency::parse(&v).ok_or_else(|| corrupt(format!("unknown min_urgency {v:?}")))?
+            }
+            None => Urgency::VeryLow,
+        },
     }))
 }
 

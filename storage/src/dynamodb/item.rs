@@ -10,7 +10,8 @@
 //! `timestamp`, `ttl`, `expiry` (the TTL attribute), `updateid` (the message
 //! id, the version a client acks), `data`, `headers`, `sortkey_timestamp`.
 //! With legacy monthly rotation the router record also names the user's
-//! message table in `current_month`.
+//! message table in `current_month`. A user agent's minimum urgency other
+//! than `very-low` is in `min_urgency` (S, as the `Urgency` header spells it).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -272,6 +273,9 @@ pub fn user_to_item(user: &User) -> Item {
     if let Some(month) = &user.current_month {
         item.insert("current_month".into(), s(month));
     }
+    if user.min_urgency != Urgency::VeryLow {
+        item.insert("min_urgency".into(), s(user.min_urgency.as_str()));
+    }
     item
 }
 
@@ -293,6 +297,11 @@ pub fn user_from_item(item: &Item) -> Result<User> {
             .unwrap_or(0),
         over_msg_limit: matches!(item.get("over_msg_limit"), Some(AttributeValue::Bool(true))),
         current_month: get_s(item, "current_month").map(str::to_owned),
+        min_urgency: match get_s(item, "min_urgency") {
+            Some(value) => Urgency::parse(value)
+                .ok_or_else(|| corrupt(format!("unknown min_urgency {value:?}")))?,
+            None => Urgency::VeryLow,
+        },
     })
 }
 

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use autopush_common::{Notification, User, time::now_secs};
+use autopush_common::{Notification, Urgency, User, time::now_secs};
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -905,6 +905,30 @@ impl Storage for DynamoStore {
             .send()
             .await;
         condition_held(update, "UpdateItem")
+    }
+
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .condition_expression("node_id = :n AND connected_at = :c")
+            .expression_attribute_values(":n", s(node_id))
+            .expression_attribute_values(":c", n(connected_at));
+        let update = match min {
+            Urgency::VeryLow => update.update_expression("REMOVE min_urgency"),
+            min => update
+                .update_expression("SET min_urgency = :u")
+                .expression_attribute_values(":u", s(min.as_str())),
+        };
+        condition_held(update.send().await, "UpdateItem")
     }
 
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {

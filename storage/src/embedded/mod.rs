@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use autopush_common::{Notification, RouterType, User, time::now_secs};
+use autopush_common::{Notification, RouterType, Urgency, User, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
@@ -479,6 +479,24 @@ impl Storage for EmbeddedStore {
                 return false;
             }
             user.node_id = None;
+            true
+        })
+        .await
+    }
+
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool> {
+        let node_id = node_id.to_owned();
+        self.change_user(*uaid, move |user| {
+            if user.node_id.as_deref() != Some(&node_id) || user.connected_at != connected_at {
+                return false;
+            }
+            user.min_urgency = min;
             true
         })
         .await

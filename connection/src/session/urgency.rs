@@ -1,0 +1,82 @@
+//! `urgency`: the least urgent message the user agent wants now (RFC 8030
+//! §5.3), kept on its user record so that it holds on every node.
+//!
+//! A message below the minimum is held: the endpoint stores it instead of
+//! routing it here, and storage checks pass over it. Lowering the minimum
+//! looks at storage once the record says so, so a message held meanwhile
+//! (stored after this check by an endpoint that read the record before the
+//! write) is not left behind: that endpoint reads the record again after
+//! storing and, finding the new minimum, tells this node to look.
+
+use autopush_common::Notification;
+use autopush_common::ids::uaid_tag;
+use autopush_common::time::now_secs;
+use serde_json::Value;
+use tracing::{debug, info};
+
+use super::{Close, Flow, Session};
+use crate::protocol::{ServerMessage, min_urgency};
+
+impl Session {
+    pub(super) async fn set_min_urgency(&mut self, min: &Value) -> Flow {
+        let reply = |status: u16, reason: Option<&str>| ServerMessage::Urgency {
+            status,
+            reason: reason.map(str::to_owned),
+        };
+        let min = match min_urgency(min) {
+            Ok(min) => min,
+            Err(reason) => return self.send(&reply(400, Some(&reason))).await,
+        };
+        let written = self
+            .ctx
+            .storage
+            .set_min_urgency(&self.uaid, self.ctx.node_id(), self.connected_at, min)
+            .await;
+        match written {
+            Ok(true) => {}
+            // Another connection of this user agent took the record over,
+            // or the user was removed: this one is on its way out.
+            Ok(false) => {
+                return Err(Close::new(
+                    4000,
+                    "this connection no longer holds the user agent's record; say hello again",
+                ));
+            }
+            Err(e) => {
+                let reason = self.storage_failed("urgency", &e);
+                return self.send(&reply(500, Some(reason))).await;
+            }
+        }
+        let lowered = min < self.min_urgency;
+        info!(uaid = %uaid_tag(&self.uaid), min = min.as_str(), "minimum urgency set");
+        self.min_urgency = min;
+        self.send(&reply(200, None)).await?;
+        if lowered {
+            // What was held and is now accepted, oldest first.
+            self.check_storage().await?;
+        }
+        Ok(())
+    }
+
+    /// A direct message below the minimum (routed before the endpoint read
+    /// a minimum just raised): held in storage like one the endpoint held,
+    /// or dropped if its TTL is 0.
+    pub(super) async fn hold_direct(&mut self, message: Notification) -> Flow {
+        self.inbox.settled_direct();
+        debug!(uaid = %uaid_tag(&self.uaid), "holding a direct message below the minimum urgency");
+        if message.durable || message.ttl == 0 || message.is_expired(now_secs()) {
+            return Ok(());
+        }
+        if let Err(e) = self
+            .ctx
+            .storage
+            .save_messages(&self.uaid, vec![message.clone()])
+            .await
+        {
+            // Stored as unacknowledged when the session ends instead.
+            self.unacked_direct.insert(message.version.clone(), message);
+            return Err(Close::storage(e));
+        }
+        Ok(())
+    }
+}
