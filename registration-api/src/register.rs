@@ -23,6 +23,8 @@ pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value>
         last_connect: now,
         over_msg_limit: false,
         current_month: None,
+        wake_route: None,
+        last_wake: 0,
     };
     state.storage.add_user(&user).await?;
     let (channel_id, endpoint) = add_channel(state, &uaid, &input).await?;

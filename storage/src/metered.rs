@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use autopush_common::metrics::storage_op;
-use autopush_common::{Notification, User};
+use autopush_common::{Notification, User, WakeRoute};
 use uuid::Uuid;
 
 use crate::{DirectCopy, Result, Storage, StoredMessage, SweepStep};
@@ -77,6 +77,21 @@ impl Storage for MeteredStorage {
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
         let call = self.inner.remove_node_id(uaid, node_id, connected_at);
         self.timed("remove_node_id", call).await
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let call = self.inner.set_wake_route(uaid, route);
+        self.timed("set_wake_route", call).await
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let call = self.inner.remove_wake_route(uaid, seen);
+        self.timed("remove_wake_route", call).await
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        let call = self.inner.claim_wake(uaid, seen, now);
+        self.timed("claim_wake", call).await
     }
 
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {

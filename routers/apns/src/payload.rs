@@ -210,6 +210,8 @@ mod tests {
             last_connect: 0,
             over_msg_limit: false,
             current_month: None,
+            wake_route: None,
+            last_wake: 0,
         }
     }
 

@@ -48,6 +48,8 @@ fn user(router: &ApnsRouter, token: &str, channel: &str) -> User {
         last_connect: 0,
         over_msg_limit: false,
         current_month: None,
+        wake_route: None,
+        last_wake: 0,
     }
 }
 

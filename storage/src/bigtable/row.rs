@@ -19,8 +19,10 @@
 //! autopush-rs's `get_user` reads every router cell of the user row and
 //! takes each one it does not know for a channel (`chid:{uuid}`), failing
 //! the whole read otherwise: the router family holds only the cells above.
-//! What we keep of a user beside them, `last_connect` and `over_msg_limit`,
-//! is in the user row's *message* family ([`OWN_USER_CELLS`]), stamped like
+//! What we keep of a user beside them, `last_connect`, `over_msg_limit`,
+//! the wake route (`wake_route`, JSON) and when the last wake-up went out
+//! (`last_wake`), is in the user row's *message* family
+//! ([`OWN_USER_CELLS`]), stamped like
 //! router cells: autopush-rs reads that row only through its router family
 //! and message families only in rows `{uaid}#...`, and its `remove_user`
 //! deletes the whole row, these cells with it. Older versions of ours wrote
@@ -51,7 +53,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use autopush_common::{Notification, RouterType, User, notification::Urgency, time::now_secs};
+use autopush_common::{
+    Notification, RouterType, User, WakeRoute, notification::Urgency, time::now_secs,
+};
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
     self as pb, RowFilter, column_range, mutation, row_filter, value_range,
 };
@@ -248,13 +252,18 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
         user.router_data.as_ref().map(json_bytes),
     ));
     m.extend(connection_mutations(families, user));
+    m.extend(wake_route_mutations(families, user.wake_route.as_ref()));
+    m.extend(last_wake_mutations(
+        families,
+        (user.last_wake > 0).then_some(user.last_wake),
+    ));
     m.extend(new_version(families));
     m
 }
 
 /// The user row's cells of ours, kept in its message family where
 /// autopush-rs does not look (see the module's notes).
-pub const OWN_USER_CELLS: [&str; 2] = ["last_connect", "over_msg_limit"];
+pub const OWN_USER_CELLS: [&str; 4] = ["last_connect", "over_msg_limit", "wake_route", "last_wake"];
 
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`.
@@ -278,6 +287,18 @@ pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutatio
         user.over_msg_limit.then(|| vec![1]),
     ));
     m
+}
+
+/// Sets (or removes) the user's wake route, JSON in [`OWN_USER_CELLS`].
+pub fn wake_route_mutations(families: &Families, route: Option<&WakeRoute>) -> Vec<pb::Mutation> {
+    let value = route.map(|r| r.to_json().into_bytes());
+    replace(&families.message, "wake_route", value)
+}
+
+/// Sets (or removes) when the last wake-up went out, in [`OWN_USER_CELLS`].
+pub fn last_wake_mutations(families: &Families, last_wake: Option<u64>) -> Vec<pb::Mutation> {
+    let value = last_wake.map(|ms| ms.to_be_bytes().to_vec());
+    replace(&families.message, "last_wake", value)
 }
 
 /// Sets `last_connect`, and removes the router cells of ours older
@@ -822,6 +843,18 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
         last_connect,
         over_msg_limit: own("over_msg_limit").is_some(),
         current_month: None,
+        wake_route: row
+            .get(&families.message, "wake_route")
+            .map(|v| {
+                let text = text_of(v, "wake_route")?;
+                WakeRoute::from_json(&text).ok_or_else(|| corrupt("wake_route is not a route"))
+            })
+            .transpose()?,
+        last_wake: row
+            .get(&families.message, "last_wake")
+            .map(|v| u64_of(v, "last_wake"))
+            .transpose()?
+            .unwrap_or(0),
     }))
 }
 

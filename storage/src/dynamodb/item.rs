@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use autopush_common::{Notification, RouterType, User, notification::Urgency};
+use autopush_common::{Notification, RouterType, User, WakeRoute, notification::Urgency};
 use aws_sdk_dynamodb::types::AttributeValue;
 use uuid::Uuid;
 
@@ -272,6 +272,12 @@ pub fn user_to_item(user: &User) -> Item {
     if let Some(month) = &user.current_month {
         item.insert("current_month".into(), s(month));
     }
+    if let Some(route) = &user.wake_route {
+        item.insert("wake_route".into(), s(route.to_json()));
+    }
+    if user.last_wake > 0 {
+        item.insert("last_wake".into(), n(user.last_wake));
+    }
     item
 }
 
@@ -293,6 +299,10 @@ pub fn user_from_item(item: &Item) -> Result<User> {
             .unwrap_or(0),
         over_msg_limit: matches!(item.get("over_msg_limit"), Some(AttributeValue::Bool(true))),
         current_month: get_s(item, "current_month").map(str::to_owned),
+        wake_route: get_s(item, "wake_route")
+            .map(|text| WakeRoute::from_json(text).ok_or_else(|| corrupt("wake_route")))
+            .transpose()?,
+        last_wake: get_n(item, "last_wake")?.unwrap_or(0),
     })
 }
 
