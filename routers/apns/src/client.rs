@@ -136,6 +136,7 @@ impl<'a> A2Payload<'a> {
             priority,
             expiration,
             collapse_id,
+            push_type,
         } = &request.headers;
         let collapse_id = collapse_id
             .as_deref()
@@ -146,7 +147,11 @@ impl<'a> A2Payload<'a> {
             device_token: &request.device_token,
             options: NotificationOptions {
                 apns_id: None,
-                apns_push_type: Some(PushType::Alert),
+                apns_push_type: Some(if *push_type == ApnsHeaders::BACKGROUND {
+                    PushType::Background
+                } else {
+                    PushType::Alert
+                }),
                 apns_expiration: Some(*expiration),
                 apns_priority: Some(if *priority == 5 {
                     Priority::Normal
@@ -271,6 +276,7 @@ mod tests {
                 priority: 5,
                 expiration: 1234,
                 collapse_id: Some("news".into()),
+                push_type: ApnsHeaders::ALERT,
             },
             payload: r#"{"aps":{"mutable-content":1},"chid":"c","ver":"v"}"#.into(),
         };

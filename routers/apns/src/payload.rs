@@ -10,8 +10,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use autopush_common::bridge::{web_push_fields, write_json_members};
-use autopush_common::router::{RouterDataInput, RouterError};
-use autopush_common::{Notification, User};
+use autopush_common::router::{RouterDataInput, RouterError, WakeUp};
+use autopush_common::{Notification, Urgency, User};
 use serde_json::{Value, json};
 
 use crate::sender::{ApnsHeaders, ApnsRequest};
@@ -157,9 +157,46 @@ pub fn request(
                 ttl => notification.timestamp.saturating_add(ttl),
             },
             collapse_id: notification.topic.clone(),
+            push_type: ApnsHeaders::ALERT,
         },
         payload,
     })
+}
+
+/// The `aps` of a wake-up below `high` urgency: a background push.
+const WAKE_APS: &str = r#"{"aps":{"content-available":1},"wake":1}"#;
+
+/// The `aps` of a `high` wake-up: an alert with a generic text, which the
+/// app's notification service extension may replace once it has fetched
+/// what is waiting.
+const WAKE_ALERT_APS: &str =
+    r#"{"aps":{"alert":{"title":"New message"},"content-available":1,"mutable-content":1},"wake":1}"#;
+
+/// The APNs request of a wake-up to device `token`: nothing of the message
+/// that caused it, collapsed (`apns-collapse-id: wake`) with any earlier
+/// wake-up the device has not seen yet.
+pub fn wake_request(token: &str, wake: &WakeUp, topic: &str) -> ApnsRequest {
+    let alert = wake.urgency == Urgency::High;
+    ApnsRequest {
+        device_token: token.to_owned(),
+        headers: ApnsHeaders {
+            topic: topic.to_owned(),
+            priority: if alert { 10 } else { 5 },
+            expiration: wake.timestamp.saturating_add(wake.ttl),
+            collapse_id: Some("wake".into()),
+            push_type: if alert {
+                ApnsHeaders::ALERT
+            } else {
+                ApnsHeaders::BACKGROUND
+            },
+        },
+        payload: if alert { WAKE_ALERT_APS } else { WAKE_APS }.to_owned(),
+    }
+}
+
+/// A device token a client registers as its wake route.
+pub fn check_wake_token(token: &str) -> Result<(), RouterError> {
+    check_device_token(token)
 }
 
 /// `{"aps": ..., "body": ..., "chid": ...}`, written by hand rather than by
@@ -232,6 +269,36 @@ mod tests {
             urgency: None,
             durable: false,
         }
+    }
+
+    #[test]
+    fn wake_ups_are_background_pushes_or_for_high_a_generic_alert() {
+        let wake = WakeUp {
+            urgency: Urgency::Normal,
+            ttl: 60,
+            timestamp: 1000,
+        };
+        let request = wake_request(TOKEN, &wake, "org.example.app");
+        assert_eq!(
+            (request.headers.push_type, request.headers.priority),
+            (ApnsHeaders::BACKGROUND, 5)
+        );
+        assert_eq!(request.headers.collapse_id.as_deref(), Some("wake"));
+        assert_eq!(request.headers.expiration, 1060);
+        let body: Value = serde_json::from_str(&request.payload).unwrap();
+        assert_eq!(body, json!({"aps": {"content-available": 1}, "wake": 1}));
+        let high = WakeUp {
+            urgency: Urgency::High,
+            ..wake
+        };
+        let request = wake_request(TOKEN, &high, "org.example.app");
+        assert_eq!(
+            (request.headers.push_type, request.headers.priority),
+            (ApnsHeaders::ALERT, 10)
+        );
+        let body: Value = serde_json::from_str(&request.payload).unwrap();
+        assert_eq!(body["aps"]["alert"]["title"], "New message");
+        assert_eq!(body["aps"]["mutable-content"], 1);
     }
 
     #[test]

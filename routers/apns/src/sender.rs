@@ -28,18 +28,22 @@ pub struct ApnsHeaders {
     pub expiration: u64,
     /// `apns-collapse-id`: the Web Push `Topic`, if the sender gave one.
     pub collapse_id: Option<String>,
+    /// `apns-push-type`: [`ApnsHeaders::ALERT`] or [`ApnsHeaders::BACKGROUND`].
+    pub push_type: &'static str,
 }
 
 impl ApnsHeaders {
-    /// Every push is an alert the app's notification service extension can
-    /// rewrite (`mutable-content`).
-    pub const PUSH_TYPE: &'static str = "alert";
+    /// Every message is an alert the app's notification service extension
+    /// can rewrite (`mutable-content`).
+    pub const ALERT: &'static str = "alert";
+    /// A wake-up below `high` urgency: `content-available`, no alert.
+    pub const BACKGROUND: &'static str = "background";
 
     /// The headers as they go on the wire, by name.
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = vec![
             ("apns-topic", self.topic.clone()),
-            ("apns-push-type", Self::PUSH_TYPE.to_owned()),
+            ("apns-push-type", self.push_type.to_owned()),
             ("apns-priority", self.priority.to_string()),
             ("apns-expiration", self.expiration.to_string()),
         ];
