@@ -65,6 +65,15 @@ pub const RATE_LIMIT_KEYS: &str = "rate_limit.keys";
 /// Router API calls taken unsigned from an autopush-rs endpoint during a
 /// migration (`--unsigned-node-calls-from`): `route` (`push`, `notif`).
 pub const UNSIGNED_NODE_CALLS: &str = "node.unsigned_call";
+/// Wake-ups for user agents that are away: `router_type` (`fcm`, `apns`),
+/// `outcome` (`sent`; `coalesced`: another went within the wake interval;
+/// `failed`).
+pub const WAKE_UPS: &str = "notification.wake";
+
+/// A wake-up through `router_type` that was sent, coalesced or failed.
+pub fn wake_up(router_type: RouterType, outcome: &'static str) {
+    counter!(WAKE_UPS, "router_type" => router_type.as_str(), "outcome" => outcome).increment(1);
+}
 
 /// A request refused by the `limit` limiter, which now tracks `keys` keys.
 pub fn rate_limited(limit: &'static str, keys: usize) {

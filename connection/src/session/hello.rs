@@ -388,6 +388,7 @@ mod tests {
             nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
             open_sockets: Default::default(),
             new_uaids: None,
+            wake_bridges: Default::default(),
         });
         let uaid = Uuid::new_v4();
         storage
