@@ -271,7 +271,7 @@ mod tests {
     use std::collections::HashSet;
 
     use async_trait::async_trait;
-    use autopush_common::Notification;
+    use autopush_common::{Notification, WakeRoute};
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
     use autopush_common::node::{LocalNode, PushOutcome};
     use autopush_common::node_auth::NodeKeys;
@@ -323,6 +323,15 @@ mod tests {
         }
         async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, at: u64) -> Result<bool> {
             self.inner.remove_node_id(uaid, node_id, at).await
+        }
+        async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+            self.inner.set_wake_route(uaid, route).await
+        }
+        async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+            self.inner.remove_wake_route(uaid, seen).await
+        }
+        async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+            self.inner.claim_wake(uaid, seen, now).await
         }
         async fn add_channel(&self, uaid: &Uuid, chid: &Uuid, limit: usize) -> Result<bool> {
             self.inner.add_channel(uaid, chid, limit).await
