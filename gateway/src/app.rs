@@ -451,8 +451,15 @@ impl Checked {
             let listen = (&hosts[..], &router_hosts[..]);
             let tls = tls.clone();
             clients = Some(
-                start_connection(settings, listen, (&shared, &bridges), &metrics, tls, &mut servers)
-                    .await?,
+                start_connection(
+                    settings,
+                    listen,
+                    (&shared, &bridges),
+                    &metrics,
+                    tls,
+                    &mut servers,
+                )
+                .await?,
             );
         }
         if let Some(port) = settings.metrics_port {

@@ -16,8 +16,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_common::{Secret, Urgency};
 use autopush_common::limit::Rate;
+use autopush_common::{Secret, Urgency};
 use autopush_serving::http::HttpLimits;
 use autopush_serving::tls::TlsFiles;
 use autopush_webpush::WakeSettings;
@@ -584,9 +584,8 @@ pub struct Settings {
 /// An RFC 8030 urgency, as the `Urgency` header spells it.
 fn urgency(name: &str, value: Option<&str>) -> Result<Urgency, String> {
     let value = value.unwrap_or_default();
-    Urgency::parse(value).ok_or_else(|| {
-        format!("{name} must be very-low, low, normal or high, got {value:?}")
-    })
+    Urgency::parse(value)
+        .ok_or_else(|| format!("{name} must be very-low, low, normal or high, got {value:?}"))
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, String> {

@@ -271,10 +271,10 @@ mod tests {
     use std::collections::HashSet;
 
     use async_trait::async_trait;
-    use autopush_common::{Notification, WakeRoute};
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
     use autopush_common::node::{LocalNode, PushOutcome};
     use autopush_common::node_auth::NodeKeys;
+    use autopush_common::{Notification, WakeRoute};
     use autopush_storage::embedded::EmbeddedStore;
     use autopush_storage::{Result, Storage, StorageError};
     use autopush_webpush::NodeClient;

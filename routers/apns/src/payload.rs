@@ -169,8 +169,7 @@ const WAKE_APS: &str = r#"{"aps":{"content-available":1},"wake":1}"#;
 /// The `aps` of a `high` wake-up: an alert with a generic text, which the
 /// app's notification service extension may replace once it has fetched
 /// what is waiting.
-const WAKE_ALERT_APS: &str =
-    r#"{"aps":{"alert":{"title":"New message"},"content-available":1,"mutable-content":1},"wake":1}"#;
+const WAKE_ALERT_APS: &str = r#"{"aps":{"alert":{"title":"New message"},"content-available":1,"mutable-content":1},"wake":1}"#;
 
 /// The APNs request of a wake-up to device `token`: nothing of the message
 /// that caused it, collapsed (`apns-collapse-id: wake`) with any earlier

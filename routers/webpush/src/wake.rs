@@ -141,11 +141,14 @@ impl Waker {
                 wake_up(route.router, "sent");
             }
             Err(RouterError::DeviceGone) => {
-                wake_up(route.router, "failed");
                 match self.storage.remove_wake_route(&uaid, &route).await {
                     Ok(_) => debug!(app = %route.app_id, "the device is gone; wake route removed"),
-                    Err(e) => warn!(error = %e, "could not remove a wake route whose device is gone"),
+                    Err(e) => {
+                        warn!(error = %e, "could not remove a wake route whose device is gone")
+                    }
                 }
+                // Counted once the route is gone.
+                wake_up(route.router, "failed");
             }
             Err(e) => {
                 wake_up(route.router, "failed");
