@@ -433,3 +433,70 @@ async fn two_endpoint_nodes_send_one_wake_up_between_them() {
     texts.sort();
     assert_eq!(texts, ["a0", "a1", "a2", "b0", "b1", "b2"]);
 }
+
+/// The figure in BENCHMARKS.md: wake-ups per 1 000 messages for a phone
+/// that, woken, connects, drains and acks until 300 ms pass without a
+/// message, then leaves with 4774; the messages come in 50 bursts of 20, a
+/// second apart. A bridged registration would cost one push per message.
+/// `cargo test -p autopush-tests --test wake -- --ignored --nocapture`
+#[tokio::test]
+#[ignore = "a measurement: run by hand for BENCHMARKS.md"]
+async fn wake_ups_per_thousand_messages() {
+    const BURSTS: usize = 50;
+    const PER_BURST: usize = 20;
+    let total = BURSTS * PER_BURST;
+    // One sender for one subscription: over its unsigned rate otherwise.
+    let fcm = Fcm::start(&["--subscription-limit", "0"]).await;
+    let token = fcm_token();
+    let (ws, sub) = fcm.client(&token).await;
+    let uaid = ws.uaid().to_owned();
+    ws.close_with(EXPECTS_WAKE_UP).await;
+    let sent_all = std::sync::atomic::AtomicBool::new(false);
+
+    let sender = async {
+        for _ in 0..BURSTS {
+            for _ in 0..PER_BURST {
+                let reply = http::request(
+                    reqwest::Method::POST,
+                    &sub.endpoint,
+                    &[("ttl", "600")],
+                    None,
+                )
+                .await;
+                assert_eq!(reply.status, 201, "{}", reply.text);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        sent_all.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let phone = async {
+        let (mut handled, mut delivered) = (0, std::collections::HashSet::new());
+        while delivered.len() < total {
+            let woken = fcm.google.received_for(&token).len();
+            let done = sent_all.load(std::sync::atomic::Ordering::Relaxed);
+            if woken == handled && !done {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            handled = woken;
+            let mut ws = fcm.server.reconnect(&uaid).await;
+            while let Some(n) = ws.try_recv_for(Duration::from_millis(300)).await {
+                if n["messageType"] == "notification" {
+                    ws.ack_notification(&n).await;
+                    delivered.insert(n["version"].as_str().unwrap_or_default().to_owned());
+                }
+            }
+            ws.close_with(EXPECTS_WAKE_UP).await;
+        }
+        delivered.len()
+    };
+    let ((), delivered) = tokio::join!(sender, phone);
+    assert_eq!(delivered, total);
+    let wake_ups = fcm.google.received_for(&token).len();
+    eprintln!(
+        "{total} messages in {BURSTS} bursts: {wake_ups} wake-ups ({} per 1 000), {} coalesced; \
+         a bridged registration: {total} pushes",
+        wake_ups * 1000 / total,
+        fcm.metric("coalesced").await
+    );
+}
