@@ -1113,6 +1113,32 @@ mod tests {
     }
 
     #[test]
+    fn wake_settings_default_to_normal_and_30_s_and_refuse_nonsense() {
+        let s = Settings::from_layer(SettingsLayer::default()).unwrap();
+        assert_eq!(s.wake.threshold, Urgency::Normal);
+        assert_eq!(s.wake.interval, Duration::from_secs(30));
+        let s = Settings::from_layer(SettingsLayer {
+            wake_threshold: Some("very-low".into()),
+            wake_interval: Some(0.5),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.wake.threshold, Urgency::VeryLow);
+        assert_eq!(s.wake.interval, Duration::from_millis(500));
+        let err = Settings::from_layer(SettingsLayer {
+            wake_threshold: Some("urgent".into()),
+            wake_interval: Some(-1.0),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("wake_threshold must be very-low, low, normal or high"),
+            "{err}"
+        );
+        assert!(err.contains("wake_interval"), "{err}");
+    }
+
+    #[test]
     fn apns_channels_from_file_tables_or_env_json() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("autopush.toml");
