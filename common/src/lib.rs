@@ -20,7 +20,7 @@ pub mod user;
 pub use errors::{ApiError, ApiResult};
 pub use notification::{Notification, Urgency};
 pub use secret::Secret;
-pub use user::{RouterType, User};
+pub use user::{RouterType, User, WakeRoute};
 
 /// A `HashMap` with a fast, seeded hasher (foldhash), for maps on a push's
 /// path keyed by what the server made: metric labels, uaids. SipHash, the

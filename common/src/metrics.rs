@@ -74,6 +74,16 @@ pub fn matrix_notification(outcome: &'static str) {
     counter!(MATRIX_NOTIFICATIONS, "outcome" => outcome).increment(1);
 }
 
+/// Wake-ups for user agents that are away: `router_type` (`fcm`, `apns`),
+/// `outcome` (`sent`; `coalesced`: another went within the wake interval;
+/// `failed`).
+pub const WAKE_UPS: &str = "notification.wake";
+
+/// A wake-up through `router_type` that was sent, coalesced or failed.
+pub fn wake_up(router_type: RouterType, outcome: &'static str) {
+    counter!(WAKE_UPS, "router_type" => router_type.as_str(), "outcome" => outcome).increment(1);
+}
+
 /// A request refused by the `limit` limiter, which now tracks `keys` keys.
 pub fn rate_limited(limit: &'static str, keys: usize) {
     counter!(RATE_LIMITED, "limit" => limit).increment(1);

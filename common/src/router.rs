@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::bridge::mask_token;
 use crate::errors::retry_after_secs;
-use crate::{ApiError, ApiResult, Notification, RouterType, User};
+use crate::{ApiError, ApiResult, Notification, RouterType, Urgency, User};
 
 /// How a router disposed of a notification.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +135,31 @@ pub trait Router: Send + Sync {
         notification: Notification,
         user: &User,
     ) -> ApiResult<Delivery>;
+
+    /// Check a wake route a websocket client registers: `app_id` must be
+    /// one of this bridge's apps and `token` a device token it can use.
+    /// Bridges that cannot wake a client refuse every route.
+    fn check_wake_route(&self, app_id: &str, _token: &str) -> Result<(), RouterError> {
+        Err(RouterError::UnknownApp(app_id.to_owned()))
+    }
+
+    /// Send one content-free wake-up to device `token` of app `app_id`,
+    /// within the app's limits.
+    async fn wake(&self, app_id: &str, _token: &str, _wake: &WakeUp) -> Result<(), RouterError> {
+        Err(RouterError::UnknownApp(app_id.to_owned()))
+    }
+}
+
+/// What a wake-up may say: only how urgent and how long-lived the stored
+/// message that caused it is. Nothing of the message itself (bytes,
+/// channel, version, sender) ever reaches the bridge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WakeUp {
+    pub urgency: Urgency,
+    /// Seconds the wake-up is worth delivering: at most the message's TTL.
+    pub ttl: u64,
+    /// When the message was stored, Unix seconds.
+    pub timestamp: u64,
 }
 
 /// `data` with the value of every `token` key, at any depth, masked with

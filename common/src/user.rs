@@ -69,6 +69,15 @@ pub struct User {
     /// held in storage. `very-low` (take everything) is not stored.
     #[serde(default = "lowest", skip_serializing_if = "is_lowest")]
     pub min_urgency: Urgency,
+    /// Where a wake-up goes when a message is stored while the client is
+    /// away (the websocket's `wake` message); `None`: no wake-ups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_route: Option<WakeRoute>,
+    /// When the last wake-up went to this user agent, in milliseconds (0:
+    /// never). Conditional writes on it decide which endpoint node sends
+    /// the next one.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub last_wake: u64,
 }
 
 fn lowest() -> Urgency {
@@ -77,6 +86,31 @@ fn lowest() -> Urgency {
 
 fn is_lowest(urgency: &Urgency) -> bool {
     *urgency == Urgency::VeryLow
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A client's wake route: the bridge app (an APNs channel or an FCM app of
+/// this server) and the device token a content-free wake-up is sent to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeRoute {
+    pub router: RouterType,
+    pub app_id: String,
+    pub token: String,
+}
+
+impl WakeRoute {
+    /// The route as stored on DynamoDB and Bigtable: compact JSON, its
+    /// fields always in this order, so conditions compare it as text.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn from_json(text: &str) -> Option<WakeRoute> {
+        serde_json::from_str(text).ok()
+    }
 }
 
 /// The `router_data` key of a bridge registration that asked for a mailbox.
@@ -107,6 +141,8 @@ impl User {
             over_msg_limit: false,
             current_month: None,
             min_urgency: Urgency::VeryLow,
+            wake_route: None,
+            last_wake: 0,
         }
     }
 

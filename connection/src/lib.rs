@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::limit::Limiter;
+use autopush_common::router::RouterRegistry;
 use autopush_storage::Storage;
 use autopush_webpush::NodeClient;
 
@@ -94,6 +95,9 @@ pub struct NodeContext {
     pub open_sockets: AtomicUsize,
     /// New UAIDs handed out at hello, by client address (`None`: no quota).
     pub new_uaids: Option<Limiter<IpAddr>>,
+    /// The bridges (APNs, FCM) whose apps a client may name as its wake
+    /// route.
+    pub wake_bridges: RouterRegistry,
 }
 
 impl NodeContext {

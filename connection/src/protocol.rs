@@ -55,6 +55,17 @@ pub enum ClientMessage {
         #[serde(default)]
         min: Value,
     },
+    /// Where to wake this user agent while it is away: a bridge (`fcm`,
+    /// `apns`; `null` removes the route), one of its apps here, and the
+    /// device token.
+    Wake {
+        #[serde(default)]
+        router: Option<String>,
+        #[serde(default)]
+        app_id: Option<String>,
+        #[serde(default)]
+        token: Option<String>,
+    },
 }
 
 #[derive(Debug, PartialEq, Deserialize)]
@@ -154,6 +165,11 @@ pub enum ServerMessage {
         reason: Option<String>,
     },
     Urgency {
+        status: u16,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    Wake {
         status: u16,
         #[serde(skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
@@ -290,6 +306,39 @@ mod tests {
             panic!("not an urgency message");
         };
         assert_eq!(min, Value::Null);
+    }
+
+    #[test]
+    fn parses_wake_routes_and_their_removal() {
+        assert_eq!(
+            ClientMessage::parse(
+                r#"{"messageType":"wake","router":"fcm","app_id":"app1","token":"t"}"#
+            )
+            .unwrap(),
+            ClientMessage::Wake {
+                router: Some("fcm".into()),
+                app_id: Some("app1".into()),
+                token: Some("t".into()),
+            }
+        );
+        assert_eq!(
+            ClientMessage::parse(r#"{"messageType":"wake","router":null}"#).unwrap(),
+            ClientMessage::Wake {
+                router: None,
+                app_id: None,
+                token: None,
+            }
+        );
+        let e = ClientMessage::parse(r#"{"messageType":"wake","token":5}"#).unwrap_err();
+        assert_eq!(e.message_type.as_deref(), Some("wake"));
+        assert_eq!(
+            ServerMessage::Wake {
+                status: 200,
+                reason: None
+            }
+            .to_json(),
+            r#"{"messageType":"wake","status":200}"#
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
 use autopush_webpush::NodeClient;
-use autopush_webpush::WebPushRouter;
+use autopush_webpush::{Waker, WebPushRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -451,7 +451,15 @@ impl Checked {
             let listen = (&hosts[..], &router_hosts[..]);
             let tls = tls.clone();
             clients = Some(
-                start_connection(settings, listen, &shared, &metrics, tls, &mut servers).await?,
+                start_connection(
+                    settings,
+                    listen,
+                    (&shared, &bridges),
+                    &metrics,
+                    tls,
+                    &mut servers,
+                )
+                .await?,
             );
         }
         if let Some(port) = settings.metrics_port {
@@ -487,7 +495,7 @@ impl Checked {
 async fn start_connection(
     settings: &Settings,
     (hosts, router_hosts): (&[IpAddr], &[IpAddr]),
-    shared: &Shared,
+    (shared, bridges): (&Shared, &RouterRegistry),
     metrics: &PrometheusHandle,
     tls: Option<TlsAcceptor>,
     servers: &mut JoinSet<()>,
@@ -519,6 +527,7 @@ async fn start_connection(
             .limits
             .new_uaid
             .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
+        wake_bridges: bridges.clone(),
     });
     if !settings.unsigned_node_calls_from.is_empty() {
         let from: Vec<String> = settings
@@ -572,12 +581,11 @@ async fn start_endpoint(
         nodes,
         health,
     } = shared;
-    let webpush = Arc::new(WebPushRouter::new(
-        storage.clone(),
-        local,
-        settings.durable_direct,
-        nodes,
-    ));
+    let waker = Waker::new(storage.clone(), bridges.clone(), settings.wake);
+    let webpush = Arc::new(
+        WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
+            .with_waker(waker),
+    );
     let routers = RouterRegistry::default()
         .with(RouterType::WebPush, webpush)
         .extend(bridges);

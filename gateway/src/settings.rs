@@ -16,10 +16,11 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_common::Secret;
 use autopush_common::limit::Rate;
+use autopush_common::{Secret, Urgency};
 use autopush_serving::http::HttpLimits;
 use autopush_serving::tls::TlsFiles;
+use autopush_webpush::WakeSettings;
 use clap::Args;
 
 use crate::bridges::BridgeSettings;
@@ -163,6 +164,14 @@ pub struct SettingsLayer {
     /// reading is disconnected and its unacknowledged messages stored [default: 5]
     #[arg(long, env = "AUTOPUSH_WS_SEND_TIMEOUT", global = true)]
     pub ws_send_timeout: Option<f64>,
+    /// The least urgent message (very-low, low, normal, high) that wakes a
+    /// user agent that is away, through its wake route [default: normal]
+    #[arg(long, env = "AUTOPUSH_WAKE_THRESHOLD", global = true)]
+    pub wake_threshold: Option<String>,
+    /// Seconds within which a user agent that stays away gets at most one
+    /// wake-up [default: 30]
+    #[arg(long, env = "AUTOPUSH_WAKE_INTERVAL", global = true)]
+    pub wake_interval: Option<f64>,
     /// Pushes per VAPID key (signed pushes), as `PER_SECOND,BURST`; `0`
     /// turns the limit off [default: 1000,10000]
     #[arg(long, env = "AUTOPUSH_SENDER_LIMIT", global = true)]
@@ -362,6 +371,8 @@ impl SettingsLayer {
         or(&mut self.auto_ping_timeout, || 10.0);
         or(&mut self.min_ping_interval, || 20.0);
         or(&mut self.ws_send_timeout, || 5.0);
+        or(&mut self.wake_threshold, || "normal".into());
+        or(&mut self.wake_interval, || 30.0);
         or(&mut self.sender_limit, || "1000,10000".into());
         or(&mut self.subscription_limit, || "10,100".into());
         or(&mut self.source_ip_limit, || "100,1000".into());
@@ -556,6 +567,8 @@ pub struct Settings {
     /// `None`: decided at start-up from the open-file limit.
     pub max_connections: Option<usize>,
     pub ws_send_timeout: Duration,
+    /// Which stored messages wake a user agent that is away, how often.
+    pub wake: WakeSettings,
     /// Rate limits and who they count.
     pub limits: RateLimits,
     /// Timeouts and connection cap of every HTTP port.
@@ -571,6 +584,13 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Each bridge's section, read when the bridges are built.
     pub bridges: BridgeSettings,
+}
+
+/// An RFC 8030 urgency, as the `Urgency` header spells it.
+fn urgency(name: &str, value: Option<&str>) -> Result<Urgency, String> {
+    let value = value.unwrap_or_default();
+    Urgency::parse(value)
+        .ok_or_else(|| format!("{name} must be very-low, low, normal or high, got {value:?}"))
 }
 
 fn seconds(name: &str, value: f64) -> Result<Duration, String> {
@@ -744,6 +764,7 @@ impl Settings {
         let auto_ping_interval = secs("auto_ping_interval", l.auto_ping_interval);
         let auto_ping_timeout = secs("auto_ping_timeout", l.auto_ping_timeout);
         let min_ping_interval = secs("min_ping_interval", l.min_ping_interval);
+        let wake_interval = secs("wake_interval", l.wake_interval);
         let mut nonzero = |name: &str, value: Option<f64>| {
             p.take(timeout(name, value.unwrap_or_default()), Duration::MAX)
         };
@@ -842,6 +863,13 @@ impl Settings {
                 other => other,
             },
             ws_send_timeout,
+            wake: WakeSettings {
+                threshold: p.take(
+                    urgency("wake_threshold", l.wake_threshold.as_deref()),
+                    Urgency::Normal,
+                ),
+                interval: wake_interval,
+            },
             limits,
             http,
             unsigned_node_calls_from: p.take(
@@ -1091,6 +1119,32 @@ mod tests {
         }
         let s = Settings::from_layer(SettingsLayer::default()).unwrap();
         assert_eq!(s.http.max_connections, 1024);
+    }
+
+    #[test]
+    fn wake_settings_default_to_normal_and_30_s_and_refuse_nonsense() {
+        let s = Settings::from_layer(SettingsLayer::default()).unwrap();
+        assert_eq!(s.wake.threshold, Urgency::Normal);
+        assert_eq!(s.wake.interval, Duration::from_secs(30));
+        let s = Settings::from_layer(SettingsLayer {
+            wake_threshold: Some("very-low".into()),
+            wake_interval: Some(0.5),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.wake.threshold, Urgency::VeryLow);
+        assert_eq!(s.wake.interval, Duration::from_millis(500));
+        let err = Settings::from_layer(SettingsLayer {
+            wake_threshold: Some("urgent".into()),
+            wake_interval: Some(-1.0),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            err.contains("wake_threshold must be very-low, low, normal or high"),
+            "{err}"
+        );
+        assert!(err.contains("wake_interval"), "{err}");
     }
 
     #[test]

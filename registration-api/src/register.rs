@@ -24,6 +24,8 @@ pub async fn new_user(state: &RegistrationState, call: Call) -> ApiResult<Value>
         over_msg_limit: false,
         current_month: None,
         min_urgency: autopush_common::Urgency::VeryLow,
+        wake_route: None,
+        last_wake: 0,
     };
     state.storage.add_user(&user).await?;
     let (channel_id, endpoint) = add_channel(state, &uaid, &input).await?;

@@ -10,7 +10,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::{ApiError, Notification, Urgency, User};
+use autopush_common::{ApiError, Notification, Urgency, User, WakeRoute};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -163,6 +163,21 @@ pub trait Storage: Send + Sync {
         connected_at: u64,
         min: Urgency,
     ) -> Result<bool>;
+
+    /// Set the user's wake route (`None` removes it), if the record exists.
+    /// Returns whether it exists. `last_wake` is kept.
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool>;
+
+    /// Remove the user's wake route if it is still `seen` (the bridge said
+    /// that device is gone; a route registered since stays). The user and
+    /// its channels stay. Returns whether it was removed.
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool>;
+
+    /// Record a wake-up sent at `now` (ms), if the record exists and its
+    /// `last_wake` is still `seen`: of endpoint nodes racing to wake the
+    /// same user agent, the one whose write holds sends. Returns whether
+    /// it held.
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool>;
 
     /// Subscribe `channel_id` unless the user already has `limit` channels
     /// (re-adding a channel it has always succeeds). Returns whether the

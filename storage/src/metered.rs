@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use autopush_common::metrics::storage_op;
-use autopush_common::{Notification, Urgency, User};
+use autopush_common::{Notification, Urgency, User, WakeRoute};
 use uuid::Uuid;
 
 use crate::{DirectCopy, Result, Storage, StoredMessage, SweepStep};
@@ -88,6 +88,21 @@ impl Storage for MeteredStorage {
     ) -> Result<bool> {
         let call = self.inner.set_min_urgency(uaid, node_id, connected_at, min);
         self.timed("set_min_urgency", call).await
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let call = self.inner.set_wake_route(uaid, route);
+        self.timed("set_wake_route", call).await
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let call = self.inner.remove_wake_route(uaid, seen);
+        self.timed("remove_wake_route", call).await
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        let call = self.inner.claim_wake(uaid, seen, now);
+        self.timed("claim_wake", call).await
     }
 
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {

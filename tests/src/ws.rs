@@ -397,6 +397,19 @@ impl WsClient {
         }
     }
 
+    /// Close with close code `code` (e.g. 4774: "wake me when something
+    /// arrives") and wait for the close handshake.
+    pub async fn close_with(mut self, code: u16) {
+        use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+        let frame = CloseFrame {
+            code: code.into(),
+            reason: "".into(),
+        };
+        let _ = tokio::time::timeout(HANG_GUARD, self.ws.close(Some(frame))).await;
+        let deadline = Instant::now() + HANG_GUARD;
+        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(deadline, self.ws.next()).await {}
+    }
+
     /// Close the connection from the client side and wait for the close handshake.
     pub async fn close(mut self) {
         let _ = tokio::time::timeout(HANG_GUARD, self.ws.close(None)).await;

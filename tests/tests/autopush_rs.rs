@@ -8,12 +8,16 @@
 //! endpoint URLs either side issued working on the other, nothing acked
 //! delivered again. Mixed: both sides' connection and endpoint nodes at
 //! once, every push reaching its client live, once.
+//! A user row holding a wake route and the time of a wake-up (cells of
+//! ours in its message family) is read by autopush-rs as any other.
 //! A row an older build of ours left (its cells in the router family):
 //! autopush-rs's again after `autopush db move-legacy-cells`.
 
 use autopush_tests::autopush_rs::{AutoConnect, AutoEndpoint, Front, Shared, via};
+use autopush_tests::google::Google;
 use autopush_tests::server::{free_ports, run_autopush};
 use autopush_tests::{SendOptions, Server, Subscription, WsClient, bigtable};
+use serde_json::json;
 
 /// A client's subscriptions, by channel, to decrypt what arrives.
 struct Client {
@@ -71,6 +75,19 @@ async fn push(sub: &Subscription, base: &str, text: &str, topic: Option<&str>) {
     }
     let sent = autopush_tests::py::send(&via(&sub.endpoint, base), &sub.keys, &options).await;
     assert_eq!(sent.status, 201, "push {text:?} via {base}: {}", sent.body);
+}
+
+/// A settings file with FCM app `app1` on `google`, in `dir`.
+fn fcm_app(google: &Google, dir: &tempfile::TempDir) -> String {
+    let key_file = google.write_service_account(dir.path(), "service-account.json");
+    let config = dir.path().join("autopush.toml");
+    let toml = format!(
+        "[fcm.apps.app1]\nproject_id = \"autopush-test\"\ncredential = \"{}\"\nbase_url = \"{}\"\n",
+        key_file.display(),
+        google.base_url()
+    );
+    std::fs::write(&config, toml).expect("write the settings file");
+    config.display().to_string()
 }
 
 fn sorted(texts: &[&str]) -> Vec<String> {
@@ -131,17 +148,31 @@ async fn both_ways_autopush_rs_ours_autopush_rs_ours() {
     drop(theirs);
 
     // Ours: the client is back with its UAID and gets the three; a URL of
-    // ours and one of theirs take pushes, live and stored.
-    let node = ours(&shared, &front).await;
+    // ours and one of theirs take pushes, live and stored. It registers a
+    // wake route, and the stored pushes send it a wake-up: the user row
+    // holds the route and the time of the wake-up when autopush-rs reads it.
+    let google = Google::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fcm = fcm_app(&google, &dir);
+    let node = shared
+        .ours("all", Some(&front.base), &["--config", &fcm])
+        .await;
+    front.to(&node.endpoint_base());
     let mut ws = client.hello(&node.ws_url()).await;
     assert_eq!(client.texts(&mut ws).await, sorted(&["1", "2", "3"]));
     client.subs.push(Subscription::new(&mut ws).await);
     let our3 = client.subs[2].clone();
     push(&rs1, &front.base, "4", None).await;
     assert_eq!(client.texts(&mut ws).await, sorted(&["4"]));
+    ws.send_json(
+        json!({"messageType": "wake", "router": "fcm", "app_id": "app1", "token": "wake:token"}),
+    )
+    .await;
+    assert_eq!(ws.recv_type("wake").await["status"], 200);
     ws.close().await;
     push(&our3, &front.base, "5", None).await;
     push(&rs2, &front.base, "6", None).await;
+    google.wait_for("wake:token", 1).await;
     drop(node);
 
     // autopush-rs again: it reads the user and messages we wrote.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
-use autopush_common::{Notification, RouterType, User, time::now_secs};
+use autopush_common::{Notification, RouterType, User, WakeRoute, time::now_secs};
 use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
 use autopush_tests::{bigtable as emulator, dynamo};
 use tempfile::TempDir;
@@ -959,6 +959,52 @@ mod suite {
         assert!(store.get_user(&Uuid::new_v4()).await.unwrap().is_none());
     }
 
+    /// The wake route and the last wake-up: each one conditional write;
+    /// a connection keeps them; only the node whose claim holds sends.
+    pub async fn wake_routes_and_claims_are_conditional(store: Arc<dyn Storage>) {
+        let uaid = Uuid::new_v4();
+        let route = WakeRoute {
+            router: RouterType::Fcm,
+            app_id: "app1".into(),
+            token: "tok:1".into(),
+        };
+        assert!(!store.set_wake_route(&uaid, Some(&route)).await.unwrap());
+        assert!(!store.claim_wake(&uaid, 0, 5).await.unwrap());
+        let user = User::new_webpush(uaid, "http://a", 1);
+        store.add_user(&user).await.unwrap();
+        assert!(store.set_wake_route(&uaid, Some(&route)).await.unwrap());
+        let read = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(
+            (read.wake_route.as_ref(), read.last_wake),
+            (Some(&route), 0)
+        );
+        // Two nodes read last_wake 0: one claim holds.
+        assert!(store.claim_wake(&uaid, 0, 1_000).await.unwrap());
+        assert!(!store.claim_wake(&uaid, 0, 1_001).await.unwrap());
+        assert!(store.claim_wake(&uaid, 1_000, 2_000).await.unwrap());
+        // A connection leaves both alone.
+        let mut reconnected = read.clone();
+        reconnected.connected_at = 2;
+        assert!(store.take_over_user(&reconnected, 1).await.unwrap());
+        let read = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(
+            (read.wake_route.as_ref(), read.last_wake),
+            (Some(&route), 2_000)
+        );
+        // A gone token removes only the route it names.
+        let newer = WakeRoute {
+            token: "tok:2".into(),
+            ..route.clone()
+        };
+        assert!(store.set_wake_route(&uaid, Some(&newer)).await.unwrap());
+        assert!(!store.remove_wake_route(&uaid, &route).await.unwrap());
+        assert!(store.remove_wake_route(&uaid, &newer).await.unwrap());
+        let read = store.get_user(&uaid).await.unwrap().unwrap();
+        assert_eq!(read.wake_route, None);
+        assert_eq!(read.router_type, RouterType::WebPush);
+        assert!(store.set_wake_route(&uaid, None).await.unwrap());
+    }
+
     pub async fn channels_and_user_removal(store: Arc<dyn Storage>) {
         let (uaid, a, b) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         store
@@ -1036,6 +1082,7 @@ macro_rules! suite_for {
                 racing_connections_leave_exactly_one,
                 user_changes_are_conditional_on_what_was_read,
                 users_round_trip,
+                wake_routes_and_claims_are_conditional,
                 channels_and_user_removal,
                 without_receipts_settling_deletes,
                 direct_messages_read_and_settle_like_stored_ones,

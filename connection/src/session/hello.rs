@@ -286,10 +286,10 @@ mod tests {
     use std::collections::HashSet;
 
     use async_trait::async_trait;
-    use autopush_common::Notification;
     use autopush_common::endpoint::{EndpointCrypto, generate_key};
     use autopush_common::node::{LocalNode, PushOutcome};
     use autopush_common::node_auth::NodeKeys;
+    use autopush_common::{Notification, WakeRoute};
     use autopush_storage::embedded::EmbeddedStore;
     use autopush_storage::{Result, Storage, StorageError};
     use autopush_webpush::NodeClient;
@@ -347,6 +347,15 @@ mod tests {
             min: autopush_common::Urgency,
         ) -> Result<bool> {
             self.inner.set_min_urgency(uaid, node_id, at, min).await
+        }
+        async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+            self.inner.set_wake_route(uaid, route).await
+        }
+        async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+            self.inner.remove_wake_route(uaid, seen).await
+        }
+        async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+            self.inner.claim_wake(uaid, seen, now).await
         }
         async fn add_channel(&self, uaid: &Uuid, chid: &Uuid, limit: usize) -> Result<bool> {
             self.inner.add_channel(uaid, chid, limit).await
@@ -412,6 +421,7 @@ mod tests {
             nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
             open_sockets: Default::default(),
             new_uaids: None,
+            wake_bridges: Default::default(),
         });
         let uaid = Uuid::new_v4();
         storage

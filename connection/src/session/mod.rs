@@ -14,6 +14,7 @@ mod register;
 mod stored;
 mod unregister;
 mod urgency;
+mod wake;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -368,7 +369,12 @@ impl Session {
                     // Any traffic proves the client alive.
                     deadlines.heard_from_client(Instant::now());
                     match frame {
-                        Message::Close(_) => return Err(Close::gone()),
+                        Message::Close(frame) => {
+                            if frame.is_some_and(|f| u16::from(f.code) == wake::EXPECTS_WAKE_UP) {
+                                self.left_to_be_woken();
+                            }
+                            return Err(Close::gone());
+                        }
                         Message::Text(text) => Box::pin(self.on_message(&text)).await?,
                         Message::Binary(_) => {
                             return Err(Close::protocol("binary messages are not part of the protocol"));
@@ -430,6 +436,14 @@ impl Session {
             ClientMessage::BroadcastSubscribe { .. } => Ok(()),
             ClientMessage::Ping => self.ping().await,
             ClientMessage::Urgency { min } => self.set_min_urgency(&min).await,
+            ClientMessage::Wake {
+                router,
+                app_id,
+                token,
+            } => {
+                self.wake(router.as_deref(), app_id.as_deref(), token.as_deref())
+                    .await
+            }
         }
     }
 

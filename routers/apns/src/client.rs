@@ -134,9 +134,9 @@ impl<'a> A2Payload<'a> {
         let ApnsHeaders {
             topic,
             priority,
-            background,
             expiration,
             collapse_id,
+            push_type,
         } = &request.headers;
         let collapse_id = collapse_id
             .as_deref()
@@ -147,7 +147,7 @@ impl<'a> A2Payload<'a> {
             device_token: &request.device_token,
             options: NotificationOptions {
                 apns_id: None,
-                apns_push_type: Some(if *background {
+                apns_push_type: Some(if *push_type == ApnsHeaders::BACKGROUND {
                     PushType::Background
                 } else {
                     PushType::Alert
@@ -274,9 +274,9 @@ mod tests {
             headers: ApnsHeaders {
                 topic: "org.example.app".into(),
                 priority: 5,
-                background: false,
                 expiration: 1234,
                 collapse_id: Some("news".into()),
+                push_type: ApnsHeaders::ALERT,
             },
             payload: r#"{"aps":{"mutable-content":1},"chid":"c","ver":"v"}"#.into(),
         };

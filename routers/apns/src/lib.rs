@@ -26,7 +26,7 @@ use autopush_common::bridge::{
     AppLimit, AppLimits, Attempt, Bridge, CredentialAlarm, InFlight, RetryPolicy,
     upstream_too_many, with_retries,
 };
-use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, WakeUp};
 use autopush_common::{ApiResult, Notification, User};
 use tracing::warn;
 
@@ -155,14 +155,36 @@ impl Router for ApnsRouter {
             .get(data.channel)
             .ok_or_else(|| RouterError::UnknownApp(data.channel.to_owned()))?;
         let request = payload::request(&notification, &data, &channel.topic)?;
-        channel.limit.check()?;
-        let _slot = channel.in_flight.try_acquire()?;
-        with_retries(&channel.retry, |_| channel.attempt(&request)).await?;
+        channel.send(&request).await?;
         Ok(Delivery::Direct)
+    }
+
+    fn check_wake_route(&self, app_id: &str, token: &str) -> Result<(), RouterError> {
+        if !self.channels.contains_key(app_id) {
+            return Err(RouterError::UnknownApp(app_id.to_owned()));
+        }
+        payload::check_wake_token(token)
+    }
+
+    async fn wake(&self, app_id: &str, token: &str, wake: &WakeUp) -> Result<(), RouterError> {
+        let channel = self
+            .channels
+            .get(app_id)
+            .ok_or_else(|| RouterError::UnknownApp(app_id.to_owned()))?;
+        channel
+            .send(&payload::wake_request(token, wake, &channel.topic))
+            .await
     }
 }
 
 impl Channel {
+    /// Send `request` within the channel's rate, in-flight cap and deadline.
+    async fn send(&self, request: &ApnsRequest) -> Result<(), RouterError> {
+        self.limit.check()?;
+        let _slot = self.in_flight.try_acquire()?;
+        with_retries(&self.retry, |_| self.attempt(request)).await
+    }
+
     async fn attempt(&self, request: &ApnsRequest) -> Attempt<()> {
         match self.sender.send(request).await {
             Ok(response) if response.status == 200 => {

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use autopush_common::bridge::{web_push_fields, write_json_members};
-use autopush_common::router::{RouterDataInput, RouterError};
+use autopush_common::router::{RouterDataInput, RouterError, WakeUp};
 use autopush_common::{Notification, Urgency, User};
 use serde_json::{Value, json};
 
@@ -163,15 +163,54 @@ pub fn request(
         headers: ApnsHeaders {
             topic: topic.to_owned(),
             priority: if low { 5 } else { 10 },
-            background,
             expiration: match notification.ttl {
                 0 => 0,
                 ttl => notification.timestamp.saturating_add(ttl),
             },
             collapse_id: notification.topic.clone(),
+            push_type: if background {
+                ApnsHeaders::BACKGROUND
+            } else {
+                ApnsHeaders::ALERT
+            },
         },
         payload,
     })
+}
+
+/// The `aps` of a wake-up below `high` urgency: a background push.
+const WAKE_APS: &str = r#"{"aps":{"content-available":1},"wake":1}"#;
+
+/// The `aps` of a `high` wake-up: an alert with a generic text, which the
+/// app's notification service extension may replace once it has fetched
+/// what is waiting.
+const WAKE_ALERT_APS: &str = r#"{"aps":{"alert":{"title":"New message"},"content-available":1,"mutable-content":1},"wake":1}"#;
+
+/// The APNs request of a wake-up to device `token`: nothing of the message
+/// that caused it, collapsed (`apns-collapse-id: wake`) with any earlier
+/// wake-up the device has not seen yet.
+pub fn wake_request(token: &str, wake: &WakeUp, topic: &str) -> ApnsRequest {
+    let alert = wake.urgency == Urgency::High;
+    ApnsRequest {
+        device_token: token.to_owned(),
+        headers: ApnsHeaders {
+            topic: topic.to_owned(),
+            priority: if alert { 10 } else { 5 },
+            expiration: wake.timestamp.saturating_add(wake.ttl),
+            collapse_id: Some("wake".into()),
+            push_type: if alert {
+                ApnsHeaders::ALERT
+            } else {
+                ApnsHeaders::BACKGROUND
+            },
+        },
+        payload: if alert { WAKE_ALERT_APS } else { WAKE_APS }.to_owned(),
+    }
+}
+
+/// A device token a client registers as its wake route.
+pub fn check_wake_token(token: &str) -> Result<(), RouterError> {
+    check_device_token(token)
 }
 
 /// `{"aps": ..., "body": ..., "chid": ...}` (`aps` as given, else
@@ -228,6 +267,8 @@ mod tests {
             over_msg_limit: false,
             current_month: None,
             min_urgency: autopush_common::Urgency::VeryLow,
+            wake_route: None,
+            last_wake: 0,
         }
     }
 
@@ -248,6 +289,36 @@ mod tests {
             urgency: None,
             durable: false,
         }
+    }
+
+    #[test]
+    fn wake_ups_are_background_pushes_or_for_high_a_generic_alert() {
+        let wake = WakeUp {
+            urgency: Urgency::Normal,
+            ttl: 60,
+            timestamp: 1000,
+        };
+        let request = wake_request(TOKEN, &wake, "org.example.app");
+        assert_eq!(
+            (request.headers.push_type, request.headers.priority),
+            (ApnsHeaders::BACKGROUND, 5)
+        );
+        assert_eq!(request.headers.collapse_id.as_deref(), Some("wake"));
+        assert_eq!(request.headers.expiration, 1060);
+        let body: Value = serde_json::from_str(&request.payload).unwrap();
+        assert_eq!(body, json!({"aps": {"content-available": 1}, "wake": 1}));
+        let high = WakeUp {
+            urgency: Urgency::High,
+            ..wake
+        };
+        let request = wake_request(TOKEN, &high, "org.example.app");
+        assert_eq!(
+            (request.headers.push_type, request.headers.priority),
+            (ApnsHeaders::ALERT, 10)
+        );
+        let body: Value = serde_json::from_str(&request.payload).unwrap();
+        assert_eq!(body["aps"]["alert"]["title"], "New message");
+        assert_eq!(body["aps"]["mutable-content"], 1);
     }
 
     #[test]
@@ -320,7 +391,7 @@ mod tests {
         n.topic = Some("scores".into());
         let request = request(&n, &data, "org.x").unwrap();
         assert_eq!(request.headers.priority, 5);
-        assert_eq!(request.headers.push_type(), "alert");
+        assert_eq!(request.headers.push_type, ApnsHeaders::ALERT);
         assert_eq!(request.headers.expiration, 0);
         assert_eq!(request.headers.collapse_id.as_deref(), Some("scores"));
         let body: Value = serde_json::from_str(&request.payload).unwrap();
@@ -338,7 +409,7 @@ mod tests {
         n.urgency = Some(Urgency::VeryLow);
         let request = request(&n, &data, "org.x").unwrap();
         assert_eq!(request.headers.priority, 5);
-        assert_eq!(request.headers.push_type(), "background");
+        assert_eq!(request.headers.push_type, ApnsHeaders::BACKGROUND);
         let body: Value = serde_json::from_str(&request.payload).unwrap();
         assert_eq!(body["aps"], json!({"content-available": 1}));
         assert_eq!(body["body"], "YWJj");

@@ -25,31 +25,29 @@ pub struct ApnsHeaders {
     /// `apns-priority`: 10 (now) or 5 (when the device sees fit; the only
     /// one Apple allows for a background push).
     pub priority: u8,
-    /// `apns-push-type` `background` instead of `alert`: the app is woken
-    /// without an alert, when the system sees fit (Apple throttles these).
-    pub background: bool,
     /// `apns-expiration`: Unix seconds; 0 means "now or never".
     pub expiration: u64,
     /// `apns-collapse-id`: the Web Push `Topic`, if the sender gave one.
     pub collapse_id: Option<String>,
+    /// `apns-push-type`: [`ApnsHeaders::ALERT`], or [`ApnsHeaders::BACKGROUND`]
+    /// to wake the app without an alert, when the system sees fit (Apple
+    /// throttles these).
+    pub push_type: &'static str,
 }
 
 impl ApnsHeaders {
-    /// `apns-push-type`: an alert the app's notification service extension
-    /// can rewrite (`mutable-content`), or a background push.
-    pub fn push_type(&self) -> &'static str {
-        if self.background {
-            "background"
-        } else {
-            "alert"
-        }
-    }
+    /// An alert the app's notification service extension can rewrite
+    /// (`mutable-content`).
+    pub const ALERT: &'static str = "alert";
+    /// A `very-low` message, or a wake-up below `high` urgency:
+    /// `content-available`, no alert.
+    pub const BACKGROUND: &'static str = "background";
 
     /// The headers as they go on the wire, by name.
     pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs = vec![
             ("apns-topic", self.topic.clone()),
-            ("apns-push-type", self.push_type().to_owned()),
+            ("apns-push-type", self.push_type.to_owned()),
             ("apns-priority", self.priority.to_string()),
             ("apns-expiration", self.expiration.to_string()),
         ];

@@ -49,6 +49,8 @@ fn user(router: &ApnsRouter, token: &str, channel: &str) -> User {
         over_msg_limit: false,
         current_month: None,
         min_urgency: autopush_common::Urgency::VeryLow,
+        wake_route: None,
+        last_wake: 0,
     }
 }
 

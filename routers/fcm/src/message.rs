@@ -11,7 +11,7 @@ use std::io::Write;
 
 use autopush_common::Notification;
 use autopush_common::bridge::{web_push_fields, write_json_members, write_json_str};
-use autopush_common::router::RouterError;
+use autopush_common::router::{RouterError, WakeUp};
 
 /// FCM keeps a message at most 28 days.
 pub const MAX_TTL: u64 = 28 * 24 * 60 * 60;
@@ -46,6 +46,28 @@ pub fn android_message<'a>(
         collapse_key: notification.topic.as_deref(),
         data,
     })
+}
+
+/// The data of every wake-up: one fixed key, nothing of the message.
+static WAKE_DATA: std::sync::LazyLock<BTreeMap<&'static str, &'static str>> =
+    std::sync::LazyLock::new(|| BTreeMap::from([("wake", "1")]));
+
+/// The `messages:send` body of a wake-up to `token`: a data message with
+/// one fixed key, collapsed (`collapse_key: wake`) with any earlier wake-up
+/// the device has not received yet, its priority from the urgency of the
+/// message that caused it and its TTL no longer than that message's.
+pub fn wake_message<'a>(token: &'a str, wake: &WakeUp) -> AndroidMessage<'a> {
+    AndroidMessage {
+        token,
+        ttl: wake.ttl.min(MAX_TTL),
+        priority: if wake.urgency.is_low() {
+            "normal"
+        } else {
+            "high"
+        },
+        collapse_key: Some("wake"),
+        data: &WAKE_DATA,
+    }
 }
 
 /// `{"message": {"token", "android": {"ttl", "priority", "collapse_key"?,
@@ -155,6 +177,30 @@ mod tests {
         let data = payload_data(&n);
         let message = json_of(&android_message("tok", &n, &data).unwrap());
         assert_eq!(message["message"]["android"]["priority"], "high");
+    }
+
+    #[test]
+    fn a_wake_up_carries_one_fixed_key_and_nothing_of_the_message() {
+        let wake = WakeUp {
+            urgency: Urgency::Low,
+            ttl: 60 * 24 * 3600,
+            timestamp: 1,
+        };
+        let message = json_of(&wake_message("tok", &wake));
+        assert_eq!(
+            message,
+            json!({"message": {"token": "tok", "android": {
+                "ttl": "2419200s", "priority": "normal", "collapse_key": "wake",
+                "data": {"wake": "1"}}}})
+        );
+        let high = WakeUp {
+            urgency: Urgency::Normal,
+            ttl: 30,
+            ..wake
+        };
+        let message = json_of(&wake_message("tok", &high));
+        assert_eq!(message["message"]["android"]["priority"], "high");
+        assert_eq!(message["message"]["android"]["ttl"], "30s");
     }
 
     #[test]

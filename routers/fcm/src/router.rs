@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use autopush_common::bridge::{AppLimits, Bridge};
-use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
+use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, WakeUp};
 use autopush_common::{ApiResult, Notification, User};
 use serde_json::{Value, json};
 
-use crate::message::{android_message, payload_data};
+use crate::message::{android_message, payload_data, wake_message};
 use crate::settings::{AppSettings, FcmSection};
 use crate::transport::{App, Projects};
 
@@ -87,6 +87,21 @@ impl Router for FcmRouter {
             .await?;
         Ok(Delivery::Direct)
     }
+
+    fn check_wake_route(&self, app_id: &str, token: &str) -> Result<(), RouterError> {
+        if !self.apps.contains_key(app_id) {
+            return Err(RouterError::UnknownApp(app_id.to_owned()));
+        }
+        check_token(token).map(drop)
+    }
+
+    async fn wake(&self, app_id: &str, token: &str, wake: &WakeUp) -> Result<(), RouterError> {
+        let app = self
+            .apps
+            .get(app_id)
+            .ok_or_else(|| RouterError::UnknownApp(app_id.to_owned()))?;
+        app.send(&wake_message(token, wake)).await
+    }
 }
 
 /// The registration token a client registers with: present, and made of
@@ -96,6 +111,12 @@ pub fn registration_token(input: &RouterDataInput) -> Result<&str, RouterError> 
         .token
         .as_deref()
         .ok_or_else(|| RouterError::InvalidRegistration("token is required".into()))?;
+    check_token(token)
+}
+
+/// A registration token made of the characters FCM tokens use, at a sane
+/// length.
+fn check_token(token: &str) -> Result<&str, RouterError> {
     if token.is_empty() || token.len() > MAX_TOKEN_LEN {
         return Err(RouterError::InvalidRegistration(format!(
             "token must be 1 to {MAX_TOKEN_LEN} characters"

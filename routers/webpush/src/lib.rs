@@ -27,6 +27,7 @@
 //! autopush-rs's own endpoint never writes one.
 
 pub mod node_client;
+pub mod wake;
 
 use std::sync::Arc;
 
@@ -40,6 +41,9 @@ use tracing::{debug, warn};
 use uuid::Uuid;
 
 pub use node_client::{NodeCallError, NodeClient};
+pub use wake::{WakeSettings, Waker};
+
+use autopush_common::router::WakeUp;
 
 /// The header our connection nodes put on every router API answer: this
 /// node deletes a durable direct copy when its client acks it.
@@ -69,6 +73,8 @@ pub struct WebPushRouter {
     local: Option<Arc<dyn LocalNode>>,
     /// Store every message before delivering it directly.
     durable_direct: bool,
+    /// Wakes user agents that are away and registered a wake route.
+    waker: Option<Arc<Waker>>,
 }
 
 impl WebPushRouter {
@@ -83,7 +89,14 @@ impl WebPushRouter {
             nodes,
             local,
             durable_direct,
+            waker: None,
         }
+    }
+
+    /// Send wake-ups to user agents that are away, with `waker`.
+    pub fn with_waker(mut self, waker: Waker) -> Self {
+        self.waker = Some(Arc::new(waker));
+        self
     }
 
     fn local_for(&self, node_id: &str) -> Option<&Arc<dyn LocalNode>> {
@@ -166,10 +179,11 @@ impl WebPushRouter {
         if notification.ttl == 0 {
             return Ok(Delivery::Dropped);
         }
+        let wake = wake::wake_up_for(&notification);
         self.storage
             .save_messages(&user.uaid, vec![notification])
             .await?;
-        self.stored(&user.uaid).await
+        self.stored(&user.uaid, wake).await
     }
 
     /// Keep a message below the user agent's minimum urgency in storage,
@@ -195,10 +209,15 @@ impl WebPushRouter {
 
     /// The message is in storage: the client may have connected (and
     /// checked storage) since we read its record, so look again and nudge
-    /// whichever node has it now.
-    async fn stored(&self, uaid: &Uuid) -> ApiResult<Delivery> {
-        if let Some(node_id) = self.storage.get_user(uaid).await?.and_then(|u| u.node_id) {
-            self.notify_node(&node_id, uaid).await;
+    /// whichever node has it now; with none, wake it if it asked to be.
+    async fn stored(&self, uaid: &Uuid, wake: WakeUp) -> ApiResult<Delivery> {
+        let Some(user) = self.storage.get_user(uaid).await? else {
+            return Ok(Delivery::Stored);
+        };
+        match (&user.node_id, &self.waker) {
+            (Some(node_id), _) => self.notify_node(node_id, uaid).await,
+            (None, Some(waker)) => waker.after_stored(&user, wake),
+            (None, None) => {}
         }
         Ok(Delivery::Stored)
     }
@@ -244,9 +263,10 @@ impl Router for WebPushRouter {
             return self.deliver_kept(notification, user).await;
         }
         let uaid = user.uaid;
+        let wake = wake::wake_up_for(&notification);
         let Some(node_id) = &user.node_id else {
             self.storage.save_direct(&uaid, notification).await?;
-            return self.stored(&uaid).await;
+            return self.stored(&uaid, wake).await;
         };
         // The durable copy is staged before the client can see (and ack)
         // the message; the 201 waits until it is on disk or acked. The copy
@@ -271,6 +291,6 @@ impl Router for WebPushRouter {
             return Ok(Delivery::Direct);
         }
         copy.saved_now().await?;
-        self.stored(&uaid).await
+        self.stored(&uaid, wake).await
     }
 }

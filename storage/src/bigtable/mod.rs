@@ -27,7 +27,7 @@ pub mod settings;
 use std::collections::HashSet;
 
 use async_trait::async_trait;
-use autopush_common::{Notification, Urgency, User, time::now_secs};
+use autopush_common::{Notification, Urgency, User, WakeRoute, time::now_secs};
 use futures_util::{StreamExt, TryStreamExt};
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
     self as pb, RowFilter, RowRange, RowSet, mutate_rows_request, row_range,
@@ -433,6 +433,34 @@ impl Storage for BigtableStore {
         let exists = row::column(&self.families().router, b"connected_at");
         let predicate = row::and(exists, self.router_data_is(seen));
         let mutations = row::router_data_mutations(self.families(), router_data);
+        self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
+            .await
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let exists = row::column(&self.families().router, b"connected_at");
+        let mutations = row::wake_route_mutations(self.families(), route);
+        self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
+            .await
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let message = &self.families().message;
+        let still_seen = row::column_is(message, "wake_route", seen.to_json().as_bytes());
+        let mutations = row::wake_route_mutations(self.families(), None);
+        self.check_and_mutate(row::user_key(uaid), still_seen, mutations, Vec::new())
+            .await
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        let families = self.families();
+        let exists = row::column(&families.router, b"connected_at");
+        let last_wake = row::column(&families.message, b"last_wake");
+        let predicate = match seen {
+            0 => row::and(exists, row::absent(last_wake)),
+            _ => row::column_is(&families.message, "last_wake", &seen.to_be_bytes()),
+        };
+        let mutations = row::last_wake_mutations(families, Some(now));
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }

@@ -19,11 +19,13 @@
 //! autopush-rs's `get_user` reads every router cell of the user row and
 //! takes each one it does not know for a channel (`chid:{uuid}`), failing
 //! the whole read otherwise: the router family holds only the cells above.
-//! What we keep of a user beside them, `last_connect`, `over_msg_limit` and
+//! What we keep of a user beside them, `last_connect`, `over_msg_limit`,
 //! `min_urgency` (the user agent's minimum urgency as the `Urgency` header
-//! spells it; absent for `very-low`), is in the user row's *message* family
-//! ([`OWN_USER_CELLS`]), stamped like router cells and written again at
-//! every connection, so none outlives its user or expires under it: autopush-rs reads that row only through its router family
+//! spells it; absent for `very-low`), the wake route (`wake_route`, JSON)
+//! and when the last wake-up went out (`last_wake`), is in the user row's
+//! *message* family ([`OWN_USER_CELLS`]), stamped like router cells and
+//! written again at every connection, so none outlives its user or expires
+//! under it: autopush-rs reads that row only through its router family
 //! and message families only in rows `{uaid}#...`, and its `remove_user`
 //! deletes the whole row, these cells with it. Older versions of ours wrote
 //! them in the router family; every connection deletes those, and
@@ -53,7 +55,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use autopush_common::{Notification, RouterType, User, notification::Urgency, time::now_secs};
+use autopush_common::{
+    Notification, RouterType, User, WakeRoute, notification::Urgency, time::now_secs,
+};
 use googleapis_tonic_google_bigtable_v2::google::bigtable::v2::{
     self as pb, RowFilter, column_range, mutation, row_filter, value_range,
 };
@@ -250,13 +254,24 @@ pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
         user.router_data.as_ref().map(json_bytes),
     ));
     m.extend(connection_mutations(families, user));
+    m.extend(wake_route_mutations(families, user.wake_route.as_ref()));
+    m.extend(last_wake_mutations(
+        families,
+        (user.last_wake > 0).then_some(user.last_wake),
+    ));
     m.extend(new_version(families));
     m
 }
 
 /// The user row's cells of ours, kept in its message family where
 /// autopush-rs does not look (see the module's notes).
-pub const OWN_USER_CELLS: [&str; 3] = ["last_connect", "over_msg_limit", "min_urgency"];
+pub const OWN_USER_CELLS: [&str; 5] = [
+    "last_connect",
+    "over_msg_limit",
+    "min_urgency",
+    "wake_route",
+    "last_wake",
+];
 
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`; and `min_urgency`, written again as read so that its
@@ -296,6 +311,18 @@ pub fn min_urgency_is(families: &Families, min: Urgency) -> RowFilter {
         Urgency::VeryLow => absent(column(&families.message, b"min_urgency")),
         min => column_is(&families.message, "min_urgency", min.as_str().as_bytes()),
     }
+}
+
+/// Sets (or removes) the user's wake route, JSON in [`OWN_USER_CELLS`].
+pub fn wake_route_mutations(families: &Families, route: Option<&WakeRoute>) -> Vec<pb::Mutation> {
+    let value = route.map(|r| r.to_json().into_bytes());
+    replace(&families.message, "wake_route", value)
+}
+
+/// Sets (or removes) when the last wake-up went out, in [`OWN_USER_CELLS`].
+pub fn last_wake_mutations(families: &Families, last_wake: Option<u64>) -> Vec<pb::Mutation> {
+    let value = last_wake.map(|ms| ms.to_be_bytes().to_vec());
+    replace(&families.message, "last_wake", value)
 }
 
 /// Sets `last_connect`, and removes the router cells of ours older
@@ -847,6 +874,18 @@ pub fn user_from_row(families: &Families, uaid: &Uuid, row: &Row) -> Result<Opti
             }
             None => Urgency::VeryLow,
         },
+        wake_route: row
+            .get(&families.message, "wake_route")
+            .map(|v| {
+                let text = text_of(v, "wake_route")?;
+                WakeRoute::from_json(&text).ok_or_else(|| corrupt("wake_route is not a route"))
+            })
+            .transpose()?,
+        last_wake: row
+            .get(&families.message, "last_wake")
+            .map(|v| u64_of(v, "last_wake"))
+            .transpose()?
+            .unwrap_or(0),
     }))
 }
 

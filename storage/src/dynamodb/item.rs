@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use autopush_common::{Notification, RouterType, User, notification::Urgency};
+use autopush_common::{Notification, RouterType, User, WakeRoute, notification::Urgency};
 use aws_sdk_dynamodb::types::AttributeValue;
 use uuid::Uuid;
 
@@ -276,6 +276,12 @@ pub fn user_to_item(user: &User) -> Item {
     if user.min_urgency != Urgency::VeryLow {
         item.insert("min_urgency".into(), s(user.min_urgency.as_str()));
     }
+    if let Some(route) = &user.wake_route {
+        item.insert("wake_route".into(), s(route.to_json()));
+    }
+    if user.last_wake > 0 {
+        item.insert("last_wake".into(), n(user.last_wake));
+    }
     item
 }
 
@@ -302,6 +308,10 @@ pub fn user_from_item(item: &Item) -> Result<User> {
                 .ok_or_else(|| corrupt(format!("unknown min_urgency {value:?}")))?,
             None => Urgency::VeryLow,
         },
+        wake_route: get_s(item, "wake_route")
+            .map(|text| WakeRoute::from_json(text).ok_or_else(|| corrupt("wake_route")))
+            .transpose()?,
+        last_wake: get_n(item, "last_wake")?.unwrap_or(0),
     })
 }
 

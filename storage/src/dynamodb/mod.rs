@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use autopush_common::{Notification, Urgency, User, time::now_secs};
+use autopush_common::{Notification, Urgency, User, WakeRoute, time::now_secs};
 use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
@@ -838,6 +838,55 @@ impl Storage for DynamoStore {
                 "attribute_exists(uaid) AND attribute_not_exists(router_data)",
             ),
         };
+        condition_held(update.send().await, "UpdateItem")
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .condition_expression("attribute_exists(uaid)");
+        let update = match route {
+            Some(route) => update
+                .update_expression("SET wake_route = :r")
+                .expression_attribute_values(":r", s(route.to_json())),
+            None => update.update_expression("REMOVE wake_route"),
+        };
+        condition_held(update.send().await, "UpdateItem")
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("REMOVE wake_route")
+            .condition_expression("wake_route = :seen")
+            .expression_attribute_values(":seen", s(seen.to_json()))
+            .send()
+            .await;
+        condition_held(update, "UpdateItem")
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        let seen_holds = match seen {
+            0 => "attribute_exists(uaid) AND attribute_not_exists(last_wake)",
+            _ => "last_wake = :seen",
+        };
+        let mut update = self
+            .client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+            .update_expression("SET last_wake = :now")
+            .condition_expression(seen_holds)
+            .expression_attribute_values(":now", n(now));
+        if seen > 0 {
+            update = update.expression_attribute_values(":seen", n(seen));
+        }
         condition_held(update.send().await, "UpdateItem")
     }
 

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use autopush_common::{Notification, RouterType, Urgency, User, time::now_secs};
+use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute, time::now_secs};
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use uuid::Uuid;
 
@@ -425,6 +425,38 @@ impl Storage for EmbeddedStore {
                 return false;
             }
             stored.router_data = Some(router_data.clone());
+            true
+        })
+        .await
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let route = route.cloned();
+        self.change_user(*uaid, move |stored| {
+            stored.wake_route = route.clone();
+            true
+        })
+        .await
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let seen = seen.clone();
+        self.change_user(*uaid, move |stored| {
+            if stored.wake_route.as_ref() != Some(&seen) {
+                return false;
+            }
+            stored.wake_route = None;
+            true
+        })
+        .await
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        self.change_user(*uaid, move |stored| {
+            if stored.last_wake != seen {
+                return false;
+            }
+            stored.last_wake = now;
             true
         })
         .await
