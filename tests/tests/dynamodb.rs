@@ -438,13 +438,24 @@ async fn node_behind_proxy_with(
     server: &LocalDynamo,
     extra: &[&str],
 ) -> (Tables, ThrottlingProxy, Server) {
+    node_behind_proxy_env(server, extra, Vec::new()).await
+}
+
+/// [`node_behind_proxy_with`], the node given `env` too.
+async fn node_behind_proxy_env(
+    server: &LocalDynamo,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+) -> (Tables, ThrottlingProxy, Server) {
     let tables = dynamo::tables();
     let out = db_command_on(&server.endpoint, &tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&server.endpoint).await;
     let mut args = shared_args(&tables).await;
     args.extend(extra.iter().map(|a| a.to_string()));
-    let node = Server::start_node(node_on(&proxy.endpoint, args)("all")).await;
+    let mut node = node_on(&proxy.endpoint, args)("all");
+    node.env.extend(env);
+    let node = Server::start_node(node).await;
     (tables, proxy, node)
 }
 
@@ -592,7 +603,13 @@ async fn records_written_by_the_seeds_schema_are_read(server: &LocalDynamo) {
 async fn requests_per_delivered_message(server: &LocalDynamo) {
     let off = requests_per_message(server, &["--receipt-retention", "0"]).await;
     let on = requests_per_message(server, &[]).await;
-    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
+    // A direct message acked within the grace costs the seeds' two reads
+    // and no write; with receipts on, the write of its receipt.
+    let reads_only = BTreeMap::from([("GetItem".to_owned(), 20)]);
+    assert_eq!(off[0], reads_only, "direct, receipts off");
+    let with_receipt = BTreeMap::from([("GetItem".to_owned(), 20), ("PutItem".to_owned(), 10)]);
+    assert_eq!(on[0], with_receipt, "direct, receipts on");
+    autopush_tests::receipt::assert_receipts_cost_one_write_per_direct_message(&off, &on, 10);
 }
 
 /// The DynamoDB requests of 10 messages delivered directly (push + ack),
@@ -602,16 +619,20 @@ async fn requests_per_message(
     server: &LocalDynamo,
     args: &[&str],
 ) -> autopush_tests::receipt::PathRequests {
-    let (_, proxy, node) = node_behind_proxy_with(server, args).await;
+    let env = vec![autopush_tests::receipt::long_grace()];
+    let (_, proxy, node) = node_behind_proxy_env(server, args, env).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
     let count = 10;
     proxy.take_operations();
     for i in 0..count {
-        sub.push_text(&format!("direct {i}")).await;
-        let (n, _) = sub.receive(&mut ws).await;
-        ws.ack_notification(&n).await;
+        // The 201 comes once the client acked (within the grace).
+        let text = format!("direct {i}");
+        tokio::join!(sub.push_text(&text), async {
+            let (n, _) = sub.receive(&mut ws).await;
+            ws.ack_notification(&n).await;
+        });
     }
     // The session handles the close after the last ack (and its delete).
     let uaid = ws.uaid().to_owned();
