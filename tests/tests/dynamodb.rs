@@ -1054,3 +1054,141 @@ async fn health_hits_share_one_storage_check_at_a_time() {
         "{hits} health hits cost {reads} storage reads (at most {allowed} expected)"
     );
 }
+
+// ---- the connection node holds a direct copy back for its grace ---------
+
+/// A cluster whose connection node A holds direct copies back for
+/// `grace_ms` (long enough to act inside it).
+async fn cluster_holding_for(grace_ms: u64) -> Cluster {
+    Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()))
+    })
+    .await
+}
+
+/// Stored messages of `uaid`, as the nodes stored them.
+async fn stored_count(cluster: &Cluster, uaid: &str) -> usize {
+    let store = dynamo::connect(&cluster.server.endpoint, cluster.tables.clone()).await;
+    let uaid = uuid::Uuid::parse_str(uaid).unwrap();
+    store.count_messages(&uaid, 10).await.unwrap()
+}
+
+/// `kill -9` of the connection node while it holds the copy of a message
+/// its client received but did not ack: the endpoint, whose call failed,
+/// writes the copy before its 201, and the client gets the message on the
+/// node it moves to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_node_killed_inside_the_grace_loses_nothing() {
+    let mut cluster = cluster_holding_for(30_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let a = &mut cluster.a;
+    let (sent, ()) = tokio::join!(sub.push_text("held"), async {
+        let (_, d) = sub.receive(&mut ws).await;
+        assert_eq!(d.text, "held");
+        // Not acked: node A holds the only copy.
+        a.kill9();
+    });
+    sent.assert_created();
+
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+}
+
+/// `kill -9` of the endpoint while the connection node holds the copy: the
+/// node writes it at the grace's end all the same, and the client, which
+/// never acked, gets the message again at its next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing() {
+    let mut cluster = cluster_holding_for(3_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    // The sender never hears back; its answer is not waited for.
+    let sender = sub.clone();
+    let sending = tokio::spawn(async move { sender.send(&SendOptions::text("held")).await });
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "held");
+    cluster.endpoint.kill9();
+    sending.abort();
+
+    autopush_tests::receipt::wait_until("node A writes the copy it held", async || {
+        stored_count(&cluster, &uaid).await == 1
+    })
+    .await;
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+}
+
+/// The client leaves node A for node B inside the grace without acking:
+/// B's storage check at hello comes before A writes the copy, so the
+/// endpoint, told the copy was written, finds the client on B and has B
+/// look again. The message arrives on B without another reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node() {
+    let cluster = cluster_holding_for(3_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, mut on_b) = tokio::join!(sub.push_text("moving"), async {
+        let (_, d) = sub.receive(&mut ws).await;
+        assert_eq!(d.text, "moving");
+        ws.close().await;
+        cluster.b.reconnect(&uaid).await
+    });
+    sent.assert_created();
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+    on_b.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("moving".to_owned(), 1)]));
+}
+
+/// The ack racing the grace, both ways: acked within it, the message is
+/// never written and its receipt reads `delivered`; acked after it (the
+/// copy written), the ack settles the copy. Neither comes back at the next
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_inside_and_after_the_grace_settle_the_message_once() {
+    let cluster = cluster_holding_for(2_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (inside, ()) = tokio::join!(sub.push_text("inside"), async {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    });
+    let location = autopush_tests::receipt::location(&inside);
+    assert_eq!(
+        autopush_tests::receipt::state_of(&location).await,
+        "delivered"
+    );
+    assert_eq!(stored_count(&cluster, &uaid).await, 0);
+
+    // The 201 comes once the grace ended and the copy is written.
+    sub.push_text("after").await;
+    assert_eq!(stored_count(&cluster, &uaid).await, 1);
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "after");
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_until("the ack settles the written copy", async || {
+        stored_count(&cluster, &uaid).await == 0
+    })
+    .await;
+
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
