@@ -1137,7 +1137,9 @@ async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing() {
 /// look again. The message arrives on B without another reconnect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node() {
-    let cluster = cluster_holding_for(3_000).await;
+    // Longer than a hello on a loaded machine, shorter than the endpoint's
+    // node call timeout (3 s): the node answers, after B's storage check.
+    let cluster = cluster_holding_for(2_000).await;
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
