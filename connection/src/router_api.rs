@@ -1,7 +1,10 @@
 //! The internal router API, called by endpoint nodes (never public):
 //!
 //! * `PUT /push/{uaid}` with a notification: 200 queued for the connected
-//!   client, 404 not connected here, 503 connected but busy.
+//!   client, 404 not connected here, 503 connected but busy. With
+//!   `x-autopush-durable-copy: hold`, the 200 waits until the client acked
+//!   or the durable copy is written, and says which in the same header
+//!   ([`autopush_webpush::held`]).
 //! * `PUT /notif/{uaid}`: 200 the client will check storage, 404 not here.
 //! * `DELETE /notif/{uaid}/{connected_at}`: 200 that connection is dropped,
 //!   404 no such connection.

@@ -13,7 +13,10 @@
 //! With durable direct delivery on, a message is written to storage before
 //! it is handed to the connection node (and before the sender hears 201), and
 //! the session deletes it when the client acks: a node killed before the ack
-//! loses nothing. Off, a direct message lives in the node's memory until the
+//! loses nothing. On a store billed per write (DynamoDB, Bigtable) the
+//! connection node holds that copy back instead, writing it only if the
+//! client has not acked within a grace ([`held`]). Off, a direct message
+//! lives in the node's memory until the
 //! ack, and is written to storage only if the session ends without one.
 //!
 //! A node that is not ours (autopush-rs's, on a shared Bigtable table
