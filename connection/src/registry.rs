@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use autopush_common::Notification;
-use autopush_common::node::{LocalNode, PushOutcome};
+use autopush_common::node::{HeldCopies, LocalNode, PushOutcome};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -158,6 +158,8 @@ pub struct ClientRegistry {
     live_sessions: Arc<AtomicUsize>,
     /// The id of the next session to join.
     next_session: AtomicU64,
+    /// Durable direct copies held back for their grace.
+    held: HeldCopies,
 }
 
 impl ClientRegistry {
@@ -168,6 +170,7 @@ impl ClientRegistry {
             clients: RwLock::new(HashMap::new()),
             live_sessions: Arc::default(),
             next_session: AtomicU64::new(1),
+            held: HeldCopies::default(),
         }
     }
 
@@ -274,6 +277,10 @@ impl LocalNode for ClientRegistry {
             }
             None => false,
         }
+    }
+
+    fn held_copies(&self) -> &HeldCopies {
+        &self.held
     }
 }
 

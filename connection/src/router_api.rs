@@ -1,7 +1,10 @@
 //! The internal router API, called by endpoint nodes (never public):
 //!
 //! * `PUT /push/{uaid}` with a notification: 200 queued for the connected
-//!   client, 404 not connected here, 503 connected but busy.
+//!   client, 404 not connected here, 503 connected but busy. With
+//!   `x-autopush-durable-copy: hold`, the 200 waits until the client acked
+//!   or the durable copy is written, and says which in the same header
+//!   ([`autopush_webpush::held`]).
 //! * `PUT /notif/{uaid}`: 200 the client will check storage, 404 not here.
 //! * `DELETE /notif/{uaid}/{connected_at}`: 200 that connection is dropped,
 //!   404 no such connection.
@@ -30,6 +33,7 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
 use autopush_serving::http::Peer;
 pub use autopush_webpush::SETTLES_DURABLE_COPY;
+use autopush_webpush::{DURABLE_COPY, HOLD};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
@@ -152,28 +156,57 @@ fn status(code: StatusCode) -> Response {
         .into_response()
 }
 
+fn push_answer(outcome: PushOutcome) -> Response {
+    match outcome {
+        PushOutcome::Delivered => status(StatusCode::OK),
+        PushOutcome::NotConnected => status(StatusCode::NOT_FOUND),
+        PushOutcome::Busy => status(StatusCode::SERVICE_UNAVAILABLE),
+    }
+}
+
+/// A push whose durable copy the endpoint asks this node to hold: answered
+/// once the client acked it or the copy is written (see
+/// [`autopush_webpush::held`]), saying which in [`DURABLE_COPY`]. Without
+/// that header on a 200, the endpoint writes the copy itself.
+async fn push_holding_copy(ctx: &NodeContext, uaid: &Uuid, notification: Notification) -> Response {
+    let registry = ctx.registry.as_ref();
+    let (outcome, fate) =
+        autopush_webpush::push_holding_copy(registry, &ctx.storage, uaid, notification).await;
+    let mut answer = push_answer(outcome);
+    if let Some(fate) = fate {
+        answer.headers_mut().insert(
+            DURABLE_COPY,
+            warp::http::HeaderValue::from_static(fate.as_str()),
+        );
+    }
+    answer
+}
+
 fn parse_uaid(uaid: &str) -> Option<Uuid> {
     Uuid::parse_str(uaid).ok()
 }
 
 pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
-    let registry = ctx.registry.clone();
+    let push_ctx = ctx.clone();
     let push = warp::put()
         .and(warp::path!("push" / String))
+        .and(warp::header::optional::<String>(DURABLE_COPY))
         .and(signed(ctx.clone(), Some("push")))
-        .map(move |uaid: String, body: Bytes| {
-            let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
-                return error(&ApiError::BadRequest(
-                    "the body is not a notification".into(),
-                ));
-            };
-            let Some(uaid) = parse_uaid(&uaid) else {
-                return status(StatusCode::NOT_FOUND);
-            };
-            match registry.push(&uaid, notification) {
-                PushOutcome::Delivered => status(StatusCode::OK),
-                PushOutcome::NotConnected => status(StatusCode::NOT_FOUND),
-                PushOutcome::Busy => status(StatusCode::SERVICE_UNAVAILABLE),
+        .then(move |uaid: String, copy: Option<String>, body: Bytes| {
+            let ctx = push_ctx.clone();
+            async move {
+                let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
+                    return error(&ApiError::BadRequest(
+                        "the body is not a notification".into(),
+                    ));
+                };
+                let Some(uaid) = parse_uaid(&uaid) else {
+                    return status(StatusCode::NOT_FOUND);
+                };
+                if copy.as_deref() == Some(HOLD) {
+                    return push_holding_copy(&ctx, &uaid, notification).await;
+                }
+                push_answer(ctx.registry.push(&uaid, notification))
             }
         });
 

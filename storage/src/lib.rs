@@ -239,6 +239,29 @@ pub trait Storage: Send + Sync {
         Ok(DirectCopy::saved())
     }
 
+    /// Whether a connection node should hold a durable direct copy back
+    /// for a grace and write it only if its client has not acked by then
+    /// ([`autopush_common::node::HeldCopies`]), instead of the endpoint
+    /// writing it first: on a store whose every write is a billed request.
+    /// A store whose [`Storage::stage_direct`] has a grace of its own (the
+    /// embedded journal) says no.
+    fn node_holds_direct_copies(&self) -> bool {
+        false
+    }
+
+    /// A direct message its client acked before any copy of it was written
+    /// (a copy a node held back): write what its receipt needs, with
+    /// receipts on, and nothing otherwise. The receipt is written only
+    /// where no row is (a copy written after all is settled instead).
+    async fn settle_unwritten(
+        &self,
+        _uaid: &Uuid,
+        _message: &Notification,
+        _state: MessageState,
+    ) -> Result<()> {
+        Ok(())
+    }
+
     /// Remove the durable copy of `message` that [`Storage::stage_direct`]
     /// wrote, once a node that does not settle copies (autopush-rs's) took
     /// the message: if it is still that version, and no one wrote the

@@ -149,6 +149,20 @@ impl Storage for MeteredStorage {
         self.timed("stage_direct", call).await
     }
 
+    fn node_holds_direct_copies(&self) -> bool {
+        self.inner.node_holds_direct_copies()
+    }
+
+    async fn settle_unwritten(
+        &self,
+        uaid: &Uuid,
+        message: &Notification,
+        state: MessageState,
+    ) -> Result<()> {
+        let call = self.inner.settle_unwritten(uaid, message, state);
+        self.timed("settle_unwritten", call).await
+    }
+
     async fn remove_direct_copy(&self, uaid: &Uuid, message: &Notification) -> Result<bool> {
         let call = self.inner.remove_direct_copy(uaid, message);
         self.timed("remove_direct_copy", call).await

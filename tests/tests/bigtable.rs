@@ -465,7 +465,16 @@ fn minus(
 async fn requests_per_delivered_message() {
     let off = requests_per_message(&["--receipt-retention=0"]).await;
     let on = requests_per_message(&["--receipt-retention=86400"]).await;
-    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
+    // A direct message acked within the grace costs the seeds' two reads
+    // and no write; with receipts on, the write of its receipt.
+    let reads_only = BTreeMap::from([("ReadRows".to_owned(), 20)]);
+    assert_eq!(off[0], reads_only, "direct, receipts off");
+    let with_receipt = BTreeMap::from([
+        ("CheckAndMutateRow".to_owned(), 10),
+        ("ReadRows".to_owned(), 20),
+    ]);
+    assert_eq!(on[0], with_receipt, "direct, receipts on");
+    autopush_tests::receipt::assert_receipts_cost_one_write_per_direct_message(&off, &on, 10);
 }
 
 /// The Bigtable requests of 10 messages delivered directly (push + ack),
@@ -477,7 +486,9 @@ async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRe
     let mut args = shared_args(&table).await;
     args.push(format!("--metrics-port={metrics_port}"));
     args.extend(extra.iter().map(|a| a.to_string()));
-    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
+    let mut node = node_on(&bigtable::local().await.host, args)("all");
+    node.env.push(autopush_tests::receipt::long_grace());
+    let node = Server::start_node(node).await;
     let metrics = format!("http://127.0.0.1:{metrics_port}");
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
@@ -485,9 +496,12 @@ async fn requests_per_message(extra: &[&str]) -> autopush_tests::receipt::PathRe
     let count = 10;
     let start = requests(&metrics).await;
     for i in 0..count {
-        sub.push_text(&format!("direct {i}")).await;
-        let (n, _) = sub.receive(&mut ws).await;
-        ws.ack_notification(&n).await;
+        // The 201 comes once the client acked (within the grace).
+        let text = format!("direct {i}");
+        tokio::join!(sub.push_text(&text), async {
+            let (n, _) = sub.receive(&mut ws).await;
+            ws.ack_notification(&n).await;
+        });
     }
     let uaid = ws.uaid().to_owned();
     ws.close().await;

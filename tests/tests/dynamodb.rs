@@ -438,13 +438,24 @@ async fn node_behind_proxy_with(
     server: &LocalDynamo,
     extra: &[&str],
 ) -> (Tables, ThrottlingProxy, Server) {
+    node_behind_proxy_env(server, extra, Vec::new()).await
+}
+
+/// [`node_behind_proxy_with`], the node given `env` too.
+async fn node_behind_proxy_env(
+    server: &LocalDynamo,
+    extra: &[&str],
+    env: Vec<(String, String)>,
+) -> (Tables, ThrottlingProxy, Server) {
     let tables = dynamo::tables();
     let out = db_command_on(&server.endpoint, &tables, &["db", "create-tables"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let proxy = ThrottlingProxy::start(&server.endpoint).await;
     let mut args = shared_args(&tables).await;
     args.extend(extra.iter().map(|a| a.to_string()));
-    let node = Server::start_node(node_on(&proxy.endpoint, args)("all")).await;
+    let mut node = node_on(&proxy.endpoint, args)("all");
+    node.env.extend(env);
+    let node = Server::start_node(node).await;
     (tables, proxy, node)
 }
 
@@ -592,7 +603,13 @@ async fn records_written_by_the_seeds_schema_are_read(server: &LocalDynamo) {
 async fn requests_per_delivered_message(server: &LocalDynamo) {
     let off = requests_per_message(server, &["--receipt-retention", "0"]).await;
     let on = requests_per_message(server, &[]).await;
-    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
+    // A direct message acked within the grace costs the seeds' two reads
+    // and no write; with receipts on, the write of its receipt.
+    let reads_only = BTreeMap::from([("GetItem".to_owned(), 20)]);
+    assert_eq!(off[0], reads_only, "direct, receipts off");
+    let with_receipt = BTreeMap::from([("GetItem".to_owned(), 20), ("PutItem".to_owned(), 10)]);
+    assert_eq!(on[0], with_receipt, "direct, receipts on");
+    autopush_tests::receipt::assert_receipts_cost_one_write_per_direct_message(&off, &on, 10);
 }
 
 /// The DynamoDB requests of 10 messages delivered directly (push + ack),
@@ -602,16 +619,20 @@ async fn requests_per_message(
     server: &LocalDynamo,
     args: &[&str],
 ) -> autopush_tests::receipt::PathRequests {
-    let (_, proxy, node) = node_behind_proxy_with(server, args).await;
+    let env = vec![autopush_tests::receipt::long_grace()];
+    let (_, proxy, node) = node_behind_proxy_env(server, args, env).await;
     let mut ws = node.client().await;
     let sub = Subscription::new(&mut ws).await;
 
     let count = 10;
     proxy.take_operations();
     for i in 0..count {
-        sub.push_text(&format!("direct {i}")).await;
-        let (n, _) = sub.receive(&mut ws).await;
-        ws.ack_notification(&n).await;
+        // The 201 comes once the client acked (within the grace).
+        let text = format!("direct {i}");
+        tokio::join!(sub.push_text(&text), async {
+            let (n, _) = sub.receive(&mut ws).await;
+            ws.ack_notification(&n).await;
+        });
     }
     // The session handles the close after the last ack (and its delete).
     let uaid = ws.uaid().to_owned();
@@ -1032,4 +1053,144 @@ async fn health_hits_share_one_storage_check_at_a_time() {
         reads <= allowed,
         "{hits} health hits cost {reads} storage reads (at most {allowed} expected)"
     );
+}
+
+// ---- the connection node holds a direct copy back for its grace ---------
+
+/// A cluster whose connection node A holds direct copies back for
+/// `grace_ms` (long enough to act inside it).
+async fn cluster_holding_for(grace_ms: u64) -> Cluster {
+    Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()))
+    })
+    .await
+}
+
+/// Stored messages of `uaid`, as the nodes stored them.
+async fn stored_count(cluster: &Cluster, uaid: &str) -> usize {
+    let store = dynamo::connect(&cluster.server.endpoint, cluster.tables.clone()).await;
+    let uaid = uuid::Uuid::parse_str(uaid).unwrap();
+    store.count_messages(&uaid, 10).await.unwrap()
+}
+
+/// `kill -9` of the connection node while it holds the copy of a message
+/// its client received but did not ack: the endpoint, whose call failed,
+/// writes the copy before its 201, and the client gets the message on the
+/// node it moves to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_node_killed_inside_the_grace_loses_nothing() {
+    let mut cluster = cluster_holding_for(30_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let a = &mut cluster.a;
+    let (sent, ()) = tokio::join!(sub.push_text("held"), async {
+        let (_, d) = sub.receive(&mut ws).await;
+        assert_eq!(d.text, "held");
+        // Not acked: node A holds the only copy.
+        a.kill9();
+    });
+    sent.assert_created();
+
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+}
+
+/// `kill -9` of the endpoint while the connection node holds the copy: the
+/// node writes it at the grace's end all the same, and the client, which
+/// never acked, gets the message again at its next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing() {
+    let mut cluster = cluster_holding_for(3_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    // The sender never hears back; its answer is not waited for.
+    let sender = sub.clone();
+    let sending = tokio::spawn(async move { sender.send(&SendOptions::text("held")).await });
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "held");
+    cluster.endpoint.kill9();
+    sending.abort();
+
+    autopush_tests::receipt::wait_until("node A writes the copy it held", async || {
+        stored_count(&cluster, &uaid).await == 1
+    })
+    .await;
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+}
+
+/// The client leaves node A for node B inside the grace without acking:
+/// B's storage check at hello comes before A writes the copy, so the
+/// endpoint, told the copy was written, finds the client on B and has B
+/// look again. The message arrives on B without another reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node() {
+    // Longer than a hello on a loaded machine, shorter than the endpoint's
+    // node call timeout (3 s): the node answers, after B's storage check.
+    let cluster = cluster_holding_for(2_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, mut on_b) = tokio::join!(sub.push_text("moving"), async {
+        let (_, d) = sub.receive(&mut ws).await;
+        assert_eq!(d.text, "moving");
+        ws.close().await;
+        cluster.b.reconnect(&uaid).await
+    });
+    sent.assert_created();
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+    on_b.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("moving".to_owned(), 1)]));
+}
+
+/// The ack racing the grace, both ways: acked within it, the message is
+/// never written and its receipt reads `delivered`; acked after it (the
+/// copy written), the ack settles the copy. Neither comes back at the next
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_inside_and_after_the_grace_settle_the_message_once() {
+    let cluster = cluster_holding_for(2_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (inside, ()) = tokio::join!(sub.push_text("inside"), async {
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    });
+    let location = autopush_tests::receipt::location(&inside);
+    assert_eq!(
+        autopush_tests::receipt::state_of(&location).await,
+        "delivered"
+    );
+    assert_eq!(stored_count(&cluster, &uaid).await, 0);
+
+    // The 201 comes once the grace ended and the copy is written.
+    sub.push_text("after").await;
+    assert_eq!(stored_count(&cluster, &uaid).await, 1);
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "after");
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_until("the ack settles the written copy", async || {
+        stored_count(&cluster, &uaid).await == 0
+    })
+    .await;
+
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
 }

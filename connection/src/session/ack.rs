@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
+use autopush_common::node::LocalNode;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType};
@@ -111,7 +112,9 @@ impl Session {
         let stored = if let Some(direct) = self.unacked_direct.remove(version) {
             self.inbox.settled_direct();
             metrics::ack("direct");
-            direct.durable.then_some(direct)
+            // A copy held back for its grace is its holder's to settle.
+            let held = direct.durable && self.ctx.registry.held_copies().ack(&self.uaid, version);
+            (direct.durable && !held).then_some(direct)
         } else if let Some(stored) = self.unacked_stored.remove(version) {
             self.recently_settled.remember(version);
             metrics::ack("stored");

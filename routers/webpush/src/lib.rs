@@ -13,7 +13,10 @@
 //! With durable direct delivery on, a message is written to storage before
 //! it is handed to the connection node (and before the sender hears 201), and
 //! the session deletes it when the client acks: a node killed before the ack
-//! loses nothing. Off, a direct message lives in the node's memory until the
+//! loses nothing. On a store billed per write (DynamoDB, Bigtable) the
+//! connection node holds that copy back instead, writing it only if the
+//! client has not acked within a grace ([`held`]). Off, a direct message
+//! lives in the node's memory until the
 //! ack, and is written to storage only if the session ends without one.
 //!
 //! A message less urgent than the user agent's minimum (RFC 8030 §5.3,
@@ -26,6 +29,7 @@
 //! that does not say so takes a message, the copy is removed here, as
 //! autopush-rs's own endpoint never writes one.
 
+pub mod held;
 pub mod node_client;
 pub mod wake;
 
@@ -40,6 +44,7 @@ use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
+pub use held::{CopyFate, DURABLE_COPY, HOLD, push_holding_copy};
 pub use node_client::{NodeCallError, NodeClient};
 pub use wake::{WakeSettings, Waker};
 
@@ -48,6 +53,32 @@ use autopush_common::router::WakeUp;
 /// The header our connection nodes put on every router API answer: this
 /// node deletes a durable direct copy when its client acks it.
 pub const SETTLES_DURABLE_COPY: &str = "x-autopush-settles-durable-copy";
+
+/// What a node answered to a push that asked it to hold the copy.
+struct HeldAnswer {
+    outcome: PushOutcome,
+    /// The node deletes a durable copy at the client's ack (ours do).
+    settles: bool,
+    /// What became of the copy, if the node held it.
+    fate: Option<CopyFate>,
+}
+
+/// The outcome a node's answer to `PUT /push` means: only a 404 is "not
+/// connected"; any other failure is "busy".
+fn outcome_of(node_id: &str, status: u16) -> PushOutcome {
+    match status {
+        200 => PushOutcome::Delivered,
+        404 => PushOutcome::NotConnected,
+        503 => PushOutcome::Busy,
+        status => {
+            warn!(
+                node_id,
+                status, "connection node refused a push; storing it"
+            );
+            PushOutcome::Busy
+        }
+    }
+}
 
 /// A node took the message for its client.
 struct Taken {
@@ -122,18 +153,7 @@ impl WebPushRouter {
         match self.nodes.call(Method::PUT, node_id, &path, body).await {
             Ok(response) => {
                 let settles = response.headers().contains_key(SETTLES_DURABLE_COPY);
-                let outcome = match response.status().as_u16() {
-                    200 => PushOutcome::Delivered,
-                    404 => PushOutcome::NotConnected,
-                    503 => PushOutcome::Busy,
-                    status => {
-                        warn!(
-                            node_id,
-                            status, "connection node refused a push; storing it"
-                        );
-                        PushOutcome::Busy
-                    }
-                };
+                let outcome = outcome_of(node_id, response.status().as_u16());
                 (outcome, (!settles).then_some(notification))
             }
             Err(e) => {
@@ -142,6 +162,116 @@ impl WebPushRouter {
                 (PushOutcome::Busy, None)
             }
         }
+    }
+
+    /// `PUT {node_id}/push/{uaid}` asking the node to hold the durable
+    /// copy (see [`held`]), or the in-process equivalent.
+    async fn push_holding_copy(
+        &self,
+        node_id: &str,
+        uaid: &Uuid,
+        notification: Notification,
+    ) -> HeldAnswer {
+        if let Some(local) = self.local_for(node_id) {
+            let (outcome, fate) =
+                push_holding_copy(local.as_ref(), &self.storage, uaid, notification).await;
+            return HeldAnswer {
+                outcome,
+                settles: true,
+                fate,
+            };
+        }
+        let path = format!("/push/{}", uaid.simple());
+        let body = notification.to_json().unwrap_or_default();
+        let hold = Some((DURABLE_COPY, HOLD));
+        match self
+            .nodes
+            .call_with(Method::PUT, node_id, &path, body, hold)
+            .await
+        {
+            Ok(response) => {
+                let headers = response.headers();
+                HeldAnswer {
+                    outcome: outcome_of(node_id, response.status().as_u16()),
+                    settles: headers.contains_key(SETTLES_DURABLE_COPY),
+                    fate: headers
+                        .get(DURABLE_COPY)
+                        .and_then(|v| CopyFate::parse(v.as_bytes())),
+                }
+            }
+            Err(e) => {
+                // Slow, paused, restarting or killed: it may have delivered
+                // the message, and may not have written the copy.
+                warn!(node_id, error = %e, "connection node did not answer; storing the push");
+                HeldAnswer {
+                    outcome: PushOutcome::Busy,
+                    settles: true,
+                    fate: None,
+                }
+            }
+        }
+    }
+
+    /// Deliver a durable message to the node `user` is on, that node
+    /// holding its copy back: no write if the client acks within the grace.
+    async fn deliver_held(
+        &self,
+        node_id: &str,
+        user: &User,
+        notification: Notification,
+    ) -> ApiResult<Delivery> {
+        let uaid = user.uaid;
+        let answer = self
+            .push_holding_copy(node_id, &uaid, notification.clone())
+            .await;
+        match (answer.outcome, answer.fate) {
+            (PushOutcome::Delivered, Some(CopyFate::Acked)) => Ok(Delivery::Direct),
+            (PushOutcome::Delivered, Some(CopyFate::Written)) => {
+                // Unacked within the grace: the client may have left for
+                // another node, whose storage check came before the write.
+                self.nudge_if_moved(node_id, user).await?;
+                Ok(Delivery::Direct)
+            }
+            // autopush-rs's node: it keeps the message until the ack, and
+            // stores it itself if the client leaves without one, as its
+            // own endpoint (which writes no copy) expects.
+            (PushOutcome::Delivered, None) if !answer.settles => Ok(Delivery::Direct),
+            (PushOutcome::Delivered, None) => {
+                // A node that could not write the copy, or does not hold
+                // copies: the copy is ours to write. Written again after an
+                // ack, it is delivered again at the next hello: a duplicate,
+                // never a loss.
+                self.storage.save_direct(&uaid, notification).await?;
+                self.nudge_if_moved(node_id, user).await?;
+                Ok(Delivery::Direct)
+            }
+            (PushOutcome::NotConnected, _) => {
+                self.storage
+                    .remove_node_id(&uaid, node_id, user.connected_at)
+                    .await?;
+                self.storage.save_direct(&uaid, notification).await?;
+                self.stored(&uaid).await
+            }
+            (PushOutcome::Busy, _) => {
+                // Written again if the node wrote it too: the same version.
+                self.storage.save_direct(&uaid, notification).await?;
+                self.stored(&uaid).await
+            }
+        }
+    }
+
+    /// A copy was written after the push: if the user's record names
+    /// another connection than the one pushed to, that connection's
+    /// storage check may have missed it, so nudge its node.
+    async fn nudge_if_moved(&self, node_id: &str, user: &User) -> ApiResult<()> {
+        let now = self.storage.get_user(&user.uaid).await?;
+        if let Some(now) = now
+            && let Some(now_on) = &now.node_id
+            && (now_on != node_id || now.connected_at != user.connected_at)
+        {
+            self.notify_node(now_on, &user.uaid).await;
+        }
+        Ok(())
     }
 
     /// Push to the node the user is on; whether the node took the message.
@@ -268,6 +398,14 @@ impl Router for WebPushRouter {
             self.storage.save_direct(&uaid, notification).await?;
             return self.stored(&uaid, wake).await;
         };
+        // On a store billed per write, the node holds the copy back and
+        // writes it only if the client does not ack within the grace. A
+        // Topic message is written first as before: it replaces a stored
+        // one with its Topic, which must not stay behind to be delivered
+        // after it.
+        if self.storage.node_holds_direct_copies() && notification.topic.is_none() {
+            return self.deliver_held(node_id, user, notification).await;
+        }
         // The durable copy is staged before the client can see (and ack)
         // the message; the 201 waits until it is on disk or acked. The copy
         // is what is saved if the push does not reach the client, so the

@@ -60,6 +60,18 @@ impl NodeClient {
         path: &str,
         body: Vec<u8>,
     ) -> Result<reqwest::Response, NodeCallError> {
+        self.call_with(method, node_id, path, body, None).await
+    }
+
+    /// [`NodeClient::call`] with one more request header.
+    pub async fn call_with(
+        &self,
+        method: Method,
+        node_id: &str,
+        path: &str,
+        body: Vec<u8>,
+        header: Option<(&'static str, &'static str)>,
+    ) -> Result<reqwest::Response, NodeCallError> {
         let url = reqwest::Url::parse(&format!("{node_id}{path}"))
             .map_err(|_| NodeCallError::BadNodeId)?;
         let authorization = self
@@ -71,6 +83,9 @@ impl NodeClient {
             .header(AUTHORIZATION, authorization);
         if !body.is_empty() {
             request = request.header(CONTENT_TYPE, "application/json").body(body);
+        }
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
         }
         let response = request
             .send()

@@ -648,6 +648,41 @@ impl Storage for BigtableStore {
         .await
     }
 
+    /// Every write is a billed request: a node holds direct copies back.
+    fn node_holds_direct_copies(&self) -> bool {
+        true
+    }
+
+    /// With receipts on, one `CheckAndMutateRow` writing the receipt into
+    /// the row if it is empty; a row there (a copy written after all) is
+    /// settled instead.
+    async fn settle_unwritten(
+        &self,
+        uaid: &Uuid,
+        message: &Notification,
+        state: MessageState,
+    ) -> Result<()> {
+        if self.retention == 0 {
+            return Ok(());
+        }
+        let sort_key = message.sort_key();
+        let family = row::message_family(self.families(), &sort_key);
+        let receipt = Receipt::new(&message.version, state, now_secs(), self.retention);
+        let row_there = self
+            .check_and_mutate(
+                row::message_key(uaid, &sort_key),
+                row::pass_all(),
+                Vec::new(),
+                row::receipt_mutations(family, &receipt),
+            )
+            .await?;
+        if row_there {
+            self.settle_message(uaid, &sort_key, &message.version, state)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn settle_message(
         &self,
         uaid: &Uuid,

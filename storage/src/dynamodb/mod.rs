@@ -1126,6 +1126,40 @@ impl Storage for DynamoStore {
         Ok(count)
     }
 
+    /// Every write is a billed request: a node holds direct copies back.
+    fn node_holds_direct_copies(&self) -> bool {
+        true
+    }
+
+    /// With receipts on, one `PutItem` of the receipt where no row is; a
+    /// row there (a copy written after all) is settled instead.
+    async fn settle_unwritten(
+        &self,
+        uaid: &Uuid,
+        message: &Notification,
+        state: MessageState,
+    ) -> Result<()> {
+        if self.retention == 0 {
+            return Ok(());
+        }
+        let table = self.home(uaid).await?.table;
+        let sort_key = message.sort_key();
+        let receipt = Receipt::new(&message.version, state, now_secs(), self.retention);
+        let put = self
+            .client
+            .put_item()
+            .table_name(&table)
+            .set_item(Some(item::receipt_to_item(uaid, &sort_key, &receipt)))
+            .condition_expression("attribute_not_exists(updateid)")
+            .send()
+            .await;
+        if !condition_held(put, "PutItem")? {
+            self.settle_message(uaid, &sort_key, &message.version, state)
+                .await?;
+        }
+        Ok(())
+    }
+
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let home = self.home(uaid).await?;
         for table in &home.reads {

@@ -1,0 +1,172 @@
+//! Durable direct copies held back by the connection node (on stores whose
+//! every write is a billed request, see
+//! [`autopush_storage::Storage::node_holds_direct_copies`]).
+//!
+//! The node that holds the client is the one that sees its ack, so it holds
+//! the copy: it offers the message, waits up to the grace for the ack, and
+//! writes the copy only if none came; then it answers the endpoint, which
+//! answers 201. A 201 still means "on disk or acked": the endpoint writes
+//! the copy itself whenever the node did not say it was acked or written
+//! (no answer, a failed write, an older node).
+
+use std::sync::Arc;
+
+use autopush_common::metrics;
+use autopush_common::node::{GraceEnd, HeldCopies, LocalNode, PushOutcome};
+use autopush_common::receipt::MessageState;
+use autopush_common::{Notification, RouterType};
+use autopush_storage::Storage;
+use tracing::warn;
+use uuid::Uuid;
+
+/// On `PUT /push`, the endpoint's request that the node hold the durable
+/// copy (value [`HOLD`]); on the node's answer, what became of it
+/// ([`CopyFate`]). Not signed: changing it can only make a copy be written
+/// twice (a duplicate delivery), never missing.
+pub const DURABLE_COPY: &str = "x-autopush-durable-copy";
+
+/// The request value of [`DURABLE_COPY`].
+pub const HOLD: &str = "hold";
+
+/// What became of a copy the node held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyFate {
+    /// The client acked it: nothing is left to keep (but its receipt).
+    Acked,
+    /// No ack within the grace: the copy is in storage, settled at the ack.
+    Written,
+}
+
+impl CopyFate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CopyFate::Acked => "acked",
+            CopyFate::Written => "written",
+        }
+    }
+
+    pub fn parse(value: &[u8]) -> Option<CopyFate> {
+        match value {
+            b"acked" => Some(CopyFate::Acked),
+            b"written" => Some(CopyFate::Written),
+            _ => None,
+        }
+    }
+}
+
+/// Offer `notification` to the client `uaid` on `node`, holding its durable
+/// copy back for the grace. With [`PushOutcome::Delivered`], the copy's
+/// fate; `None` when it could not be written (the endpoint writes it).
+pub async fn push_holding_copy(
+    node: &dyn LocalNode,
+    storage: &Arc<dyn Storage>,
+    uaid: &Uuid,
+    mut notification: Notification,
+) -> (PushOutcome, Option<CopyFate>) {
+    // Acks of durable messages are what the session offers to the holder.
+    notification.durable = true;
+    let held = node.held_copies();
+    let version = notification.version.clone();
+    let wake = held.hold(uaid, &version);
+    let mut holding = Holding {
+        held,
+        storage,
+        uaid: *uaid,
+        notification: Some(notification.clone()),
+    };
+    let outcome = node.push(uaid, notification.clone());
+    if outcome != PushOutcome::Delivered {
+        holding.disarm();
+        held.release(uaid, &version);
+        return (outcome, None);
+    }
+    if held.wait(&wake, uaid, &version).await == GraceEnd::Acked {
+        holding.disarm();
+        return (
+            outcome,
+            Some(acked(storage.as_ref(), uaid, &notification).await),
+        );
+    }
+    let saved = storage.save_direct(uaid, notification.clone()).await;
+    holding.disarm();
+    // After the release an ack is the session's to settle; before it, ours.
+    let acked_meanwhile = held.release(uaid, &version);
+    let fate = match (saved, acked_meanwhile) {
+        (Ok(()), false) => Some(CopyFate::Written),
+        (Ok(()), true) => {
+            settle_written(storage.as_ref(), uaid, &notification).await;
+            Some(CopyFate::Acked)
+        }
+        (Err(_), true) => Some(acked(storage.as_ref(), uaid, &notification).await),
+        (Err(e), false) => {
+            warn!(error = %e, "could not write a held direct copy; the endpoint writes it");
+            None
+        }
+    };
+    (outcome, fate)
+}
+
+/// A copy being held, released if its holder is dropped before it is done
+/// (the endpoint hung up: it timed out, and writes the copy itself). From
+/// then on the session settles the copy at the ack; an ack that came
+/// before is settled here, as the endpoint's copy may be in storage.
+struct Holding<'a> {
+    held: &'a HeldCopies,
+    storage: &'a Arc<dyn Storage>,
+    uaid: Uuid,
+    /// `None` once the holder runs to its end.
+    notification: Option<Notification>,
+}
+
+impl Holding<'_> {
+    fn disarm(&mut self) {
+        self.notification = None;
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        let Some(notification) = self.notification.take() else {
+            return;
+        };
+        if self.held.release(&self.uaid, &notification.version) {
+            let storage = self.storage.clone();
+            let uaid = self.uaid;
+            tokio::spawn(async move {
+                settle_written(storage.as_ref(), &uaid, &notification).await;
+            });
+        }
+    }
+}
+
+/// Settle a copy that may be in storage: its client acked it.
+async fn settle_written(storage: &dyn Storage, uaid: &Uuid, notification: &Notification) {
+    let settled = storage
+        .settle_message(
+            uaid,
+            &notification.sort_key(),
+            &notification.version,
+            MessageState::Delivered,
+        )
+        .await;
+    match settled {
+        Ok(true) => metrics::final_state(RouterType::WebPush, MessageState::Delivered),
+        Ok(false) => {}
+        // Delivered again at the next hello: a duplicate, not a loss.
+        Err(e) => warn!(error = %e, "could not settle an acked direct copy"),
+    }
+}
+
+/// The client acked a message whose copy was never written: only its
+/// receipt is left to write (with receipts on).
+async fn acked(storage: &dyn Storage, uaid: &Uuid, notification: &Notification) -> CopyFate {
+    match storage
+        .settle_unwritten(uaid, notification, MessageState::Delivered)
+        .await
+    {
+        Ok(()) => metrics::final_state(RouterType::WebPush, MessageState::Delivered),
+        // Delivered all the same: only its receipt is missing.
+        Err(e) => warn!(error = %e, "could not write the receipt of a direct message"),
+    }
+    CopyFate::Acked
+}
