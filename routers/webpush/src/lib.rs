@@ -249,13 +249,15 @@ impl WebPushRouter {
                 self.storage
                     .remove_node_id(&uaid, node_id, user.connected_at)
                     .await?;
+                let wake = wake::wake_up_for(&notification);
                 self.storage.save_direct(&uaid, notification).await?;
-                self.stored(&uaid).await
+                self.stored(&uaid, wake).await
             }
             (PushOutcome::Busy, _) => {
                 // Written again if the node wrote it too: the same version.
+                let wake = wake::wake_up_for(&notification);
                 self.storage.save_direct(&uaid, notification).await?;
-                self.stored(&uaid).await
+                self.stored(&uaid, wake).await
             }
         }
     }
