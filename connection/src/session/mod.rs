@@ -22,8 +22,6 @@ use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::CloseFrame;
@@ -124,37 +122,43 @@ pub async fn hello(
     socket: Socket,
     client: Option<IpAddr>,
 ) -> Option<Serving> {
-    let (mut sink, mut stream) = socket.split();
+    let mut socket = socket;
     let limit = ctx.settings.send_timeout;
-    let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut stream)).await {
+    let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut socket)).await {
         Ok(Ok(ClientMessage::Hello { uaid, .. })) => uaid,
         Ok(Ok(_)) => {
             let close_with = Close::protocol("the first message must be hello");
-            close(&mut sink, limit, close_with, Some("hello")).await;
+            close(&mut socket, limit, close_with, Some("hello")).await;
             return None;
         }
         Ok(Err(close_with)) => {
-            close(&mut sink, limit, close_with, None).await;
+            close(&mut socket, limit, close_with, None).await;
             return None;
         }
         Err(_) => {
-            close(&mut sink, limit, Close::protocol("no hello in time"), None).await;
+            close(
+                &mut socket,
+                limit,
+                Close::protocol("no hello in time"),
+                None,
+            )
+            .await;
             return None;
         }
     };
-    match hello::accept(&ctx, hello.as_deref(), client, sink).await {
-        Ok(session) => Some(Box::pin(session.serve_until_closed(stream))),
-        Err((mut sink, close_with)) => {
-            close(&mut sink, limit, close_with, Some("hello")).await;
+    match hello::accept(&ctx, hello.as_deref(), client, socket).await {
+        Ok(session) => Some(Box::pin(session.serve_until_closed())),
+        Err((mut socket, close_with)) => {
+            close(&mut socket, limit, close_with, Some("hello")).await;
             None
         }
     }
 }
 
 /// Read until the first text message, which must parse.
-async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage, Close> {
+async fn first_message(socket: &mut Socket) -> Result<ClientMessage, Close> {
     loop {
-        let Some(Ok(frame)) = stream.next().await else {
+        let Some(Ok(frame)) = socket.next().await else {
             return Err(Close::gone());
         };
         match frame {
@@ -167,6 +171,11 @@ async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage
                     "binary messages are not part of the protocol",
                 ));
             }
+            Message::Ping(data) => {
+                if socket.send(Message::Pong(data)).await.is_err() {
+                    return Err(Close::gone());
+                }
+            }
             _ => {}
         }
     }
@@ -176,8 +185,8 @@ async fn first_message(stream: &mut SplitStream<Socket>) -> Result<ClientMessage
 /// it within `limit`: one that stops reading must not hold its session (and
 /// with it pings, kicks and shutdown) hostage. A frame may be half written
 /// then, so nothing more can be sent: the connection is just dropped.
-async fn send_within(sink: &mut Sink, limit: Duration, message: Message) -> Flow {
-    match timeout(limit, sink.send(message)).await {
+async fn send_within(socket: &mut Socket, limit: Duration, message: Message) -> Flow {
+    match timeout(limit, socket.send(message)).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(_)) => Err(Close::gone()),
         Err(_) => {
@@ -192,7 +201,7 @@ async fn send_within(sink: &mut Sink, limit: Duration, message: Message) -> Flow
 
 /// Send an error message (when there is one to answer) and the close frame.
 /// Every session ends here exactly once.
-async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: Option<&str>) {
+async fn close(socket: &mut Socket, limit: Duration, close_with: Close, answering: Option<&str>) {
     autopush_common::metrics::connection_closed(close_with.code);
     if close_with.reason.is_empty() {
         return;
@@ -203,7 +212,7 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
         close_with.status,
         &close_with.reason,
     );
-    if send_within(sink, limit, Message::text(error))
+    if send_within(socket, limit, Message::text(error))
         .await
         .is_err()
     {
@@ -217,12 +226,10 @@ async fn close(sink: &mut Sink, limit: Duration, close_with: Close, answering: O
         code: close_with.code.into(),
         reason: reason.into(),
     }));
-    if send_within(sink, limit, frame).await.is_ok() {
-        let _ = timeout(limit, sink.close()).await;
+    if send_within(socket, limit, frame).await.is_ok() {
+        let _ = timeout(limit, socket.close()).await;
     }
 }
-
-type Sink = SplitSink<Socket, Message>;
 
 /// The deadlines of a serving session: the next keep-alive ping, the pong
 /// it waits for, and the next refresh of the user's `last_connect`.
@@ -301,7 +308,7 @@ impl Deadlines {
 
 pub(crate) struct Session {
     ctx: Arc<NodeContext>,
-    sink: Sink,
+    socket: Socket,
     uaid: Uuid,
     /// This session's id in the registry.
     session: u64,
@@ -336,17 +343,14 @@ impl Session {
         clippy::manual_async_fn,
         reason = "an async fn would hold the session twice"
     )]
-    fn serve_until_closed(
-        mut self,
-        mut stream: SplitStream<Socket>,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    fn serve_until_closed(mut self) -> impl Future<Output = ()> + Send + 'static {
         async move {
-            let outcome = self.serve(&mut stream).await;
+            let outcome = self.serve().await;
             Box::pin(self.finish(outcome)).await;
         }
     }
 
-    async fn serve(&mut self, stream: &mut SplitStream<Socket>) -> Flow {
+    async fn serve(&mut self) -> Flow {
         Box::pin(self.check_storage()).await?;
         let mut deadlines = Deadlines::new(&self.ctx.settings, Instant::now());
         // One timer for the three deadlines: an idle session holds it for
@@ -355,7 +359,7 @@ impl Session {
         tokio::pin!(timer);
         loop {
             tokio::select! {
-                frame = stream.next() => {
+                frame = self.socket.next() => {
                     let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
                     // Any traffic proves the client alive.
                     deadlines.heard_from_client(Instant::now());
@@ -365,6 +369,7 @@ impl Session {
                         Message::Binary(_) => {
                             return Err(Close::protocol("binary messages are not part of the protocol"));
                         }
+                        Message::Ping(data) => Box::pin(self.send_message(Message::Pong(data))).await?,
                         _ => {}
                     }
                 }
@@ -429,7 +434,7 @@ impl Session {
     }
 
     async fn send_message(&mut self, message: Message) -> Flow {
-        send_within(&mut self.sink, self.ctx.settings.send_timeout, message).await
+        send_within(&mut self.socket, self.ctx.settings.send_timeout, message).await
     }
 
     async fn send(&mut self, message: &ServerMessage) -> Flow {
@@ -511,7 +516,7 @@ impl Session {
         let close_with = outcome.err().unwrap_or_else(Close::gone);
         info!(uaid = %uaid_tag(&self.uaid), code = close_with.code, reason = %close_with.reason, "client disconnected");
         close(
-            &mut self.sink,
+            &mut self.socket,
             self.ctx.settings.send_timeout,
             close_with,
             None,
