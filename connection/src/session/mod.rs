@@ -539,6 +539,32 @@ mod tests {
         }
     }
 
+    /// The size of what `f` returns, without making one.
+    fn size_of_output<A, R>(_f: fn(A) -> R) -> usize {
+        std::mem::size_of::<R>()
+    }
+
+    /// An idle client's task holds its serving future (the session, its
+    /// deadlines and timer, the wait on the socket and the inbox) for hours;
+    /// the target is 2.5 KiB per idle client in all, kernel-side state of the
+    /// process, the registry and the socket's registration included. 1 KiB
+    /// leaves room for the session as it is (about 0.9 KiB in a debug build)
+    /// and catches what made it grow before: a handler's or the hello's
+    /// state inlined in it instead of boxed, or a second copy of the session.
+    #[test]
+    fn an_idle_session_holds_at_most_a_kibibyte() {
+        let serving = size_of_output(Session::serve_until_closed);
+        assert!(
+            serving <= 1024,
+            "the serving future is {serving} bytes; box what an idle session does not need"
+        );
+        let socket = std::mem::size_of::<Socket>();
+        assert!(
+            socket <= 128,
+            "the websocket is {socket} bytes; it should hold its buffers on the heap, and only while in use"
+        );
+    }
+
     #[test]
     fn a_silent_client_is_pinged_then_closed_without_a_pong() {
         let start = Instant::now();
