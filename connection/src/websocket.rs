@@ -114,7 +114,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
     /// The next message from the client: text, binary, ping, pong or close
     /// (pings are not answered here: send the pong). `None` once the
     /// connection has ended. Cancel-safe: what was read stays here.
-    pub fn next(&mut self) -> impl Future<Output = Option<Result<Message, Error>>> + '_ {
+    pub fn receive(&mut self) -> impl Future<Output = Option<Result<Message, Error>>> + '_ {
         std::future::poll_fn(|cx| self.poll_next(cx))
     }
 
@@ -400,14 +400,14 @@ mod tests {
     }
 
     async fn next_ok(ws: &mut WebSocket<DuplexStream>) -> Message {
-        ws.next()
+        ws.receive()
             .await
             .expect("a message")
             .expect("a valid message")
     }
 
     async fn next_err(ws: &mut WebSocket<DuplexStream>) -> String {
-        match ws.next().await {
+        match ws.receive().await {
             Some(Err(e)) => e.to_string(),
             other => panic!("expected an error, got {other:?}"),
         }
@@ -471,7 +471,7 @@ mod tests {
         client.close(None).await.unwrap();
         assert!(matches!(next_ok(&mut ours).await, Message::Close(_)));
         drop(client);
-        assert!(ours.next().await.is_none());
+        assert!(ours.receive().await.is_none());
     }
 
     #[tokio::test]
@@ -481,7 +481,7 @@ mod tests {
         // Half a frame: kept until the rest comes.
         raw.write_all(&hello[..10]).await.unwrap();
         assert!(
-            ours.next().now_or_never().is_none(),
+            ours.receive().now_or_never().is_none(),
             "half a frame must not make a message"
         );
         assert!(ours.buffered_capacity() > 0);
@@ -577,7 +577,7 @@ mod tests {
             other => panic!("expected a close frame, got {other:?}"),
         }
         drop(raw);
-        assert!(ours.next().await.is_none());
+        assert!(ours.receive().await.is_none());
     }
 
     #[tokio::test]

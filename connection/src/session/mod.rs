@@ -158,7 +158,7 @@ pub async fn hello(
 /// Read until the first text message, which must parse.
 async fn first_message(socket: &mut Socket) -> Result<ClientMessage, Close> {
     loop {
-        let Some(Ok(frame)) = socket.next().await else {
+        let Some(Ok(frame)) = socket.receive().await else {
             return Err(Close::gone());
         };
         match frame {
@@ -171,11 +171,10 @@ async fn first_message(socket: &mut Socket) -> Result<ClientMessage, Close> {
                     "binary messages are not part of the protocol",
                 ));
             }
-            Message::Ping(data) => {
-                if socket.send(Message::Pong(data)).await.is_err() {
-                    return Err(Close::gone());
-                }
-            }
+            Message::Ping(data) => socket
+                .send(Message::Pong(data))
+                .await
+                .map_err(|_| Close::gone())?,
             _ => {}
         }
     }
@@ -359,7 +358,7 @@ impl Session {
         tokio::pin!(timer);
         loop {
             tokio::select! {
-                frame = self.socket.next() => {
+                frame = self.socket.receive() => {
                     let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
                     // Any traffic proves the client alive.
                     deadlines.heard_from_client(Instant::now());
