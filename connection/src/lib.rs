@@ -7,6 +7,8 @@
 //! * [`registry`] maps connected UAIDs to their sessions.
 //! * [`router_api`] is the internal HTTP API (`/push`, `/notif`, `/user`).
 //! * [`server`] serves both ports through `autopush-serving`.
+//! * [`websocket`] is the server's end of a websocket, holding no buffer
+//!   while its client is idle.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ pub mod registry;
 pub mod router_api;
 pub mod server;
 pub mod session;
+pub mod websocket;
 
 pub use registry::ClientRegistry;
 

@@ -10,9 +10,7 @@ use autopush_common::metrics;
 use hyper::upgrade::{OnUpgrade, Upgraded};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
-use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tracing::{debug, warn};
 use warp::Filter;
 use warp::filters::BoxedFilter;
@@ -23,21 +21,14 @@ use autopush_serving::health;
 use autopush_serving::http::{self, HttpLimits, Peer};
 use autopush_serving::tls::TlsAcceptor;
 
+use crate::websocket::WebSocket;
 use crate::{NodeContext, router_api, session};
 
 /// A client's websocket, after the HTTP upgrade.
-pub type Socket = WebSocketStream<TokioIo<Upgraded>>;
+pub type Socket = WebSocket<TokioIo<Upgraded>>;
 
 /// The subprotocol Firefox offers; echoed when offered, never required.
 const SUBPROTOCOL: &str = "push-notification";
-
-/// Bytes read from a socket at a time, and the read buffer an idle
-/// connection keeps (tungstenite never shrinks it). Client messages are
-/// small: a hello, a register, a ping and an ack of one message (about 340
-/// bytes with its version) each fit in one read. A larger one (a hello with
-/// many channel IDs, an ack of many messages) takes a few reads and leaves
-/// the buffer as large as it was.
-const READ_BUFFER: usize = 512;
 
 /// Serve websockets at `/` and health routes (checking storage through
 /// `health`) on `listener`, over TLS when given an acceptor; anything else
@@ -164,12 +155,6 @@ async fn open_and_greet(
     ctx: Arc<NodeContext>,
     client: Option<IpAddr>,
 ) -> Option<session::Serving> {
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        // Every message is flushed on its own; nothing to gather.
-        .write_buffer_size(0)
-        .max_message_size(Some(ctx.settings.max_message_size))
-        .max_frame_size(Some(ctx.settings.max_message_size));
     let upgraded = match on_upgrade.await {
         Ok(upgraded) => upgraded,
         Err(e) => {
@@ -177,8 +162,7 @@ async fn open_and_greet(
             return None;
         }
     };
-    let socket =
-        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Server, Some(config)).await;
+    let socket = WebSocket::new(TokioIo::new(upgraded), ctx.settings.max_message_size);
     session::hello(ctx, socket, client).await
 }
 

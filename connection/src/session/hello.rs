@@ -13,10 +13,11 @@ use uuid::Uuid;
 use warp::http::Method;
 
 use super::stored::store_undelivered;
-use super::{Close, Session, Sink};
+use super::{Close, Session};
 use crate::NodeContext;
 use crate::protocol::ServerMessage;
 use crate::registry::Membership;
+use crate::server::Socket;
 
 /// A UAID the client offers is honoured only if it names a webpush user we
 /// know; anything else (empty, malformed, unknown) gets a fresh UAID.
@@ -213,11 +214,11 @@ pub(super) async fn accept(
     ctx: &Arc<NodeContext>,
     offered: Option<&str>,
     client: Option<IpAddr>,
-    mut sink: Sink,
-) -> Result<Session, (Sink, Close)> {
+    mut socket: Socket,
+) -> Result<Session, (Socket, Close)> {
     let joined = match join(ctx, offered, client).await {
         Ok(joined) => joined,
-        Err(close) => return Err((sink, close)),
+        Err(close) => return Err((socket, close)),
     };
     let Joined {
         uaid,
@@ -233,14 +234,14 @@ pub(super) async fn accept(
         broadcasts: serde_json::Map::new(),
     };
     let reply = Message::text(reply.to_json());
-    if let Err(gone) = super::send_within(&mut sink, ctx.settings.send_timeout, reply).await {
+    if let Err(gone) = super::send_within(&mut socket, ctx.settings.send_timeout, reply).await {
         leave(ctx, uaid, membership).await;
-        return Err((sink, gone));
+        return Err((socket, gone));
     }
     info!(uaid = %uaid_tag(&uaid), "client connected");
     Ok(Session {
         ctx: ctx.clone(),
-        sink,
+        socket,
         uaid,
         session: membership.session,
         inbox: membership.inbox,
