@@ -160,6 +160,12 @@ const CASES: &[Case] = &[
     case("ws_send_timeout", "1.5", "2.5", |s| {
         s.ws_send_timeout.as_secs_f64().to_string()
     }),
+    case("wake_threshold", "low", "high", |s| {
+        s.wake.threshold.as_str().to_owned()
+    }),
+    case("wake_interval", "1.5", "2.5", |s| {
+        s.wake.interval.as_secs_f64().to_string()
+    }),
     case("http_header_timeout", "1.5", "2.5", |s| {
         s.http.header_timeout.as_secs_f64().to_string()
     }),
