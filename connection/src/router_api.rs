@@ -169,9 +169,9 @@ fn push_answer(outcome: PushOutcome) -> Response {
 /// [`autopush_webpush::held`]), saying which in [`DURABLE_COPY`]. Without
 /// that header on a 200, the endpoint writes the copy itself.
 async fn push_holding_copy(ctx: &NodeContext, uaid: &Uuid, notification: Notification) -> Response {
-    let registry = ctx.registry.as_ref();
+    let node = ctx.registry.clone();
     let (outcome, fate) =
-        autopush_webpush::push_holding_copy(registry, &ctx.storage, uaid, notification).await;
+        autopush_webpush::push_holding_copy(node, ctx.storage.clone(), *uaid, notification).await;
     let mut answer = push_answer(outcome);
     if let Some(fate) = fate {
         answer.headers_mut().insert(

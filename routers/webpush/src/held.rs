@@ -57,7 +57,24 @@ impl CopyFate {
 /// Offer `notification` to the client `uaid` on `node`, holding its durable
 /// copy back for the grace. With [`PushOutcome::Delivered`], the copy's
 /// fate; `None` when it could not be written (the endpoint writes it).
+///
+/// The hold runs on a task of its own, to its end, even if the caller stops
+/// waiting (the endpoint timed out, hung up or was killed): a message its
+/// client took and has not acked is written all the same, never left only
+/// in a session that stores no durable message when its client leaves.
 pub async fn push_holding_copy(
+    node: Arc<dyn LocalNode>,
+    storage: Arc<dyn Storage>,
+    uaid: Uuid,
+    notification: Notification,
+) -> (PushOutcome, Option<CopyFate>) {
+    let holder =
+        tokio::spawn(async move { hold_copy(node.as_ref(), &storage, &uaid, notification).await });
+    // A holder that panicked said nothing: the endpoint writes the copy.
+    holder.await.unwrap_or((PushOutcome::Busy, None))
+}
+
+async fn hold_copy(
     node: &dyn LocalNode,
     storage: &Arc<dyn Storage>,
     uaid: &Uuid,
@@ -107,9 +124,9 @@ pub async fn push_holding_copy(
 }
 
 /// A copy being held, released if its holder is dropped before it is done
-/// (the endpoint hung up: it timed out, and writes the copy itself). From
-/// then on the session settles the copy at the ack; an ack that came
-/// before is settled here, as the endpoint's copy may be in storage.
+/// (the runtime shutting down). From then on the session settles the copy
+/// at the ack; an ack that came before is settled here, as the endpoint's
+/// copy may be in storage.
 struct Holding<'a> {
     held: &'a HeldCopies,
     storage: &'a Arc<dyn Storage>,

@@ -174,7 +174,7 @@ impl WebPushRouter {
     ) -> HeldAnswer {
         if let Some(local) = self.local_for(node_id) {
             let (outcome, fate) =
-                push_holding_copy(local.as_ref(), &self.storage, uaid, notification).await;
+                push_holding_copy(local.clone(), self.storage.clone(), *uaid, notification).await;
             return HeldAnswer {
                 outcome,
                 settles: true,
