@@ -260,7 +260,6 @@ impl WsClient {
         .await;
     }
 
-    /// Send a ping (`{}`); read the `{}` reply with [`WsClient::recv`].
     /// Send `{"messageType":"urgency","min":min}` and return the answer.
     pub async fn set_min_urgency(&mut self, min: Value) -> Value {
         self.send_json(json!({"messageType": "urgency", "min": min}))
@@ -268,6 +267,7 @@ impl WsClient {
         self.recv_type("urgency").await
     }
 
+    /// Send a ping (`{}`); read the `{}` reply with [`WsClient::recv`].
     pub async fn ping(&mut self) {
         self.send_text("{}").await;
     }

@@ -8,8 +8,9 @@
 //! endpoint URLs either side issued working on the other, nothing acked
 //! delivered again. Mixed: both sides' connection and endpoint nodes at
 //! once, every push reaching its client live, once.
-//! A user row holding a wake route and the time of a wake-up (cells of
-//! ours in its message family) is read by autopush-rs as any other.
+//! A user row holding a wake route, a minimum urgency and the time of a
+//! wake-up (cells of ours in its message family) is read by autopush-rs as
+//! any other.
 //! A row an older build of ours left (its cells in the router family):
 //! autopush-rs's again after `autopush db move-legacy-cells`.
 
@@ -149,8 +150,9 @@ async fn both_ways_autopush_rs_ours_autopush_rs_ours() {
 
     // Ours: the client is back with its UAID and gets the three; a URL of
     // ours and one of theirs take pushes, live and stored. It registers a
-    // wake route, and the stored pushes send it a wake-up: the user row
-    // holds the route and the time of the wake-up when autopush-rs reads it.
+    // wake route and a minimum urgency, and the stored pushes send it a
+    // wake-up: the user row holds the route, the minimum and the time of
+    // the wake-up when autopush-rs reads it.
     let google = Google::start().await;
     let dir = tempfile::tempdir().expect("temp dir");
     let fcm = fcm_app(&google, &dir);
@@ -169,6 +171,7 @@ async fn both_ways_autopush_rs_ours_autopush_rs_ours() {
     )
     .await;
     assert_eq!(ws.recv_type("wake").await["status"], 200);
+    assert_eq!(ws.set_min_urgency(json!("low")).await["status"], 200);
     ws.close().await;
     push(&our3, &front.base, "5", None).await;
     push(&rs2, &front.base, "6", None).await;
