@@ -181,6 +181,18 @@ fn uaid_attr(uaid: &Uuid) -> AttributeValue {
 }
 
 impl DynamoStore {
+    /// An `UpdateItem` of `uaid`'s router record: every change to a user is
+    /// one, with its own condition.
+    fn update_user(
+        &self,
+        uaid: &Uuid,
+    ) -> aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder {
+        self.client
+            .update_item()
+            .table_name(&self.tables.router)
+            .set_key(Some(item::user_key(uaid)))
+    }
+
     /// A client from the standard AWS configuration, with our retry policy.
     pub async fn connect(tables: Tables) -> Result<Self> {
         Self::connect_with(aws_config::defaults(BehaviorVersion::latest()), tables).await
@@ -710,10 +722,7 @@ impl DynamoStore {
         let copied = self.chids_in(from, uaid).await?;
         self.add_chids(to, uaid, copied.clone()).await?;
         let flip = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("SET current_month = :to")
             .condition_expression("current_month = :from")
             .expression_attribute_values(":to", s(to))
@@ -758,10 +767,7 @@ impl Storage for DynamoStore {
         let mut set = vec!["connected_at = :c", "last_connect = :lc"];
         let mut remove = Vec::new();
         let mut update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(&user.uaid)))
+            .update_user(&user.uaid)
             .condition_expression(format!("attribute_exists(uaid) AND {seen}"))
             .expression_attribute_values(":seen", n(seen_connected_at))
             .expression_attribute_values(":c", n(user.connected_at))
@@ -794,10 +800,7 @@ impl Storage for DynamoStore {
 
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("SET last_connect = :lc")
             .condition_expression("attribute_exists(uaid)")
             .expression_attribute_values(":lc", item::last_connect_attr(last_connect))
@@ -813,10 +816,7 @@ impl Storage for DynamoStore {
         router_data: &serde_json::Value,
     ) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("SET router_data = :new")
             .expression_attribute_values(":new", item::json_to_attr(router_data));
         let update = match seen {
@@ -843,10 +843,7 @@ impl Storage for DynamoStore {
 
     async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .condition_expression("attribute_exists(uaid)");
         let update = match route {
             Some(route) => update
@@ -859,10 +856,7 @@ impl Storage for DynamoStore {
 
     async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("REMOVE wake_route")
             .condition_expression("wake_route = :seen")
             .expression_attribute_values(":seen", s(seen.to_json()))
@@ -877,10 +871,7 @@ impl Storage for DynamoStore {
             _ => "last_wake = :seen",
         };
         let mut update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("SET last_wake = :now")
             .condition_expression(seen_holds)
             .expression_attribute_values(":now", n(now));
@@ -943,10 +934,7 @@ impl Storage for DynamoStore {
 
     async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .update_expression("REMOVE node_id")
             .condition_expression("node_id = :n AND connected_at = :c")
             .expression_attribute_values(":n", s(node_id))
@@ -964,10 +952,7 @@ impl Storage for DynamoStore {
         min: Urgency,
     ) -> Result<bool> {
         let update = self
-            .client
-            .update_item()
-            .table_name(&self.tables.router)
-            .set_key(Some(item::user_key(uaid)))
+            .update_user(uaid)
             .condition_expression("node_id = :n AND connected_at = :c")
             .expression_attribute_values(":n", s(node_id))
             .expression_attribute_values(":c", n(connected_at));
