@@ -7,8 +7,7 @@ use std::sync::atomic::Ordering;
 
 use autopush_common::ApiError;
 use autopush_common::metrics;
-use hyper::upgrade::{OnUpgrade, Upgraded};
-use hyper_util::rt::TokioIo;
+use hyper::upgrade::OnUpgrade;
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tracing::{debug, warn};
@@ -20,12 +19,13 @@ use warp::reply::Reply;
 use autopush_serving::health;
 use autopush_serving::http::{self, HttpLimits, Peer};
 use autopush_serving::tls::TlsAcceptor;
+use autopush_serving::upgraded::{self, UpgradedStream};
 
 use crate::websocket::WebSocket;
 use crate::{NodeContext, router_api, session};
 
 /// A client's websocket, after the HTTP upgrade.
-pub type Socket = WebSocket<TokioIo<Upgraded>>;
+pub type Socket = WebSocket<UpgradedStream>;
 
 /// The subprotocol Firefox offers; echoed when offered, never required.
 const SUBPROTOCOL: &str = "push-notification";
@@ -124,11 +124,11 @@ fn upgrade(
         return refused;
     };
     tokio::spawn(async move {
-        let _slot = slot;
-        // The upgrade and the hello run in a boxed future, freed once done:
-        // the task keeps none of their space while its session idles.
-        if let Some(serving) = Box::pin(open_and_greet(on_upgrade, ctx, client)).await {
-            serving.await;
+        // The upgrade and the hello run on this task, and an accepted
+        // session on a task of its own: an idle client's task holds the
+        // serving session and nothing of what the hello needed.
+        if let Some(session) = open_and_greet(on_upgrade, ctx, client).await {
+            tokio::spawn(session.serve(slot));
         }
     });
     let mut response =
@@ -154,7 +154,7 @@ async fn open_and_greet(
     on_upgrade: OnUpgrade,
     ctx: Arc<NodeContext>,
     client: Option<IpAddr>,
-) -> Option<session::Serving> {
+) -> Option<session::Accepted> {
     let upgraded = match on_upgrade.await {
         Ok(upgraded) => upgraded,
         Err(e) => {
@@ -162,7 +162,9 @@ async fn open_and_greet(
             return None;
         }
     };
-    let socket = WebSocket::new(TokioIo::new(upgraded), ctx.settings.max_message_size);
+    let upgraded = upgraded::unwrap(upgraded);
+    let socket = WebSocket::new(upgraded.stream, ctx.settings.max_message_size)
+        .read_ahead(&upgraded.read_ahead);
     session::hello(ctx, socket, client).await
 }
 

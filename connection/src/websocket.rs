@@ -111,6 +111,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> WebSocket<S> {
         }
     }
 
+    /// This websocket, with `bytes` received before anything on its socket
+    /// (what the HTTP server read past the upgrade request).
+    pub fn read_ahead(mut self, bytes: &[u8]) -> Self {
+        self.received.extend_from_slice(bytes);
+        self
+    }
+
     /// The next message from the client: text, binary, ping, pong or close
     /// (pings are not answered here: send the pong). `None` once the
     /// connection has ended. Cancel-safe: what was read stays here.
@@ -411,6 +418,21 @@ mod tests {
             Some(Err(e)) => e.to_string(),
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    /// What the HTTP server read past the upgrade request comes first: a
+    /// whole frame, and the start of one the socket finishes.
+    #[tokio::test]
+    async fn frames_read_ahead_come_before_the_socket() {
+        let (ours, mut theirs) = duplex(1024);
+        let first = client_frame(0x81, b"first");
+        let second = client_frame(0x81, b"second");
+        let mut read_ahead = first.clone();
+        read_ahead.extend_from_slice(&second[..3]);
+        let mut ours = WebSocket::new(ours, MAX).read_ahead(&read_ahead);
+        theirs.write_all(&second[3..]).await.unwrap();
+        assert_eq!(next_ok(&mut ours).await, Message::text("first"));
+        assert_eq!(next_ok(&mut ours).await, Message::text("second"));
     }
 
     #[tokio::test]

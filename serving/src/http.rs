@@ -34,10 +34,11 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use ipnet::IpNet;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tracing::{debug, warn};
 
 /// The limits of one port.
@@ -356,6 +357,30 @@ struct Watched<T> {
     /// Wakes the connection at the earliest deadline; dropped once upgraded
     /// (a websocket keeps this socket for hours).
     timer: Option<(Pin<Box<Sleep>>, Instant)>,
+}
+
+/// The socket under a connection [`serve_with`] accepted and hyper then
+/// upgraded, with the bytes hyper read past the request; `upgraded` back if
+/// it is some other connection. Once upgraded, [`Watched`] only passes
+/// calls through, so dropping it changes nothing but the memory it held.
+pub(crate) fn unwrap_upgraded(
+    upgraded: hyper::upgrade::Upgraded,
+) -> Result<crate::upgraded::Parts, hyper::upgrade::Upgraded> {
+    use crate::upgraded::{Parts, UpgradedStream};
+    let upgraded = match upgraded.downcast::<TokioIo<Watched<TcpStream>>>() {
+        Ok(parts) => {
+            return Ok(Parts {
+                stream: UpgradedStream::Tcp(parts.io.into_inner().io),
+                read_ahead: parts.read_buf,
+            });
+        }
+        Err(upgraded) => upgraded,
+    };
+    let parts = upgraded.downcast::<TokioIo<Watched<TlsStream<TcpStream>>>>()?;
+    Ok(Parts {
+        stream: UpgradedStream::Tls(Box::new(parts.io.into_inner().io)),
+        read_ahead: parts.read_buf,
+    })
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> Watched<T> {
@@ -710,5 +735,66 @@ mod tests {
             let read = tokio::time::timeout(Duration::from_millis(500), socket.read(&mut buf));
             assert!(read.await.is_err(), "{phase:?}: the read ended");
         }
+    }
+}
+
+#[cfg(test)]
+mod upgrade_tests {
+    use std::sync::Mutex;
+
+    use hyper::upgrade::OnUpgrade;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::oneshot;
+    use warp::Filter;
+    use warp::reply::Reply;
+
+    use super::*;
+    use crate::upgraded::{self, UpgradedStream};
+
+    /// A connection this module served and hyper upgraded comes back as the
+    /// TCP socket it was accepted on, without the watchdog around it, and
+    /// what the client sent right behind its request is read first.
+    #[tokio::test]
+    async fn an_upgraded_connection_is_its_socket_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (handed_over, parts) = oneshot::channel();
+        let handed_over = Arc::new(Mutex::new(Some(handed_over)));
+        let route = warp::ext::optional::<OnUpgrade>().map(move |on_upgrade: Option<OnUpgrade>| {
+            let handed_over = handed_over.lock().unwrap().take().unwrap();
+            tokio::spawn(async move {
+                let upgraded = on_upgrade.unwrap().await.unwrap();
+                let _ = handed_over.send(upgraded::unwrap(upgraded));
+            });
+            let mut response =
+                warp::reply::with_status(warp::reply(), StatusCode::SWITCHING_PROTOCOLS)
+                    .into_response();
+            let headers = response.headers_mut();
+            headers.insert("connection", "upgrade".parse().unwrap());
+            headers.insert("upgrade", "test".parse().unwrap());
+            response
+        });
+        tokio::spawn(serve(listener, warp::service(route), HttpLimits::default()));
+
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(
+                b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade\r\nupgrade: test\r\n\r\nfirst",
+            )
+            .await
+            .unwrap();
+        let upgraded::Parts {
+            mut stream,
+            read_ahead,
+        } = parts.await.unwrap();
+        assert!(
+            matches!(stream, UpgradedStream::Tcp(_)),
+            "the connection is still wrapped"
+        );
+        client.write_all(b" then").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut received = read_ahead.to_vec();
+        stream.read_to_end(&mut received).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&received), "first then");
     }
 }

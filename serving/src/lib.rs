@@ -6,7 +6,9 @@
 //!   who the client is.
 //! * [`health`] is the health and version routes of every public port.
 //! * [`tls`] is the certificate of the public ports, and its reloads.
+//! * [`upgraded`] is a websocket's connection, back from hyper.
 
 pub mod health;
 pub mod http;
 pub mod tls;
+pub mod upgraded;

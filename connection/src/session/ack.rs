@@ -9,8 +9,6 @@
 //! and offered again at the client's next connection until its TTL runs out
 //! (a nacked direct one is stored for that, if it was not already).
 
-use std::collections::VecDeque;
-
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
 use autopush_common::node::LocalNode;
@@ -18,36 +16,11 @@ use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType};
 
+use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::stored::BATCH;
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
-use crate::registry::MAX_PENDING_DIRECT;
-
-/// The versions of the stored messages settled last, so that a durable
-/// direct copy of one, arriving from the inbox after its stored copy was
-/// sent and acked, is not delivered a second time.
-#[derive(Default)]
-pub(super) struct RecentlySettled(VecDeque<String>);
-
-impl RecentlySettled {
-    /// Versions remembered; the oldest is forgotten first. A client may
-    /// ack a whole stored batch at once while up to `MAX_PENDING_DIRECT`
-    /// durable direct copies wait in its inbox: that many are remembered.
-    const CAPACITY: usize = BATCH + MAX_PENDING_DIRECT;
-
-    pub(super) fn remember(&mut self, version: &str) {
-        if self.0.len() == Self::CAPACITY {
-            self.0.pop_front();
-        }
-        self.0.push_back(version.to_owned());
-    }
-
-    pub(super) fn contains(&self, version: &str) -> bool {
-        self.0.iter().any(|v| v == version)
-    }
-}
 
 impl Session {
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
@@ -70,12 +43,13 @@ impl Session {
         for (version, code) in versions {
             metrics::nack();
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
-            if let Some(direct) = self.unacked_direct.remove(&version) {
+            let in_flight = self.in_flight_mut();
+            if let Some(direct) = in_flight.unacked_direct.remove(&version) {
                 self.keep_nacked_direct(direct).await?;
                 continue;
             }
-            if self.unacked_stored.remove(&version).is_some() {
-                self.skip_stored.insert(version);
+            if in_flight.unacked_stored.remove(&version).is_some() {
+                in_flight.skip_stored.insert(version);
             }
         }
         self.after_settling().await
@@ -98,25 +72,28 @@ impl Session {
                 .await;
             if let Err(e) = saved {
                 // Stored as unacknowledged when the session ends instead.
-                self.unacked_direct.insert(direct.version.clone(), direct);
+                self.in_flight_mut()
+                    .unacked_direct
+                    .insert(direct.version.clone(), direct);
                 return Err(Close::storage(e));
             }
         }
-        self.skip_stored.insert(direct.version);
+        self.in_flight_mut().skip_stored.insert(direct.version);
         Ok(())
     }
 
     /// The client acked `version`: forget it, deleting it from storage if
     /// it came from there or has a durable copy there.
     async fn settle(&mut self, version: &str) -> Flow {
-        let stored = if let Some(direct) = self.unacked_direct.remove(version) {
+        let in_flight = self.in_flight_mut();
+        let stored = if let Some(direct) = in_flight.unacked_direct.remove(version) {
             self.inbox.settled_direct();
             metrics::ack("direct");
             // A copy held back for its grace is its holder's to settle.
             let held = direct.durable && self.ctx.registry.held_copies().ack(&self.uaid, version);
             (direct.durable && !held).then_some(direct)
-        } else if let Some(stored) = self.unacked_stored.remove(version) {
-            self.recently_settled.remember(version);
+        } else if let Some(stored) = in_flight.unacked_stored.remove(version) {
+            in_flight.recently_settled.remember(version, Instant::now());
             metrics::ack("stored");
             Some(stored)
         } else {
@@ -145,39 +122,9 @@ impl Session {
 
     /// With every stored message settled, fetch the next batch if one is owed.
     async fn after_settling(&mut self) -> Flow {
-        if self.unacked_stored.is_empty() && self.recheck_storage {
+        if self.in_flight().unacked_stored.is_empty() && self.recheck_storage {
             self.check_storage().await?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A client acks a full stored batch at once while durable direct
-    /// copies of those messages wait in its inbox (at most
-    /// `MAX_PENDING_DIRECT` of them): every version of the batch, and of as
-    /// many more, must still be recognised when the copies come out.
-    #[test]
-    fn a_full_batch_and_the_direct_window_are_remembered() {
-        let mut settled = RecentlySettled::default();
-        let versions: Vec<String> = (0..BATCH + MAX_PENDING_DIRECT)
-            .map(|i| format!("v{i}"))
-            .collect();
-        for version in &versions {
-            settled.remember(version);
-        }
-        let forgotten = versions.iter().filter(|v| !settled.contains(v)).count();
-        assert_eq!(
-            forgotten,
-            0,
-            "{forgotten} of the last {} settled versions forgotten",
-            versions.len()
-        );
-        // Bounded all the same: the oldest goes first.
-        settled.remember("one more");
-        assert!(!settled.contains("v0") && settled.contains("one more"));
     }
 }

@@ -9,6 +9,7 @@
 
 mod ack;
 mod hello;
+mod in_flight;
 mod ping;
 mod register;
 mod stored;
@@ -16,9 +17,7 @@ mod unregister;
 mod urgency;
 mod wake;
 
-use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -104,16 +103,33 @@ impl Close {
 
 type Flow = Result<(), Close>;
 
-/// A session past its hello: serving its client until the websocket
-/// closes, then cleaning up.
+/// A session past its hello, to be served on a task of its own.
 ///
-/// It is boxed, and everything before it runs in a future of its own: a
-/// task's allocation is as large as the largest state its future can be in,
-/// and an idle session holds it for hours, so its task should hold only the
-/// serving state, not the space the upgrade and the hello needed. The
+/// A task's allocation is as large as the largest state its future can be
+/// in, and an idle session holds its task for hours: the upgrade and the
+/// hello run on another task, so this one holds only the serving state. The
 /// handlers of client messages and the clean-up are boxed inside it for the
 /// same reason.
-pub type Serving = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub struct Accepted(Session);
+
+impl Accepted {
+    /// Serve the client until the websocket closes, then clean up; `guard`
+    /// (the connection's slot on this node) is dropped last. Not an `async
+    /// fn`: that would keep a second copy of the session in its future (its
+    /// arguments, and the locals they are moved into).
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn would hold the session twice"
+    )]
+    pub fn serve<G: Send + 'static>(self, guard: G) -> impl Future<Output = ()> + Send + 'static {
+        let Accepted(mut session) = self;
+        async move {
+            let outcome = session.serve().await;
+            Box::pin(session.finish(outcome)).await;
+            drop(guard);
+        }
+    }
+}
 
 /// Wait for the client's `hello` on a new websocket and accept it; the
 /// session to run if it was accepted, `None` when it ended there.
@@ -123,7 +139,7 @@ pub async fn hello(
     ctx: Arc<NodeContext>,
     socket: Socket,
     client: Option<IpAddr>,
-) -> Option<Serving> {
+) -> Option<Accepted> {
     let mut socket = socket;
     let limit = ctx.settings.send_timeout;
     let hello = match timeout(ctx.settings.hello_timeout, first_message(&mut socket)).await {
@@ -149,7 +165,7 @@ pub async fn hello(
         }
     };
     match hello::accept(&ctx, hello.as_deref(), client, socket).await {
-        Ok(session) => Some(Box::pin(session.serve_until_closed())),
+        Ok(session) => Some(Accepted(session)),
         Err((mut socket, close_with)) => {
             close(&mut socket, limit, close_with, Some("hello")).await;
             None
@@ -314,10 +330,9 @@ pub(crate) struct Session {
     /// This session's id in the registry.
     session: u64,
     inbox: Arc<Inbox>,
-    /// Direct notifications sent and not yet acknowledged, by version.
-    unacked_direct: HashMap<String, Notification>,
-    /// Stored notifications sent and not yet acknowledged, by version.
-    unacked_stored: HashMap<String, Notification>,
+    /// What was sent and is not settled yet: `None`, and nothing
+    /// allocated, while there is none.
+    in_flight: Option<Box<in_flight::InFlight>>,
     /// Storage may hold more than was sent: look again once all are acked.
     recheck_storage: bool,
     /// What is left of the client's allowance of `{}` pings.
@@ -325,13 +340,6 @@ pub(crate) struct Session {
     /// Stored messages this session may still send (`Some` when the client
     /// was over `msg_limit` at hello).
     stored_budget: Option<usize>,
-    /// Messages the client nacked (stored ones, and direct ones, stored
-    /// then if they were not already): they stay stored for its next
-    /// connection but are not sent again in this one.
-    skip_stored: HashSet<String>,
-    /// The last stored messages settled, so a durable direct copy of one
-    /// that arrives late is not delivered twice.
-    recently_settled: ack::RecentlySettled,
     /// When this connection recorded itself in the user record.
     connected_at: u64,
     /// Messages less urgent than this wait in storage.
@@ -344,20 +352,6 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Serve the client until the session ends, then clean up. Not an
-    /// `async fn`: that would keep a second copy of the session in its
-    /// future (its arguments, and the locals they are moved into).
-    #[allow(
-        clippy::manual_async_fn,
-        reason = "an async fn would hold the session twice"
-    )]
-    fn serve_until_closed(mut self) -> impl Future<Output = ()> + Send + 'static {
-        async move {
-            let outcome = self.serve().await;
-            Box::pin(self.finish(outcome)).await;
-        }
-    }
-
     async fn serve(&mut self) -> Flow {
         Box::pin(self.check_storage()).await?;
         let mut deadlines = Deadlines::new(&self.ctx.settings, Instant::now());
@@ -395,6 +389,9 @@ impl Session {
                 },
                 () = &mut timer => match deadlines.due(Instant::now()) {
                     Some(Due::Ping) => {
+                        // Silent for a whole interval: an idle client.
+                        let now = Instant::now();
+                        self.in_flight = self.in_flight.take().and_then(|f| f.shed(now));
                         Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
                         deadlines.pinged(Instant::now());
                     }
@@ -407,6 +404,18 @@ impl Session {
                 timer.as_mut().reset(deadlines.next());
             }
         }
+    }
+
+    /// What was sent and is not settled yet, to read.
+    fn in_flight(&self) -> &in_flight::InFlight {
+        self.in_flight
+            .as_deref()
+            .unwrap_or(in_flight::InFlight::none())
+    }
+
+    /// What was sent and is not settled yet, to change (allocated then).
+    fn in_flight_mut(&mut self) -> &mut in_flight::InFlight {
+        self.in_flight.get_or_insert_default()
     }
 
     async fn on_message(&mut self, text: &str) -> Flow {
@@ -476,9 +485,7 @@ impl Session {
         // A durable direct message is in storage before it is routed here,
         // so a storage check may have sent (or even settled, or the client
         // nacked) it already.
-        let sent_from_storage = self.unacked_stored.contains_key(&notification.version)
-            || self.recently_settled.contains(&notification.version)
-            || self.skip_stored.contains(&notification.version);
+        let sent_from_storage = self.in_flight().sent_from_storage(&notification.version);
         if expired || sent_from_storage {
             self.inbox.settled_direct();
             return Ok(());
@@ -488,7 +495,8 @@ impl Session {
             return self.hold_direct(notification).await;
         }
         let message = notification_json(&notification);
-        self.unacked_direct
+        self.in_flight_mut()
+            .unacked_direct
             .insert(notification.version.clone(), notification);
         self.send_text(message).await
     }
@@ -517,10 +525,12 @@ impl Session {
         let connected_at = self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
         for notification in self.inbox.close() {
-            self.unacked_direct
+            self.in_flight_mut()
+                .unacked_direct
                 .insert(notification.version.clone(), notification);
         }
-        let unacked = !self.unacked_direct.is_empty() || !self.unacked_stored.is_empty();
+        let in_flight = self.in_flight();
+        let unacked = !in_flight.unacked_direct.is_empty() || !in_flight.unacked_stored.is_empty();
         if let Err(e) = self.store_unacked_direct().await {
             warn!(uaid = %uaid_tag(&self.uaid), error = %e, "could not store unacknowledged notifications");
         }
@@ -566,7 +576,7 @@ mod tests {
     }
 
     /// The size of what `f` returns, without making one.
-    fn size_of_output<A, R>(_f: fn(A) -> R) -> usize {
+    fn size_of_output<A, R>(_f: impl Fn(A) -> R) -> usize {
         std::mem::size_of::<R>()
     }
 
@@ -579,7 +589,7 @@ mod tests {
     /// state inlined in it instead of boxed, or a second copy of the session.
     #[test]
     fn an_idle_session_holds_at_most_a_kibibyte() {
-        let serving = size_of_output(Session::serve_until_closed);
+        let serving = size_of_output(|session: Session| Accepted(session).serve(()));
         assert!(
             serving <= 1024,
             "the serving future is {serving} bytes; box what an idle session does not need"

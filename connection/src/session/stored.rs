@@ -20,7 +20,7 @@ pub(super) const BATCH: usize = 100;
 
 impl Session {
     pub(super) async fn check_storage(&mut self) -> Flow {
-        if !self.unacked_stored.is_empty() {
+        if !self.in_flight().unacked_stored.is_empty() {
             // Some are still out; look again once they are settled.
             self.recheck_storage = true;
             return Ok(());
@@ -34,7 +34,7 @@ impl Session {
         // session, and held ones (below the minimum urgency) wait: fetch
         // past them. Held ones are counted, so the next look fetches past
         // them in one read; until then the fetch doubles while they fill it.
-        let mut limit = batch + self.skip_stored.len() + self.held;
+        let mut limit = batch + self.in_flight().skip_stored.len() + self.held;
         let (ready, held) = loop {
             let messages = self
                 .ctx
@@ -45,7 +45,7 @@ impl Session {
             let read = messages.len();
             let (mut ready, mut held) = (Vec::new(), 0);
             for message in messages {
-                if self.skip_stored.contains(&message.version) {
+                if self.in_flight().skip_stored.contains(&message.version) {
                     continue;
                 }
                 if message.is_below(self.min_urgency) {
@@ -67,10 +67,15 @@ impl Session {
         for message in ready {
             // A direct notification stored at a previous disconnect (or
             // durably, before it was sent) may still be out with this client.
-            if self.unacked_direct.contains_key(&message.version) {
+            if self
+                .in_flight()
+                .unacked_direct
+                .contains_key(&message.version)
+            {
                 continue;
             }
-            self.unacked_stored
+            self.in_flight_mut()
+                .unacked_stored
                 .insert(message.version.clone(), message.clone());
             self.send_text(notification_json(&message)).await?;
             sent += 1;
@@ -90,7 +95,11 @@ impl Session {
     pub(super) async fn store_unacked_direct(
         &mut self,
     ) -> Result<(), autopush_storage::StorageError> {
-        let unacked = self.unacked_direct.drain().map(|(_, n)| n).collect();
+        let unacked = self
+            .in_flight
+            .as_mut()
+            .map(|f| f.unacked_direct.drain().map(|(_, n)| n).collect())
+            .unwrap_or_default();
         store_undelivered(&self.ctx, &self.uaid, unacked).await
     }
 }

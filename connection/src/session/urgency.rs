@@ -74,7 +74,9 @@ impl Session {
             .await
         {
             // Stored as unacknowledged when the session ends instead.
-            self.unacked_direct.insert(message.version.clone(), message);
+            self.in_flight_mut()
+                .unacked_direct
+                .insert(message.version.clone(), message);
             return Err(Close::storage(e));
         }
         Ok(())
