@@ -25,8 +25,8 @@ pub enum UpgradedStream {
     /// balancer that ends TLS.
     Tls(Box<TlsStream<TcpStream>>),
     /// A connection not accepted by [`crate::http::serve_with`], left as
-    /// hyper gave it.
-    Other(TokioIo<Upgraded>),
+    /// hyper gave it (boxed, so it does not make the others larger).
+    Other(Box<TokioIo<Upgraded>>),
 }
 
 /// What [`unwrap`] gives back: the socket, and what hyper had read past the
@@ -40,7 +40,7 @@ pub struct Parts {
 /// The socket under `upgraded`.
 pub fn unwrap(upgraded: Upgraded) -> Parts {
     crate::http::unwrap_upgraded(upgraded).unwrap_or_else(|upgraded| Parts {
-        stream: UpgradedStream::Other(TokioIo::new(upgraded)),
+        stream: UpgradedStream::Other(Box::new(TokioIo::new(upgraded))),
         read_ahead: Bytes::new(),
     })
 }
@@ -58,7 +58,7 @@ macro_rules! on_stream {
                 $call
             }
             UpgradedStream::Other($stream) => {
-                let $stream = Pin::new($stream);
+                let $stream = Pin::new($stream.as_mut());
                 $call
             }
         }

@@ -29,10 +29,10 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use crate::NodeContext;
 use crate::protocol::{ClientMessage, ServerMessage, error_json, notification_json};
 use crate::registry::{Inbox, Letter, LiveSession};
 use crate::server::Socket;
+use crate::{ConnectionSettings, NodeContext};
 
 /// What a client is told when storage failed. The backend's own words
 /// (error codes, table names, accounts) go to the log, never to the client.
@@ -249,15 +249,22 @@ async fn close(socket: &mut Socket, limit: Duration, close_with: Close, answerin
 }
 
 /// The deadlines of a serving session: the next keep-alive ping, the pong
-/// it waits for, and the next refresh of the user's `last_connect`.
+/// it waits for, and the next refresh of the user's `last_connect`. The
+/// intervals are the node's settings, passed in rather than copied: an idle
+/// session holds this for hours.
 struct Deadlines {
-    ping_every: Duration,
-    pong_within: Duration,
-    refresh_every: Duration,
-    next_ping: Instant,
-    /// Set while a ping waits for its pong.
-    pong_due: Option<Instant>,
+    /// The next ping, or, while `awaiting_pong`, when its pong is due.
+    ping: Instant,
+    awaiting_pong: bool,
     next_refresh: Instant,
+}
+
+/// What woke a serving session.
+enum Event {
+    Frame(Option<Result<Message, crate::websocket::Error>>),
+    Letter(Letter),
+    /// The timer: a deadline may have come.
+    Deadline,
 }
 
 /// Which deadline came.
@@ -272,51 +279,46 @@ enum Due {
 }
 
 impl Deadlines {
-    fn new(settings: &crate::ConnectionSettings, now: Instant) -> Self {
+    fn new(settings: &ConnectionSettings, now: Instant) -> Self {
         Deadlines {
-            ping_every: settings.auto_ping_interval,
-            pong_within: settings.auto_ping_timeout,
-            refresh_every: settings.refresh_last_connect,
-            next_ping: now + settings.auto_ping_interval,
-            pong_due: None,
+            ping: now + settings.auto_ping_interval,
+            awaiting_pong: false,
             next_refresh: now + settings.refresh_last_connect,
         }
     }
 
     /// When the earliest deadline comes.
     fn next(&self) -> Instant {
-        self.pong_due
-            .unwrap_or(self.next_ping)
-            .min(self.next_refresh)
+        self.ping.min(self.next_refresh)
     }
 
     /// The client sent something: no pong is awaited, and the next ping is
     /// a whole interval away.
-    fn heard_from_client(&mut self, now: Instant) {
-        self.pong_due = None;
-        self.next_ping = now + self.ping_every;
+    fn heard_from_client(&mut self, now: Instant, settings: &ConnectionSettings) {
+        self.awaiting_pong = false;
+        self.ping = now + settings.auto_ping_interval;
     }
 
     /// The ping went out at `now` (it may have waited for a slow client):
     /// its pong is due from then.
-    fn pinged(&mut self, now: Instant) {
-        self.pong_due = Some(now + self.pong_within);
+    fn pinged(&mut self, now: Instant, settings: &ConnectionSettings) {
+        self.awaiting_pong = true;
+        self.ping = now + settings.auto_ping_timeout;
     }
 
     /// The deadline that has come by `now`, if any, moved on as if acted
     /// upon (a ping is taken as sent: its pong is due). A missed pong comes
     /// first; a refresh that falls due with a ping comes on the next call.
-    fn due(&mut self, now: Instant) -> Option<Due> {
-        match self.pong_due {
-            Some(due) if now >= due => return Some(Due::Pong),
-            None if now >= self.next_ping => {
-                self.pong_due = Some(now + self.pong_within);
-                return Some(Due::Ping);
+    fn due(&mut self, now: Instant, settings: &ConnectionSettings) -> Option<Due> {
+        if now >= self.ping {
+            if self.awaiting_pong {
+                return Some(Due::Pong);
             }
-            _ => {}
+            self.pinged(now, settings);
+            return Some(Due::Ping);
         }
         if now >= self.next_refresh {
-            self.next_refresh = now + self.refresh_every;
+            self.next_refresh = now + settings.refresh_last_connect;
             return Some(Due::Refresh);
         }
         None
@@ -360,49 +362,65 @@ impl Session {
         let timer = sleep_until(deadlines.next());
         tokio::pin!(timer);
         loop {
-            tokio::select! {
-                frame = self.socket.receive() => {
-                    let Some(Ok(frame)) = frame else { return Err(Close::gone()) };
-                    // Any traffic proves the client alive.
-                    deadlines.heard_from_client(Instant::now());
-                    match frame {
-                        Message::Close(frame) => {
-                            if frame.is_some_and(|f| u16::from(f.code) == wake::EXPECTS_WAKE_UP) {
-                                self.left_to_be_woken();
-                            }
-                            return Err(Close::gone());
-                        }
-                        Message::Text(text) => Box::pin(self.on_message(&text)).await?,
-                        Message::Binary(_) => {
-                            return Err(Close::protocol("binary messages are not part of the protocol"));
-                        }
-                        Message::Ping(data) => Box::pin(self.send_message(Message::Pong(data))).await?,
-                        _ => {}
-                    }
-                }
-                letter = self.inbox.next() => match letter {
-                    Letter::Notification(notification) => Box::pin(self.send_direct(*notification)).await?,
-                    Letter::CheckStorage => Box::pin(self.check_storage()).await?,
-                    Letter::Kick => {
-                        return Err(Close::new(4000, "closed by the server (replaced by a newer connection, or shutting down)"));
-                    }
-                },
-                () = &mut timer => match deadlines.due(Instant::now()) {
-                    Some(Due::Ping) => {
-                        // Silent for a whole interval: an idle client.
-                        let now = Instant::now();
-                        self.in_flight = self.in_flight.take().and_then(|f| f.shed(now));
-                        Box::pin(self.send_message(Message::Ping(Default::default()))).await?;
-                        deadlines.pinged(Instant::now());
-                    }
-                    Some(Due::Pong) => return Err(Close::new(1001, "no pong in time")),
-                    Some(Due::Refresh) => Box::pin(self.refresh_last_connect()).await?,
-                    None => {}
-                },
-            }
+            // What happened is handled once the select is over, in a boxed
+            // future: the task holds the wait or a handler's state, never
+            // both.
+            let event = tokio::select! {
+                frame = self.socket.receive() => Event::Frame(frame),
+                letter = self.inbox.next() => Event::Letter(letter),
+                () = &mut timer => Event::Deadline,
+            };
+            Box::pin(self.on_event(event, &mut deadlines)).await?;
             if timer.deadline() != deadlines.next() {
                 timer.as_mut().reset(deadlines.next());
             }
+        }
+    }
+
+    async fn on_event(&mut self, event: Event, deadlines: &mut Deadlines) -> Flow {
+        match event {
+            Event::Frame(frame) => {
+                let Some(Ok(frame)) = frame else {
+                    return Err(Close::gone());
+                };
+                // Any traffic proves the client alive.
+                deadlines.heard_from_client(Instant::now(), &self.ctx.settings);
+                match frame {
+                    Message::Close(frame) => {
+                        if frame.is_some_and(|f| u16::from(f.code) == wake::EXPECTS_WAKE_UP) {
+                            self.left_to_be_woken();
+                        }
+                        Err(Close::gone())
+                    }
+                    Message::Text(text) => self.on_message(&text).await,
+                    Message::Binary(_) => Err(Close::protocol(
+                        "binary messages are not part of the protocol",
+                    )),
+                    Message::Ping(data) => self.send_message(Message::Pong(data)).await,
+                    _ => Ok(()),
+                }
+            }
+            Event::Letter(Letter::Notification(notification)) => {
+                self.send_direct(*notification).await
+            }
+            Event::Letter(Letter::CheckStorage) => self.check_storage().await,
+            Event::Letter(Letter::Kick) => Err(Close::new(
+                4000,
+                "closed by the server (replaced by a newer connection, or shutting down)",
+            )),
+            Event::Deadline => match deadlines.due(Instant::now(), &self.ctx.settings) {
+                Some(Due::Ping) => {
+                    // Silent for a whole interval: an idle client.
+                    let now = Instant::now();
+                    self.in_flight = self.in_flight.take().and_then(|f| f.shed(now));
+                    self.send_message(Message::Ping(Default::default())).await?;
+                    deadlines.pinged(Instant::now(), &self.ctx.settings);
+                    Ok(())
+                }
+                Some(Due::Pong) => Err(Close::new(1001, "no pong in time")),
+                Some(Due::Refresh) => self.refresh_last_connect().await,
+                None => Ok(()),
+            },
         }
     }
 
@@ -581,17 +599,18 @@ mod tests {
     }
 
     /// An idle client's task holds its serving future (the session, its
-    /// deadlines and timer, the wait on the socket and the inbox) for hours;
-    /// the target is 2.5 KiB per idle client in all, kernel-side state of the
-    /// process, the registry and the socket's registration included. 1 KiB
-    /// leaves room for the session as it is (about 0.9 KiB in a debug build)
-    /// and catches what made it grow before: a handler's or the hello's
-    /// state inlined in it instead of boxed, or a second copy of the session.
+    /// deadlines and timer, the wait on the socket and the inbox) for hours.
+    /// tokio adds about 100 bytes of its own and rounds a task up to a
+    /// multiple of 128 (two cache lines): a serving future of 536 bytes or
+    /// less makes a task of 640. The bound catches what made it grow before:
+    /// a handler's or the hello's state inlined in it instead of boxed, a
+    /// handler awaited while the select's futures were still held, copies of
+    /// settings, or a second copy of the session.
     #[test]
-    fn an_idle_session_holds_at_most_a_kibibyte() {
+    fn an_idle_session_holds_a_task_of_640_bytes() {
         let serving = size_of_output(|session: Session| Accepted(session).serve(()));
         assert!(
-            serving <= 1024,
+            serving <= 536,
             "the serving future is {serving} bytes; box what an idle session does not need"
         );
         let socket = std::mem::size_of::<Socket>();
@@ -604,15 +623,22 @@ mod tests {
     #[test]
     fn a_silent_client_is_pinged_then_closed_without_a_pong() {
         let start = Instant::now();
-        let mut deadlines = Deadlines::new(&settings(), start);
+        let settings = settings();
+        let mut deadlines = Deadlines::new(&settings, start);
         assert_eq!(deadlines.next(), start + Duration::from_secs(300));
-        assert_eq!(deadlines.due(start + Duration::from_secs(299)), None);
-        let pinged = start + Duration::from_secs(300);
-        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
-        assert_eq!(deadlines.next(), pinged + Duration::from_secs(10));
-        assert_eq!(deadlines.due(pinged + Duration::from_secs(9)), None);
         assert_eq!(
-            deadlines.due(pinged + Duration::from_secs(10)),
+            deadlines.due(start + Duration::from_secs(299), &settings),
+            None
+        );
+        let pinged = start + Duration::from_secs(300);
+        assert_eq!(deadlines.due(pinged, &settings), Some(Due::Ping));
+        assert_eq!(deadlines.next(), pinged + Duration::from_secs(10));
+        assert_eq!(
+            deadlines.due(pinged + Duration::from_secs(9), &settings),
+            None
+        );
+        assert_eq!(
+            deadlines.due(pinged + Duration::from_secs(10), &settings),
             Some(Due::Pong)
         );
     }
@@ -620,56 +646,63 @@ mod tests {
     #[test]
     fn the_pong_is_due_from_when_the_ping_went_out() {
         let start = Instant::now();
-        let mut deadlines = Deadlines::new(&settings(), start);
+        let settings = settings();
+        let mut deadlines = Deadlines::new(&settings, start);
         let due = start + Duration::from_secs(300);
-        assert_eq!(deadlines.due(due), Some(Due::Ping));
+        assert_eq!(deadlines.due(due, &settings), Some(Due::Ping));
         let sent = due + Duration::from_secs(3);
-        deadlines.pinged(sent);
+        deadlines.pinged(sent, &settings);
         assert_eq!(deadlines.next(), sent + Duration::from_secs(10));
-        assert_eq!(deadlines.due(due + Duration::from_secs(10)), None);
+        assert_eq!(
+            deadlines.due(due + Duration::from_secs(10), &settings),
+            None
+        );
     }
 
     #[test]
     fn any_frame_answers_the_ping_and_moves_the_next_one() {
         let start = Instant::now();
-        let mut deadlines = Deadlines::new(&settings(), start);
+        let settings = settings();
+        let mut deadlines = Deadlines::new(&settings, start);
         let pinged = start + Duration::from_secs(300);
-        assert_eq!(deadlines.due(pinged), Some(Due::Ping));
+        assert_eq!(deadlines.due(pinged, &settings), Some(Due::Ping));
         let pong = pinged + Duration::from_secs(1);
-        deadlines.heard_from_client(pong);
+        deadlines.heard_from_client(pong, &settings);
         assert_eq!(deadlines.next(), pong + Duration::from_secs(300));
-        assert_eq!(deadlines.due(pinged + Duration::from_secs(10)), None);
+        assert_eq!(
+            deadlines.due(pinged + Duration::from_secs(10), &settings),
+            None
+        );
     }
 
     #[test]
     fn a_refresh_due_with_a_ping_comes_right_after_it() {
         let start = Instant::now();
-        let mut deadlines = Deadlines::new(
-            &ConnectionSettings {
-                refresh_last_connect: Duration::from_secs(300),
-                ..settings()
-            },
-            start,
-        );
+        let settings = ConnectionSettings {
+            refresh_last_connect: Duration::from_secs(300),
+            ..settings()
+        };
+        let mut deadlines = Deadlines::new(&settings, start);
         let at = start + Duration::from_secs(300);
         assert_eq!(deadlines.next(), at);
-        assert_eq!(deadlines.due(at), Some(Due::Ping));
+        assert_eq!(deadlines.due(at, &settings), Some(Due::Ping));
         assert_eq!(deadlines.next(), at);
-        assert_eq!(deadlines.due(at), Some(Due::Refresh));
+        assert_eq!(deadlines.due(at, &settings), Some(Due::Refresh));
         assert_eq!(deadlines.next(), at + Duration::from_secs(10));
-        assert_eq!(deadlines.due(at), None);
+        assert_eq!(deadlines.due(at, &settings), None);
     }
 
     #[test]
     fn refreshes_come_while_the_client_keeps_talking() {
         let start = Instant::now();
-        let mut deadlines = Deadlines::new(&settings(), start);
+        let settings = settings();
+        let mut deadlines = Deadlines::new(&settings, start);
         let mut now = start;
         let mut refreshes = 0;
         for _ in 0..100 {
             now += Duration::from_secs(100);
-            deadlines.heard_from_client(now);
-            while let Some(due) = deadlines.due(now) {
+            deadlines.heard_from_client(now, &settings);
+            while let Some(due) = deadlines.due(now, &settings) {
                 assert_eq!(due, Due::Refresh);
                 refreshes += 1;
             }
