@@ -378,15 +378,9 @@ mod tests {
         let channel_id = uuid::Uuid::new_v4();
         let mut n = Notification {
             channel_id,
-            version: "v\"1\"".into(),
             ttl: 0,
             timestamp: 1,
-            topic: None,
-            sortkey_timestamp: None,
-            data: None,
-            headers: None,
-            urgency: None,
-            durable: false,
+            ..crate::registry::test_notification("v\"1\"")
         };
         let parsed = |n: &Notification| -> Value {
             serde_json::from_str(&notification_json(n)).expect("valid JSON")

@@ -284,26 +284,29 @@ impl LocalNode for ClientRegistry {
     }
 }
 
+/// A plain notification of `version`, for this crate's tests.
+#[cfg(test)]
+pub(crate) fn test_notification(version: &str) -> Notification {
+    Notification {
+        channel_id: Uuid::new_v4(),
+        version: version.into(),
+        ttl: 60,
+        timestamp: 0,
+        topic: None,
+        sortkey_timestamp: None,
+        data: None,
+        headers: None,
+        urgency: None,
+        durable: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_notification as notification;
     use super::*;
 
     use futures_util::FutureExt;
-
-    fn notification(version: &str) -> Notification {
-        Notification {
-            channel_id: Uuid::new_v4(),
-            version: version.into(),
-            ttl: 60,
-            timestamp: 0,
-            topic: None,
-            sortkey_timestamp: None,
-            data: None,
-            headers: None,
-            urgency: None,
-            durable: false,
-        }
-    }
 
     fn version(letter: Letter) -> String {
         match letter {

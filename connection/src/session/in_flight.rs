@@ -112,6 +112,7 @@ impl RecentlySettled {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::test_notification as message;
 
     /// A client acks a full stored batch at once while durable direct
     /// copies of those messages wait in its inbox (at most
@@ -137,21 +138,6 @@ mod tests {
         // Bounded all the same: the oldest goes first.
         settled.remember("one more", now);
         assert!(!settled.contains("v0") && settled.contains("one more"));
-    }
-
-    fn message(version: &str) -> Notification {
-        Notification {
-            channel_id: uuid::Uuid::nil(),
-            version: version.to_owned(),
-            ttl: 60,
-            timestamp: 0,
-            topic: None,
-            sortkey_timestamp: None,
-            data: None,
-            headers: None,
-            urgency: None,
-            durable: false,
-        }
     }
 
     /// At the idle ping, a session keeps what is still unsettled, and the
