@@ -70,8 +70,10 @@ pub struct HeldCopies(Mutex<HashMap<(Uuid, String), Held>>);
 
 struct Held {
     acked: bool,
-    /// Wakes the holder at the ack.
+    /// Wakes the holder at the ack, or when no ack will come.
     wake: Arc<Notify>,
+    /// Wakes a session waiting for the copy to be written.
+    released: Arc<Notify>,
 }
 
 /// What a holder finds when the grace ends.
@@ -98,6 +100,7 @@ impl HeldCopies {
         let held = Held {
             acked: false,
             wake: wake.clone(),
+            released: Arc::default(),
         };
         self.map().insert((*uaid, version.to_owned()), held);
         wake
@@ -112,7 +115,9 @@ impl HeldCopies {
         match map.get(&key) {
             Some(held) if !held.acked => GraceEnd::Write,
             _ => {
-                map.remove(&key);
+                if let Some(held) = map.remove(&key) {
+                    held.released.notify_one();
+                }
                 GraceEnd::Acked
             }
         }
@@ -124,7 +129,27 @@ impl HeldCopies {
     pub fn release(&self, uaid: &Uuid, version: &str) -> bool {
         self.map()
             .remove(&(*uaid, version.to_owned()))
-            .is_some_and(|held| held.acked)
+            .is_some_and(|held| {
+                held.released.notify_one();
+                held.acked
+            })
+    }
+
+    /// The session holds `version` back from its client (below the
+    /// minimum urgency), so no ack will come: wake the holder to write the
+    /// copy now, and return once it is written (at once if no copy of it is
+    /// held here). A storage check after this finds the message.
+    pub async fn written_now(&self, uaid: &Uuid, version: &str) {
+        let released = {
+            let map = self.map();
+            let Some(held) = map.get(&(*uaid, version.to_owned())) else {
+                return;
+            };
+            held.wake.notify_one();
+            held.released.clone()
+        };
+        // A release since the lock was let go left a permit.
+        released.notified().await;
     }
 
     /// The client acked `version`: whether its copy is held (its holder
@@ -166,6 +191,30 @@ mod tests {
         assert_eq!(held.wait(&wake, &uaid(), "v").await, GraceEnd::Write);
         assert!(held.ack(&uaid(), "v"));
         assert!(held.release(&uaid(), "v"));
+    }
+
+    #[tokio::test]
+    async fn a_copy_no_ack_will_come_for_is_written_at_once() {
+        let held = std::sync::Arc::new(HeldCopies::default());
+        let id = uaid();
+        let wake = held.hold(&id, "v");
+        let session = tokio::spawn({
+            let held = held.clone();
+            async move { held.written_now(&uaid(), "v").await }
+        });
+        // The session, once it waits, has woken the holder...
+        tokio::task::yield_now().await;
+        let woken = tokio::time::timeout(Duration::ZERO, wake.notified()).await;
+        assert!(woken.is_ok(), "the holder was not woken");
+        assert!(!session.is_finished());
+        // ...which finds no ack, writes, and releases the copy.
+        assert_eq!(held.wait(&wake, &id, "v").await, GraceEnd::Write);
+        assert!(!held.release(&id, "v"));
+        session
+            .await
+            .expect("the session's wait ends at the release");
+        // Nothing held: no wait.
+        held.written_now(&id, "other").await;
     }
 
     #[tokio::test]

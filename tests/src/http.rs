@@ -189,11 +189,24 @@ pub async fn signed(
     key: &str,
     body: Option<Vec<u8>>,
 ) -> HttpReply {
+    signed_with(method, base, path, key, body, &[]).await
+}
+
+/// [`signed`], with `extra` headers (which the signature does not cover).
+pub async fn signed_with(
+    method: Method,
+    base: &str,
+    path: &str,
+    key: &str,
+    body: Option<Vec<u8>>,
+    extra: &[(&str, &str)],
+) -> HttpReply {
     let bytes = body.clone().unwrap_or_default();
     let authorization = router_authorization(key, &method, path, &bytes, unix_now());
     let mut headers = vec![("authorization", authorization.as_str())];
     if body.is_some() {
         headers.push(("content-type", "application/json"));
     }
+    headers.extend_from_slice(extra);
     request(method, &format!("{base}{path}"), &headers, body).await
 }

@@ -1194,3 +1194,75 @@ async fn acks_inside_and_after_the_grace_settle_the_message_once() {
     let mut ws = cluster.b.reconnect(&uaid).await;
     ws.assert_nothing_arrives().await;
 }
+
+/// A message below the client's minimum urgency reaches its node with the
+/// copy held (the endpoint read the record before the client raised its
+/// minimum): the session holds it back, so no ack will come, and its copy
+/// is written at once rather than at the grace's end. Lowering the minimum
+/// then finds it in storage. Without that, the copy waits out the grace
+/// (a minute here) and lowering finds nothing: the message would wait for
+/// the client's next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered() {
+    let mut router_key = String::new();
+    let cluster = Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), "60000".into()));
+        router_key = a
+            .args
+            .iter()
+            .find_map(|arg| arg.strip_prefix("--router-key="))
+            .expect("the cluster's router key")
+            .to_owned();
+    })
+    .await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let answer = ws.set_min_urgency(serde_json::json!("high")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+
+    // What an endpoint that read the record just before the raise sends.
+    let encrypted = autopush_tests::py::encrypt(
+        &sub.keys,
+        &autopush_tests::Payload::Text("held below the minimum".into()),
+        autopush_tests::Encoding::Aes128Gcm,
+    )
+    .await;
+    let now = now_millis();
+    let body = serde_json::json!({
+        "channelID": sub.channel_id,
+        "version": "held-below-the-minimum",
+        "ttl": 600,
+        "timestamp": now / 1000,
+        "sortkey_timestamp": now * 1000,
+        "urgency": "low",
+        "data": encrypted.body,
+        "headers": encrypted.headers,
+    });
+    let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
+    // The node answers once the copy is written; not waited for here.
+    let call = tokio::spawn(async move {
+        autopush_tests::http::signed_with(
+            reqwest::Method::PUT,
+            &base,
+            &path,
+            &router_key,
+            Some(body.to_string().into_bytes()),
+            &[("x-autopush-durable-copy", "hold")],
+        )
+        .await
+    });
+    autopush_tests::receipt::wait_until("the held-back copy is written", async || {
+        stored_count(&cluster, &uaid).await == 1
+    })
+    .await;
+
+    let answer = ws.set_min_urgency(serde_json::json!("very-low")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "held below the minimum");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+    call.abort();
+}

@@ -6,16 +6,29 @@
 //! looks at storage once the record says so, so a message held meanwhile
 //! (stored after this check by an endpoint that read the record before the
 //! write) is not left behind: that endpoint reads the record again after
-//! storing and, finding the new minimum, tells this node to look.
+//! storing and, finding the new minimum, tells this node to look. One that
+//! routed it here instead holds its copy with this node (DynamoDB,
+//! Bigtable): the session, holding the message back, has that copy written
+//! at once rather than at the end of the grace, so a lowering right after
+//! finds it too.
+
+use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
+use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use serde_json::Value;
-use tracing::{debug, info};
+use tokio::time::timeout;
+use tracing::{debug, info, warn};
 
 use super::{Close, Flow, Session};
 use crate::protocol::{ServerMessage, min_urgency};
+
+/// How long a session waits for the holder of a copy it held back to write
+/// it: a bound on a storage write with its retries (a failed write ends the
+/// wait at once).
+const COPY_WRITTEN_WITHIN: Duration = Duration::from_secs(10);
 
 impl Session {
     pub(super) async fn set_min_urgency(&mut self, min: &Value) -> Flow {
@@ -64,7 +77,18 @@ impl Session {
     pub(super) async fn hold_direct(&mut self, message: Notification) -> Flow {
         self.inbox.settled_direct();
         debug!(uaid = %uaid_tag(&self.uaid), "holding a direct message below the minimum urgency");
-        if message.durable || message.ttl == 0 || message.is_expired(now_secs()) {
+        if message.durable {
+            // Its copy is in storage, or held by this node until an ack
+            // that will not come: have it written now, so that lowering
+            // the minimum right after finds it.
+            let held = self.ctx.registry.held_copies();
+            let written = held.written_now(&self.uaid, &message.version);
+            if timeout(COPY_WRITTEN_WITHIN, written).await.is_err() {
+                warn!(uaid = %uaid_tag(&self.uaid), "a held direct copy is not written yet; it waits for the next storage check");
+            }
+            return Ok(());
+        }
+        if message.ttl == 0 || message.is_expired(now_secs()) {
             return Ok(());
         }
         if let Err(e) = self
