@@ -1266,3 +1266,103 @@ async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(
     ws.assert_nothing_arrives().await;
     call.abort();
 }
+
+/// `kill -9` of the connection node at random points of pushes whose
+/// copies it holds (a grace of 100–400 ms, so kills land inside it, during
+/// the node's write, or between pushes), round after round; the client
+/// moves to the other node, then back. The model: every push answered 201
+/// and not acked arrives after the move (none lost); one the client acked
+/// may come again (the kill may take the ack with it) and is acked again,
+/// as may one not answered 201. `HELD_CRASH_ROUNDS` (default 3) makes the
+/// hunt longer, `HELD_CRASH_SEED` repeats one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_holding_node_at_random_points_loses_nothing() {
+    use std::collections::BTreeSet;
+    let env_or = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let rounds = env_or("HELD_CRASH_ROUNDS", 3);
+    let seed = env_or("HELD_CRASH_SEED", fastrand::u64(..));
+    eprintln!("HELD_CRASH_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let grace = rng.u64(100..400);
+    let mut cluster = Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace.to_string()))
+    })
+    .await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    // Answered 201 and not acked: must arrive.
+    let mut owed = BTreeSet::new();
+    // Acked, or not answered 201: may arrive (again).
+    let mut may_come = BTreeSet::new();
+    for round in 0..rounds {
+        let texts: Vec<String> = (0..rng.usize(2..6))
+            .map(|i| format!("round {round} push {i}"))
+            .collect();
+        let pushing = tokio::spawn({
+            let (sub, texts) = (sub.clone(), texts.clone());
+            async move {
+                let mut answers = Vec::new();
+                for text in texts {
+                    let status = sub.send(&SendOptions::text(&text)).await.status;
+                    answers.push((text, status));
+                }
+                answers
+            }
+        });
+        // Take some on node A, acking some, then kill A somewhere.
+        let mut taken = 0;
+        let take = rng.usize(0..=texts.len());
+        while taken < take {
+            let (n, d) = sub.receive(&mut ws).await;
+            if texts.contains(&d.text) {
+                taken += 1;
+                if rng.bool() {
+                    ws.ack_notification(&n).await;
+                    may_come.insert(d.text);
+                }
+            } else {
+                assert!(
+                    may_come.contains(&d.text),
+                    "seed {seed}: {} unexpected",
+                    d.text
+                );
+                ws.ack_notification(&n).await;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(rng.u64(0..grace))).await;
+        cluster.a.kill9();
+        drop(ws);
+        for (text, status) in pushing.await.expect("the pushes") {
+            if status == 201 && !may_come.contains(&text) {
+                owed.insert(text);
+            } else {
+                may_come.insert(text);
+            }
+        }
+
+        // Printed with the seed if a message never comes.
+        eprintln!("round {round}: owed after the kill {owed:?}");
+        let mut on_b = cluster.b.reconnect(&uaid).await;
+        while !owed.is_empty() {
+            let (n, d) = sub.receive(&mut on_b).await;
+            assert!(
+                owed.contains(&d.text) || may_come.contains(&d.text),
+                "seed {seed}, round {round}: {} unexpected",
+                d.text
+            );
+            on_b.ack_notification(&n).await;
+            owed.remove(&d.text);
+            may_come.insert(d.text);
+        }
+        on_b.close().await;
+        cluster.a.restart().await;
+        ws = cluster.a.reconnect(&uaid).await;
+    }
+}
