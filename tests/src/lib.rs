@@ -65,6 +65,15 @@ pub use ws::{Closed, WsClient};
 /// guard only: no test asserts on timing.
 pub const HANG_GUARD: Duration = Duration::from_secs(15);
 
+/// The number in environment variable `name`, or `default`: how a search
+/// test is run longer, or made to repeat one seed.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 /// How long to listen when asserting that nothing (more) arrives.
 pub const QUIET: Duration = Duration::from_secs(2);
 

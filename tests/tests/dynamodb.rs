@@ -1277,13 +1277,8 @@ async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(
 /// hunt longer, `HELD_CRASH_SEED` repeats one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_of_the_holding_node_at_random_points_loses_nothing() {
+    use autopush_tests::env_or;
     use std::collections::BTreeSet;
-    let env_or = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
     let rounds = env_or("HELD_CRASH_ROUNDS", 3);
     let seed = env_or("HELD_CRASH_SEED", fastrand::u64(..));
     eprintln!("HELD_CRASH_SEED={seed}");

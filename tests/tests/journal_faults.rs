@@ -236,13 +236,8 @@ async fn kill9_at_random_points_loses_nothing_and_no_receipt_goes_back() {
             _ => autopush_tests::receipt::state(&reply),
         }
     };
+    use autopush_tests::env_or;
     use std::collections::BTreeMap;
-    let env_or = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(default)
-    };
     let rounds = env_or("JOURNAL_CRASH_ROUNDS", 2);
     let seed = env_or("JOURNAL_CRASH_SEED", fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
