@@ -180,6 +180,19 @@ pub fn unix_now() -> u64 {
         .as_secs()
 }
 
+/// A notification as the endpoint hands it to a connection node's
+/// `PUT /push/{uaid}`: `enc` for channel `chid`, TTL 60, accepted now.
+pub fn router_notification(chid: &str, version: &str, enc: &crate::py::Encrypted) -> Value {
+    serde_json::json!({
+        "channelID": chid,
+        "version": version,
+        "ttl": 60,
+        "timestamp": unix_now(),
+        "data": enc.body,
+        "headers": enc.headers,
+    })
+}
+
 /// An internal router API call signed with `key` now: `base` is the router
 /// API's base URL, `path` starts with `/`.
 pub async fn signed(

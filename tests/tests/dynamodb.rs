@@ -1229,17 +1229,14 @@ async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(
         autopush_tests::Encoding::Aes128Gcm,
     )
     .await;
-    let now = now_millis();
-    let body = serde_json::json!({
-        "channelID": sub.channel_id,
-        "version": "held-below-the-minimum",
-        "ttl": 600,
-        "timestamp": now / 1000,
-        "sortkey_timestamp": now * 1000,
-        "urgency": "low",
-        "data": encrypted.body,
-        "headers": encrypted.headers,
-    });
+    let mut body = autopush_tests::http::router_notification(
+        &sub.channel_id,
+        "held-below-the-minimum",
+        &encrypted,
+    );
+    body["ttl"] = serde_json::json!(600);
+    body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+    body["urgency"] = serde_json::json!("low");
     let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
     // The node answers once the copy is written; not waited for here.
     let call = tokio::spawn(async move {

@@ -1,30 +1,10 @@
 //! The internal router API (router port only, every call signed with the
 //! router key) and the health endpoints, called directly over HTTP.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
+use autopush_tests::http::router_notification;
 use autopush_tests::*;
 use reqwest::Method;
 use serde_json::{Value, json};
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock")
-        .as_secs()
-}
-
-/// A notification as the endpoint hands it to the connection node.
-fn router_notification(chid: &str, version: &str, enc: &py::Encrypted) -> Value {
-    json!({
-        "channelID": chid,
-        "version": version,
-        "ttl": 60,
-        "timestamp": now(),
-        "data": enc.body,
-        "headers": enc.headers,
-    })
-}
 
 /// The user record's `connected_at` as it appears in a URL path.
 fn connected_at(record: &Value) -> String {
