@@ -19,10 +19,15 @@
 //! share the table (a migration), its unsigned `PUT /push` and `PUT /notif`
 //! from the peers `--unsigned-node-calls-from` names, each counted.
 //!
-//! Every answer carries [`SETTLES_DURABLE_COPY`]: this node deletes a
-//! durable direct copy when its client acks. autopush-rs's nodes do not (a
-//! direct ack never touches its storage), so an endpoint that gets a 200
-//! without it removes its copy itself.
+//! Every answer names the router API version this node speaks
+//! ([`ROUTER_API`], see docs/internals.md), and carries
+//! [`SETTLES_DURABLE_COPY`] for the endpoints of protocol 2, which know a
+//! node of ours by it. A request of any version is answered the same way:
+//! each version only added what an older endpoint ignores, and a request
+//! without a version (protocols 1 and 2, or autopush-rs's endpoint) or of a
+//! later one asks nothing this node does not know (an unknown
+//! `x-autopush-durable-copy` value is a plain push, so its endpoint writes
+//! the copy).
 
 use std::sync::Arc;
 
@@ -33,7 +38,8 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
 use autopush_serving::http::Peer;
 pub use autopush_webpush::SETTLES_DURABLE_COPY;
-use autopush_webpush::{DURABLE_COPY, HOLD};
+use autopush_webpush::protocol::VERSION;
+use autopush_webpush::{DURABLE_COPY, HOLD, ROUTER_API};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
@@ -262,7 +268,9 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .recover(refusal)
         .unify()
         .map(|mut reply: Response| {
-            reply.headers_mut().insert(
+            let headers = reply.headers_mut();
+            headers.insert(ROUTER_API, warp::http::HeaderValue::from(VERSION));
+            headers.insert(
                 SETTLES_DURABLE_COPY,
                 warp::http::HeaderValue::from_static("1"),
             );

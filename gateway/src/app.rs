@@ -584,8 +584,22 @@ async fn start_endpoint(
     let waker = Waker::new(storage.clone(), bridges.clone(), settings.wake);
     let webpush = Arc::new(
         WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
-            .with_waker(waker),
+            .with_waker(waker)
+            .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone()),
     );
+    if !settings.autopush_rs_nodes.is_empty() {
+        let nodes: Vec<String> = settings
+            .autopush_rs_nodes
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        warn!(
+            nodes = %nodes.join(","),
+            "MIGRATION: answers naming no router API version from these addresses are \
+             autopush-rs's connection nodes': a push they take leaves no durable copy; \
+             turn --autopush-rs-nodes off once no autopush-rs node is left"
+        );
+    }
     let routers = RouterRegistry::default()
         .with(RouterType::WebPush, webpush)
         .extend(bridges);

@@ -217,6 +217,13 @@ pub struct SettingsLayer {
     /// call stays signed [default: none]
     #[arg(long, env = "AUTOPUSH_UNSIGNED_NODE_CALLS_FROM", global = true)]
     pub unsigned_node_calls_from: Option<String>,
+    /// During a migration from autopush-rs only, on endpoints: its
+    /// connection nodes' addresses or networks (comma-separated, e.g.
+    /// 10.0.2.0/24,10.0.3.7). A push one of them takes leaves no durable
+    /// copy behind, as its acks never touch storage; any other node that
+    /// does not name its router API version gets the copy kept [default: none]
+    #[arg(long, env = "AUTOPUSH_AUTOPUSH_RS_NODES", global = true)]
+    pub autopush_rs_nodes: Option<String>,
     /// Seconds an HTTP client has to send a request head, from connecting or
     /// from its first byte, on every port [default: 10]
     #[arg(long, env = "AUTOPUSH_HTTP_HEADER_TIMEOUT", global = true)]
@@ -576,6 +583,7 @@ pub struct Settings {
     /// Peers whose unsigned `PUT /push`, `PUT /notif` are taken (autopush-rs's
     /// endpoints during a migration); empty: none.
     pub unsigned_node_calls_from: Vec<ipnet::IpNet>,
+    pub autopush_rs_nodes: Vec<ipnet::IpNet>,
     pub vapid_cache_size: usize,
     pub metrics_port: Option<u16>,
     pub statsd: Option<Statsd>,
@@ -877,6 +885,10 @@ impl Settings {
                     "unsigned_node_calls_from",
                     l.unsigned_node_calls_from.as_deref(),
                 ),
+                Vec::new(),
+            ),
+            autopush_rs_nodes: p.take(
+                networks("autopush_rs_nodes", l.autopush_rs_nodes.as_deref()),
                 Vec::new(),
             ),
             vapid_cache_size: l.vapid_cache_size.unwrap_or_default(),

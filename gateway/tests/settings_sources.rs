@@ -157,6 +157,18 @@ const CASES: &[Case] = &[
                 .join(",")
         },
     ),
+    case(
+        "autopush_rs_nodes",
+        "10.0.2.0/24",
+        "10.0.3.7,10.0.4.0/24",
+        |s| {
+            s.autopush_rs_nodes
+                .iter()
+                .map(|net| net.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    ),
     case("ws_send_timeout", "1.5", "2.5", |s| {
         s.ws_send_timeout.as_secs_f64().to_string()
     }),

@@ -35,6 +35,7 @@ pub mod bridge;
 pub mod caddy;
 pub mod dynamo;
 pub mod firefox;
+pub mod fleet;
 pub mod google;
 pub mod http;
 pub mod mailbox;

@@ -876,17 +876,16 @@ async fn taking_node(settles: bool) -> (String, std::sync::Arc<std::sync::atomic
 }
 
 /// A push our endpoint delivers through a node that does not settle
-/// durable copies (autopush-rs's) leaves no copy behind: it would be
-/// delivered again at the client's next hello. Through one of ours, the
-/// copy stays until the client's ack.
+/// durable copies (autopush-rs's, declared by `--autopush-rs-nodes`) leaves
+/// no copy behind: it would be delivered again at the client's next hello.
+/// Through one of ours, the copy stays until the client's ack. (Undeclared,
+/// the copy stays too: tests/tests/fleet.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_durable_copy_stays_behind_a_node_that_does_not_settle_it() {
     let (table, store) = fresh_table().await;
-    let node = Server::start_node(node_on(
-        &bigtable::local().await.host,
-        beside_autopush_rs(&table).await,
-    )("all"))
-    .await;
+    let mut args = beside_autopush_rs(&table).await;
+    args.push("--autopush-rs-nodes=127.0.0.1".into());
+    let node = Server::start_node(node_on(&bigtable::local().await.host, args)("all")).await;
     for settles in [false, true] {
         let (node_id, taken) = taking_node(settles).await;
         let (uaid, sub) = node.offline_subscription(false).await;

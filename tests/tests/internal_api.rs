@@ -483,3 +483,66 @@ async fn version_names_the_built_commit_and_no_source() {
         "rebuild the binary after committing: {reply:?}"
     );
 }
+
+/// Our node answers requests as endpoints of every router API version send
+/// them (docs/internals.md): version 1 (no header of its own), version 2
+/// (a hold, naming no version) and version 4 (naming itself, with a header
+/// and a hold value this node does not know, which make a plain push).
+/// Every answer names version 3 and keeps version 2's header.
+#[tokio::test]
+async fn the_node_answers_endpoints_of_every_version() {
+    // A grace no test run outlasts: the ack, not the clock, ends the hold.
+    let server = Server::start_with_env(&[], &[("AUTOPUSH_TEST_DIRECT_GRACE_MS", "60000")]).await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_string();
+    let sub = Subscription::new(&mut ws).await;
+    let hold = ("x-autopush-durable-copy", "hold");
+    let next = [
+        ("x-autopush-router-api", "4"),
+        ("x-autopush-router-api-next", "a header of version 4"),
+        ("x-autopush-durable-copy", "journal"),
+    ];
+    // Each endpoint version: its request's extra headers, the fate answered.
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let endpoints: [(&str, Headers, Option<&str>); 3] = [
+        ("version 1", &[], None),
+        ("version 2", &[hold], Some("acked")),
+        ("version 4", &next, None),
+    ];
+    let (base, path, key) = (
+        server.router_base(),
+        format!("/push/{uaid}"),
+        server.router_key(),
+    );
+    for (i, (name, headers, fate)) in endpoints.into_iter().enumerate() {
+        let enc = py::encrypt(&sub.keys, &Payload::Text(name.into()), Encoding::Aes128Gcm).await;
+        let body = router_notification(&sub.channel_id, &format!("v{i}"), &enc);
+        let body = Some(body.to_string().into_bytes());
+        let push = http::signed_with(Method::PUT, &base, &path, &key, body, headers);
+        // A held push is answered at the ack: ack as it arrives.
+        let receive = async {
+            let n = ws.recv_notification().await;
+            ws.ack_notification(&n).await;
+            n
+        };
+        let (reply, n) = tokio::join!(push, receive);
+        assert_eq!(reply.status, 200, "{name}: {reply:?}");
+        assert_eq!(reply.header("x-autopush-router-api"), Some("3"), "{name}");
+        assert_eq!(
+            reply.header("x-autopush-settles-durable-copy"),
+            Some("1"),
+            "{name}"
+        );
+        assert_eq!(reply.header("x-autopush-durable-copy"), fate, "{name}");
+        assert_eq!(sub.decrypt(&n).await.text, name);
+    }
+    // A refusal names the version too.
+    let reply = server
+        .router_call(Method::PUT, &format!("/push/{}", "0".repeat(32)), None)
+        .await;
+    assert_eq!(
+        reply.header("x-autopush-router-api"),
+        Some("3"),
+        "{reply:?}"
+    );
+}

@@ -23,17 +23,23 @@
 //! kept on its record) is held: stored without waking the client, and
 //! sent once the client lowers its minimum.
 //!
-//! A node that is not ours (autopush-rs's, on a shared Bigtable table
-//! during a migration) never deletes a durable copy: its direct acks do not
-//! touch storage. Ours say they do ([`SETTLES_DURABLE_COPY`]); when a node
-//! that does not say so takes a message, the copy is removed here, as
-//! autopush-rs's own endpoint never writes one.
+//! Every node call names the router API version it speaks, and so does
+//! every answer of ours ([`protocol`]). What a node says about a durable
+//! copy is trusted only when the answer is ours. autopush-rs's node (on a
+//! shared Bigtable table during a migration) never deletes a durable copy:
+//! its direct acks do not touch storage. When a node the migration declares
+//! as autopush-rs's takes a message, the copy is removed here, as
+//! autopush-rs's own endpoint never writes one. Any other answer (our
+//! nodes of protocol 1 among them) leaves the copy in place, or has it
+//! written here: a duplicate, never a loss.
 
 pub mod held;
 pub mod node_client;
+pub mod protocol;
 pub mod wake;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
@@ -46,20 +52,16 @@ use uuid::Uuid;
 
 pub use held::{CopyFate, DURABLE_COPY, HOLD, push_holding_copy};
 pub use node_client::{NodeCallError, NodeClient};
+pub use protocol::{Answerer, ROUTER_API, SETTLES_DURABLE_COPY};
 pub use wake::{WakeSettings, Waker};
 
 use autopush_common::router::WakeUp;
 
-/// The header our connection nodes put on every router API answer: this
-/// node deletes a durable direct copy when its client acks it.
-pub const SETTLES_DURABLE_COPY: &str = "x-autopush-settles-durable-copy";
-
 /// What a node answered to a push that asked it to hold the copy.
 struct HeldAnswer {
     outcome: PushOutcome,
-    /// The node deletes a durable copy at the client's ack (ours do).
-    settles: bool,
-    /// What became of the copy, if the node held it.
+    answerer: Answerer,
+    /// What became of the copy, if the node held it (and is ours).
     fate: Option<CopyFate>,
 }
 
@@ -82,9 +84,9 @@ fn outcome_of(node_id: &str, status: u16) -> PushOutcome {
 
 /// A node took the message for its client.
 struct Taken {
-    /// The message, handed back when that node does not delete a durable
-    /// copy at the client's ack (autopush-rs's; ours do): the copy is then
-    /// ours to remove.
+    /// The message, handed back when that node is autopush-rs's, which
+    /// does not delete a durable copy at the client's ack: the copy is
+    /// then ours to remove.
     unsettled: Option<Notification>,
 }
 
@@ -106,6 +108,11 @@ pub struct WebPushRouter {
     durable_direct: bool,
     /// Wakes user agents that are away and registered a wake route.
     waker: Option<Arc<Waker>>,
+    /// The addresses of autopush-rs's connection nodes, during a declared
+    /// migration (`--autopush-rs-nodes`).
+    autopush_rs_nodes: Vec<ipnet::IpNet>,
+    /// Whether a node that does not say what it is was logged.
+    unknown_logged: AtomicBool,
 }
 
 impl WebPushRouter {
@@ -121,7 +128,31 @@ impl WebPushRouter {
             local,
             durable_direct,
             waker: None,
+            autopush_rs_nodes: Vec::new(),
+            unknown_logged: AtomicBool::new(false),
         }
+    }
+
+    /// Take silent answers from `nodes` (addresses or networks) as
+    /// autopush-rs's connection nodes', during a migration.
+    pub fn with_autopush_rs_nodes(mut self, nodes: Vec<ipnet::IpNet>) -> Self {
+        self.autopush_rs_nodes = nodes;
+        self
+    }
+
+    /// Who sent `response`; the first node that does not say is logged.
+    fn answerer(&self, node_id: &str, response: &reqwest::Response) -> Answerer {
+        let peer = response.remote_addr().map(|addr| addr.ip());
+        let answerer = protocol::answerer(response.headers(), peer, &self.autopush_rs_nodes);
+        if answerer == Answerer::Unknown && !self.unknown_logged.swap(true, Ordering::Relaxed) {
+            warn!(
+                node_id,
+                "a connection node answered without naming its router API version: the \
+                 durable copies of pushes it takes are kept (a message may come twice); \
+                 upgrade it, or name autopush-rs's nodes in --autopush-rs-nodes"
+            );
+        }
+        answerer
     }
 
     /// Send wake-ups to user agents that are away, with `waker`.
@@ -137,8 +168,7 @@ impl WebPushRouter {
     }
 
     /// `PUT {node_id}/push/{uaid}`, or the in-process equivalent; with
-    /// the message back if a node that does not settle durable copies
-    /// answered (see [`Taken`]).
+    /// the message back if autopush-rs's node answered (see [`Taken`]).
     async fn push_to_node(
         &self,
         node_id: &str,
@@ -152,9 +182,9 @@ impl WebPushRouter {
         let body = notification.to_json().unwrap_or_default();
         match self.nodes.call(Method::PUT, node_id, &path, body).await {
             Ok(response) => {
-                let settles = response.headers().contains_key(SETTLES_DURABLE_COPY);
+                let autopush_rs = self.answerer(node_id, &response) == Answerer::AutopushRs;
                 let outcome = outcome_of(node_id, response.status().as_u16());
-                (outcome, (!settles).then_some(notification))
+                (outcome, autopush_rs.then_some(notification))
             }
             Err(e) => {
                 // Slow, paused or restarting: its clients may still be there.
@@ -177,7 +207,7 @@ impl WebPushRouter {
                 push_holding_copy(local.clone(), self.storage.clone(), *uaid, notification).await;
             return HeldAnswer {
                 outcome,
-                settles: true,
+                answerer: Answerer::Ours,
                 fate,
             };
         }
@@ -190,13 +220,18 @@ impl WebPushRouter {
             .await
         {
             Ok(response) => {
-                let headers = response.headers();
-                HeldAnswer {
-                    outcome: outcome_of(node_id, response.status().as_u16()),
-                    settles: headers.contains_key(SETTLES_DURABLE_COPY),
-                    fate: headers
+                let answerer = self.answerer(node_id, &response);
+                let fate = match answerer {
+                    Answerer::Ours => response
+                        .headers()
                         .get(DURABLE_COPY)
                         .and_then(|v| CopyFate::parse(v.as_bytes())),
+                    Answerer::AutopushRs | Answerer::Unknown => None,
+                };
+                HeldAnswer {
+                    outcome: outcome_of(node_id, response.status().as_u16()),
+                    answerer,
+                    fate,
                 }
             }
             Err(e) => {
@@ -205,7 +240,7 @@ impl WebPushRouter {
                 warn!(node_id, error = %e, "connection node did not answer; storing the push");
                 HeldAnswer {
                     outcome: PushOutcome::Busy,
-                    settles: true,
+                    answerer: Answerer::Unknown,
                     fate: None,
                 }
             }
@@ -235,12 +270,15 @@ impl WebPushRouter {
             // autopush-rs's node: it keeps the message until the ack, and
             // stores it itself if the client leaves without one, as its
             // own endpoint (which writes no copy) expects.
-            (PushOutcome::Delivered, None) if !answer.settles => Ok(Delivery::Direct),
+            (PushOutcome::Delivered, None) if answer.answerer == Answerer::AutopushRs => {
+                Ok(Delivery::Direct)
+            }
             (PushOutcome::Delivered, None) => {
-                // A node that could not write the copy, or does not hold
-                // copies: the copy is ours to write. Written again after an
-                // ack, it is delivered again at the next hello: a duplicate,
-                // never a loss.
+                // A node of ours that could not write the copy, or one
+                // that does not hold copies or does not say what it is:
+                // the copy is ours to write. Written again after an ack, it
+                // is delivered again at the next hello: a duplicate, never
+                // a loss.
                 self.storage.save_direct(&uaid, notification).await?;
                 self.nudge_if_moved(node_id, user).await?;
                 Ok(Delivery::Direct)

@@ -1,6 +1,7 @@
 //! Calls to other connection nodes' internal router API ([`NodeClient`]),
-//! signed with the shared router key; the webpush router delivers through
-//! it, and a connection node tells the node a client left to drop it.
+//! signed with the shared router key and naming the version this build
+//! speaks; the webpush router delivers through it, and a connection node
+//! tells the node a client left to drop it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +12,8 @@ use autopush_common::time::now_secs;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, StatusCode};
 use tracing::warn;
+
+use crate::protocol::{ROUTER_API, VERSION};
 
 /// Calls to other connection nodes' internal router API, signed with the
 /// shared router key (see [`autopush_common::node_auth`]).
@@ -80,7 +83,8 @@ impl NodeClient {
         let mut request = self
             .http
             .request(method, url)
-            .header(AUTHORIZATION, authorization);
+            .header(AUTHORIZATION, authorization)
+            .header(ROUTER_API, VERSION.to_string());
         if !body.is_empty() {
             request = request.header(CONTENT_TYPE, "application/json").body(body);
         }
