@@ -160,7 +160,7 @@ const CASES: &[Case] = &[
     case(
         "autopush_rs_nodes",
         "10.0.2.0/24",
-        "10.0.3.7,10.0.4.0/24",
+        "10.0.3.0/24,10.0.4.0/24",
         |s| {
             s.autopush_rs_nodes
                 .iter()
