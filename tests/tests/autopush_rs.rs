@@ -213,7 +213,10 @@ async fn mixed_fleet_every_endpoint_reaches_every_node_once() {
     let rs_endpoint = AutoEndpoint::start_own(&shared).await;
     let rs_base = rs_endpoint.base();
     let rs_connect = AutoConnect::start(&shared, &rs_base).await;
-    let our_endpoint = shared.ours("endpoint", None, &[]).await;
+    // A declared migration: autopush-rs's nodes are known by their address.
+    let our_endpoint = shared
+        .ours("endpoint", None, &["--autopush-rs-nodes=127.0.0.1"])
+        .await;
     let our_base = our_endpoint.endpoint_base();
     let our_connect = shared
         .ours(
