@@ -36,14 +36,14 @@ async fn fleet_beside(stand_in: &StandInNode, endpoint_args: &[&str]) -> (Server
 /// A push, with or without a Topic, that a stand-in answering as
 /// `answers` takes for a connected client; the client then leaves without
 /// having seen it, and the stand-in dies. Whether the message arrives when
-/// the client comes back (within [`QUIET`]).
+/// the client comes back (within [`QUIET`]), and what the endpoint logged.
 async fn arrives_after_the_node_that_took_it_died(
     answers: Answers,
     topic: bool,
     endpoint_args: &[&str],
-) -> bool {
+) -> (bool, String) {
     let stand_in = StandInNode::start(answers).await;
-    let (_endpoint, connection) = fleet_beside(&stand_in, endpoint_args).await;
+    let (endpoint, connection) = fleet_beside(&stand_in, endpoint_args).await;
     let mut ws = connection.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -67,13 +67,14 @@ async fn arrives_after_the_node_that_took_it_died(
     stand_in.kill();
 
     let mut ws = connection.reconnect(&uaid).await;
-    match ws.try_recv_for(QUIET).await {
+    let arrived = match ws.try_recv_for(QUIET).await {
         Some(n) => {
             assert_eq!(sub.decrypt(&n).await.text, "taken by another version");
             true
         }
         None => false,
-    }
+    };
+    (arrived, endpoint.stderr())
 }
 
 /// A node of the release before held copies (protocol 1) names no
@@ -84,9 +85,14 @@ async fn arrives_after_the_node_that_took_it_died(
 async fn a_push_a_node_of_the_previous_release_took_arrives_after_it_died() {
     let mut lost = Vec::new();
     for topic in [true, false] {
-        if !arrives_after_the_node_that_took_it_died(Answers::Protocol1, topic, &[]).await {
+        let (arrived, log) =
+            arrives_after_the_node_that_took_it_died(Answers::Protocol1, topic, &[]).await;
+        if !arrived {
             lost.push(if topic { "with a Topic" } else { "without" });
         }
+        // Said to the operator, once.
+        let said = "answered without naming its router API version";
+        assert_eq!(log.matches(said).count(), 1, "{log}");
     }
     assert!(lost.is_empty(), "lost after a 201: {lost:?}");
 }
@@ -100,7 +106,8 @@ async fn differing(
 ) -> Vec<&'static str> {
     let mut differ = Vec::new();
     for topic in [true, false] {
-        let arrived = arrives_after_the_node_that_took_it_died(answers, topic, endpoint_args).await;
+        let (arrived, _) =
+            arrives_after_the_node_that_took_it_died(answers, topic, endpoint_args).await;
         if arrived != expected(topic) {
             differ.push(if topic { "topic" } else { "plain" });
         }
