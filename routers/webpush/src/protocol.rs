@@ -60,8 +60,15 @@ pub fn answerer(
         return Answerer::Ours;
     }
     let declared = peer.is_some_and(|peer| {
+        // An IPv4 peer in either form, against networks in either form.
         let peer = peer.to_canonical();
-        autopush_rs.iter().any(|net| net.contains(&peer))
+        let mapped = match peer {
+            IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+            v6 => v6,
+        };
+        autopush_rs
+            .iter()
+            .any(|net| net.contains(&peer) || net.contains(&mapped))
     });
     match declared {
         true => Answerer::AutopushRs,
@@ -114,6 +121,14 @@ mod tests {
         // The same address as an IPv4-mapped IPv6 one.
         let mapped = Some("::ffff:10.0.2.7".parse().unwrap());
         assert_eq!(answerer(&silent, mapped, &declared), Answerer::AutopushRs);
+        // Declared as IPv4-mapped IPv6 addresses.
+        let declared_mapped = ["::ffff:10.0.2.0/120".parse().unwrap()];
+        for peer in [local(), mapped] {
+            assert_eq!(
+                answerer(&silent, peer, &declared_mapped),
+                Answerer::AutopushRs
+            );
+        }
         // Not declared, or from an unknown address: protocol 1 of ours,
         // or anyone.
         assert_eq!(answerer(&silent, local(), &[]), Answerer::Unknown);
