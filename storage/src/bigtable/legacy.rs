@@ -111,7 +111,7 @@ impl BigtableStore {
     pub async fn move_legacy_row(&self, read: &row::Row) -> Result<bool> {
         let families = self.families();
         let unchanged = row::legacy_cells_unchanged(families, read);
-        let moved = row::legacy_cells_moved(families, read);
+        let moved = row::legacy_cells_moved(families, read, self.stamp());
         self.check_and_mutate(read.key.clone(), unchanged, moved, Vec::new())
             .await
     }

@@ -48,7 +48,12 @@ pub struct BigtableStore {
     conn: Connection,
     /// Seconds a receipt is kept; 0: receipts off.
     retention: u64,
+    /// Now, in unix seconds, for the stamps of the user row's cells.
+    clock: Clock,
 }
+
+/// Unix seconds.
+type Clock = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Rows `start` (exclusive when `open`) to `end` (exclusive).
 fn range(start: Vec<u8>, open: bool, end: Vec<u8>) -> RowSet {
@@ -75,7 +80,20 @@ impl BigtableStore {
         Ok(BigtableStore {
             conn: Connection::open(settings).await?,
             retention: 0,
+            clock: std::sync::Arc::new(now_secs),
         })
+    }
+
+    /// Stamp the user row's cells from `clock` (unix seconds) instead of
+    /// the system clock: tests live through months of GC in a moment.
+    pub fn with_clock(mut self, clock: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// The stamp of a user row's cell written now.
+    fn stamp(&self) -> i64 {
+        row::router_stamp((self.clock)())
     }
 
     /// Keep receipts of settled messages, and pending messages past their
@@ -402,13 +420,14 @@ fn still_pending(family: &str, version: &str) -> RowFilter {
 #[async_trait]
 impl Storage for BigtableStore {
     async fn add_user(&self, user: &User) -> Result<()> {
-        let mutations = row::user_mutations(self.families(), user);
+        let mutations = row::user_mutations(self.families(), user, self.stamp());
         self.write(row::user_key(&user.uaid), mutations).await
     }
 
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
-        let mut mutations = row::connection_mutations(self.families(), user);
-        mutations.extend(row::new_version(self.families()));
+        let stamp = self.stamp();
+        let mut mutations = row::connection_mutations(self.families(), user, stamp);
+        mutations.extend(row::new_version(self.families(), stamp));
         let predicate = row::and(
             self.connected_at_is(seen_connected_at),
             row::min_urgency_is(self.families(), user.min_urgency),
@@ -419,7 +438,7 @@ impl Storage for BigtableStore {
 
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
         let exists = row::column(&self.families().router, b"connected_at");
-        let mutations = row::last_connect_mutations(self.families(), last_connect);
+        let mutations = row::last_connect_mutations(self.families(), last_connect, self.stamp());
         self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
             .await
     }
@@ -432,14 +451,14 @@ impl Storage for BigtableStore {
     ) -> Result<bool> {
         let exists = row::column(&self.families().router, b"connected_at");
         let predicate = row::and(exists, self.router_data_is(seen));
-        let mutations = row::router_data_mutations(self.families(), router_data);
+        let mutations = row::router_data_mutations(self.families(), router_data, self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
 
     async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
         let exists = row::column(&self.families().router, b"connected_at");
-        let mutations = row::wake_route_mutations(self.families(), route);
+        let mutations = row::wake_route_mutations(self.families(), route, self.stamp());
         self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
             .await
     }
@@ -447,7 +466,7 @@ impl Storage for BigtableStore {
     async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
         let message = &self.families().message;
         let still_seen = row::column_is(message, "wake_route", seen.to_json().as_bytes());
-        let mutations = row::wake_route_mutations(self.families(), None);
+        let mutations = row::wake_route_mutations(self.families(), None, self.stamp());
         self.check_and_mutate(row::user_key(uaid), still_seen, mutations, Vec::new())
             .await
     }
@@ -460,7 +479,7 @@ impl Storage for BigtableStore {
             0 => row::and(exists, row::absent(last_wake)),
             _ => row::column_is(&families.message, "last_wake", &seen.to_be_bytes()),
         };
-        let mutations = row::last_wake_mutations(families, Some(now));
+        let mutations = row::last_wake_mutations(families, Some(now), self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -505,7 +524,7 @@ impl Storage for BigtableStore {
             self.connected_at_is(connected_at),
         );
         let mut mutations = vec![row::delete_column(router, b"node_id")];
-        mutations.extend(row::new_version(self.families()));
+        mutations.extend(row::new_version(self.families(), self.stamp()));
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -521,7 +540,7 @@ impl Storage for BigtableStore {
             row::column_is(&self.families().router, "node_id", node_id.as_bytes()),
             self.connected_at_is(connected_at),
         );
-        let mutations = row::min_urgency_mutations(self.families(), min);
+        let mutations = row::min_urgency_mutations(self.families(), min, self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -543,7 +562,11 @@ impl Storage for BigtableStore {
                 row::user_key(uaid),
                 full,
                 Vec::new(),
-                vec![row::add_channel_mutation(families, channel_id)],
+                vec![row::add_channel_mutation(
+                    families,
+                    channel_id,
+                    self.stamp(),
+                )],
             )
             .await?;
         Ok(!refused)
@@ -568,7 +591,7 @@ impl Storage for BigtableStore {
         let router = &self.families().router;
         let qualifier = row::chid_qualifier(channel_id);
         let mut mutations = vec![row::delete_column(router, &qualifier)];
-        mutations.extend(row::new_version(self.families()));
+        mutations.extend(row::new_version(self.families(), self.stamp()));
         let removed = self
             .check_and_mutate(
                 row::user_key(uaid),

@@ -170,8 +170,10 @@ fn micros(secs: u64) -> i64 {
     i64::try_from(secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX)
 }
 
-fn router_stamp() -> i64 {
-    micros(now_secs().saturating_add(ROUTER_TTL.as_secs()))
+/// The stamp of a user row's cells written at `now` (unix seconds):
+/// `now` + [`ROUTER_TTL`], as autopush-rs stamps its router cells.
+pub fn router_stamp(now: u64) -> i64 {
+    micros(now.saturating_add(ROUTER_TTL.as_secs()))
 }
 
 // ---- mutations ------------------------------------------------------------
@@ -210,56 +212,67 @@ pub fn delete_row() -> pb::Mutation {
 /// Replace a column of the user row with `value`, or remove it when `None`: the old
 /// cells go first, so the new value is the one read whatever timestamp a
 /// node with a skewed clock gave them.
-fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>) -> Vec<pb::Mutation> {
+fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>, stamp: i64) -> Vec<pb::Mutation> {
     let mut mutations = vec![delete_column(family, qualifier.as_bytes())];
     if let Some(value) = value {
-        mutations.push(set(family, qualifier.as_bytes(), value, router_stamp()));
+        mutations.push(set(family, qualifier.as_bytes(), value, stamp));
     }
     mutations
 }
 
 /// A fresh `version`, so autopush-rs's own conditional writes on the
 /// version it read fail after our change.
-pub fn new_version(families: &Families) -> Vec<pb::Mutation> {
+pub fn new_version(families: &Families, stamp: i64) -> Vec<pb::Mutation> {
     replace(
         &families.router,
         "version",
         Some(Uuid::new_v4().as_bytes().to_vec()),
+        stamp,
     )
 }
 
 /// Every router column of `user` (channels and `current_timestamp` are
-/// left as they are).
-pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+/// left as they are), and our cells of it; `stamp` is
+/// [`router_stamp`] of now.
+pub fn user_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
     let f = &families.router;
     let mut m = Vec::new();
     m.extend(replace(
         f,
         "connected_at",
         Some(user.connected_at.to_be_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "router_type",
         Some(user.router_type.as_str().as_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "record_version",
         Some(RECORD_VERSION.to_be_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "router_data",
         user.router_data.as_ref().map(json_bytes),
+        stamp,
     ));
-    m.extend(connection_mutations(families, user));
-    m.extend(wake_route_mutations(families, user.wake_route.as_ref()));
+    m.extend(connection_mutations(families, user, stamp));
+    m.extend(wake_route_mutations(
+        families,
+        user.wake_route.as_ref(),
+        stamp,
+    ));
     m.extend(last_wake_mutations(
         families,
         (user.last_wake > 0).then_some(user.last_wake),
+        stamp,
     ));
-    m.extend(new_version(families));
+    m.extend(new_version(families, stamp));
     m
 }
 
@@ -276,33 +289,36 @@ pub const OWN_USER_CELLS: [&str; 5] = [
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`; and `min_urgency`, written again as read so that its
 /// stamp moves on with the others.
-pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+pub fn connection_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
     let f = &families.router;
     let mut m = Vec::new();
     m.extend(replace(
         f,
         "node_id",
         user.node_id.as_ref().map(|n| n.as_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "connected_at",
         Some(user.connected_at.to_be_bytes().to_vec()),
+        stamp,
     ));
-    m.extend(last_connect_mutations(families, user.last_connect));
+    m.extend(last_connect_mutations(families, user.last_connect, stamp));
     m.extend(replace(
         &families.message,
         "over_msg_limit",
         user.over_msg_limit.then(|| vec![1]),
+        stamp,
     ));
-    m.extend(min_urgency_mutations(families, user.min_urgency));
+    m.extend(min_urgency_mutations(families, user.min_urgency, stamp));
     m
 }
 
 /// Sets `min_urgency`, or removes it for `very-low`.
-pub fn min_urgency_mutations(families: &Families, min: Urgency) -> Vec<pb::Mutation> {
+pub fn min_urgency_mutations(families: &Families, min: Urgency, stamp: i64) -> Vec<pb::Mutation> {
     let value = (min != Urgency::VeryLow).then(|| min.as_str().as_bytes().to_vec());
-    replace(&families.message, "min_urgency", value)
+    replace(&families.message, "min_urgency", value, stamp)
 }
 
 /// Matches while the user row holds `min` as its minimum urgency.
@@ -314,20 +330,32 @@ pub fn min_urgency_is(families: &Families, min: Urgency) -> RowFilter {
 }
 
 /// Sets (or removes) the user's wake route, JSON in [`OWN_USER_CELLS`].
-pub fn wake_route_mutations(families: &Families, route: Option<&WakeRoute>) -> Vec<pb::Mutation> {
+pub fn wake_route_mutations(
+    families: &Families,
+    route: Option<&WakeRoute>,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let value = route.map(|r| r.to_json().into_bytes());
-    replace(&families.message, "wake_route", value)
+    replace(&families.message, "wake_route", value, stamp)
 }
 
 /// Sets (or removes) when the last wake-up went out, in [`OWN_USER_CELLS`].
-pub fn last_wake_mutations(families: &Families, last_wake: Option<u64>) -> Vec<pb::Mutation> {
+pub fn last_wake_mutations(
+    families: &Families,
+    last_wake: Option<u64>,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let value = last_wake.map(|ms| ms.to_be_bytes().to_vec());
-    replace(&families.message, "last_wake", value)
+    replace(&families.message, "last_wake", value, stamp)
 }
 
 /// Sets `last_connect`, and removes the router cells of ours older
 /// versions wrote, which autopush-rs cannot read.
-pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb::Mutation> {
+pub fn last_connect_mutations(
+    families: &Families,
+    last_connect: u64,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let mut m: Vec<_> = OWN_USER_CELLS
         .iter()
         .map(|q| delete_column(&families.router, q.as_bytes()))
@@ -336,6 +364,7 @@ pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb:
         &families.message,
         "last_connect",
         Some(last_connect.to_be_bytes().to_vec()),
+        stamp,
     ));
     m
 }
@@ -388,7 +417,7 @@ pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
 /// unless the message family has one (which this build reads first),
 /// except a later `last_connect`. Stamped like a fresh write, since the
 /// message family's GC (`maxage`) would take a cell stamped in the past.
-pub fn legacy_cells_moved(families: &Families, row: &Row) -> Vec<pb::Mutation> {
+pub fn legacy_cells_moved(families: &Families, row: &Row, stamp: i64) -> Vec<pb::Mutation> {
     let mut m = Vec::new();
     for q in OWN_USER_CELLS {
         let Some(old) = row.get(&families.router, q) else {
@@ -400,7 +429,7 @@ pub fn legacy_cells_moved(families: &Families, row: &Row) -> Vec<pb::Mutation> {
             Some(current) => q == "last_connect" && later(old, current),
         };
         if keep {
-            m.extend(replace(&families.message, q, Some(old.to_vec())));
+            m.extend(replace(&families.message, q, Some(old.to_vec()), stamp));
         }
     }
     m
@@ -415,9 +444,18 @@ fn later(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
-    let mut m = replace(&families.router, "router_data", Some(json_bytes(data)));
-    m.extend(new_version(families));
+pub fn router_data_mutations(
+    families: &Families,
+    data: &serde_json::Value,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
+    let mut m = replace(
+        &families.router,
+        "router_data",
+        Some(json_bytes(data)),
+        stamp,
+    );
+    m.extend(new_version(families, stamp));
     m
 }
 
@@ -431,12 +469,12 @@ pub fn chid_qualifier(channel_id: &Uuid) -> Vec<u8> {
     format!("{CHID_PREFIX}{}", channel_id.as_hyphenated()).into_bytes()
 }
 
-pub fn add_channel_mutation(families: &Families, channel_id: &Uuid) -> pb::Mutation {
+pub fn add_channel_mutation(families: &Families, channel_id: &Uuid, stamp: i64) -> pb::Mutation {
     set(
         &families.router,
         &chid_qualifier(channel_id),
         Vec::new(),
-        router_stamp(),
+        stamp,
     )
 }
 
@@ -1103,7 +1141,7 @@ mod tests {
             .insert(at("router", "last_connect"), 7u64.to_be_bytes().to_vec());
         row.cells.insert(at("router", "over_msg_limit"), vec![1]);
         let moved = |row: &Row| {
-            let m = legacy_cells_moved(&families, row);
+            let m = legacy_cells_moved(&families, row, router_stamp(1_764_000_000));
             let deleted = m
                 .iter()
                 .filter(|m| matches!(&m.mutation, Some(mutation::Mutation::DeleteFromColumn(d)) if d.family_name == "router"))
