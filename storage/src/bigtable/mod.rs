@@ -176,6 +176,44 @@ impl BigtableStore {
             .await
     }
 
+    /// Write the user's cells of ours (`last_connect` as given, if) again
+    /// as they are, so that they live as long as the user (see [`row`]):
+    /// one read, then one `CheckAndMutateRow` on those cells being what
+    /// was read (value and stamp); read again after a write lost to a
+    /// change. Returns whether the user exists.
+    async fn keep_own_cells(&self, uaid: &Uuid, last_connect: Option<u64>) -> Result<bool> {
+        let families = self.families();
+        let key = row::user_key(uaid);
+        let exists = || row::column(&families.router, b"connected_at");
+        for _ in 0..KEEP_TRIES {
+            let read = self.read_row(key.clone(), row::own_cells(families)).await?;
+            let Some(read) = read.filter(|r| r.get(&families.router, "connected_at").is_some())
+            else {
+                return Ok(false);
+            };
+            let stamp = self.stamp();
+            let mut mutations = row::own_cells_rewritten(families, &read, stamp);
+            if let Some(at) = last_connect {
+                mutations.extend(row::last_connect_mutations(families, at, stamp));
+            }
+            let unchanged = row::and(exists(), row::own_cells_unchanged(families, &read));
+            if self
+                .check_and_mutate(key.clone(), unchanged, mutations, Vec::new())
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        // Written by others each time, so written lately: what was asked
+        // of this call alone.
+        let Some(at) = last_connect else {
+            return Ok(true);
+        };
+        let mutations = row::last_connect_mutations(families, at, self.stamp());
+        self.check_and_mutate(key, exists(), mutations, Vec::new())
+            .await
+    }
+
     /// The user's `connected_at` is `seen`.
     fn connected_at_is(&self, seen: u64) -> RowFilter {
         row::column_is(&self.families().router, "connected_at", &seen.to_be_bytes())
@@ -402,6 +440,10 @@ impl BigtableStore {
     }
 }
 
+/// Conditional writes [`BigtableStore::keep_own_cells`] tries before it
+/// leaves the cells to those writing them.
+const KEEP_TRIES: usize = 3;
+
 /// Conditional writes of one user's removal in flight at once.
 const REMOVAL_CONCURRENCY: usize = 16;
 
@@ -424,23 +466,42 @@ impl Storage for BigtableStore {
         self.write(row::user_key(&user.uaid), mutations).await
     }
 
+    /// With the wake route and last wake-up `user` carries as read,
+    /// written again in the same `CheckAndMutateRow` while they are
+    /// unchanged. A wake-up or route written since loses only that: the
+    /// take-over is written alone, and the user's cells of ours are
+    /// then written again as they are.
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
+        let families = self.families();
+        let key = row::user_key(&user.uaid);
         let stamp = self.stamp();
-        let mut mutations = row::connection_mutations(self.families(), user, stamp);
-        mutations.extend(row::new_version(self.families(), stamp));
-        let predicate = row::and(
+        let mut mutations = row::connection_mutations(families, user, stamp);
+        mutations.extend(row::new_version(families, stamp));
+        let taken = row::and(
             self.connected_at_is(seen_connected_at),
-            row::min_urgency_is(self.families(), user.min_urgency),
+            row::min_urgency_is(families, user.min_urgency),
         );
-        self.check_and_mutate(row::user_key(&user.uaid), predicate, mutations, Vec::new())
-            .await
+        let mut kept = mutations.clone();
+        kept.extend(row::wake_cells_mutations(families, user, stamp));
+        let unchanged = row::and(taken.clone(), row::wake_cells_are(families, user));
+        if self
+            .check_and_mutate(key.clone(), unchanged, kept, Vec::new())
+            .await?
+        {
+            return Ok(true);
+        }
+        if !self
+            .check_and_mutate(key, taken, mutations, Vec::new())
+            .await?
+        {
+            return Ok(false);
+        }
+        self.keep_own_cells(&user.uaid, None).await
     }
 
+    /// With the user's other cells of ours written again as they are.
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
-        let exists = row::column(&self.families().router, b"connected_at");
-        let mutations = row::last_connect_mutations(self.families(), last_connect, self.stamp());
-        self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
-            .await
+        self.keep_own_cells(uaid, Some(last_connect)).await
     }
 
     async fn set_router_data(

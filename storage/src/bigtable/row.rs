@@ -23,13 +23,19 @@
 //! `min_urgency` (the user agent's minimum urgency as the `Urgency` header
 //! spells it; absent for `very-low`), the wake route (`wake_route`, JSON)
 //! and when the last wake-up went out (`last_wake`), is in the user row's
-//! *message* family ([`OWN_USER_CELLS`]), stamped like router cells and
-//! written again at every connection, so none outlives its user or expires
-//! under it: autopush-rs reads that row only through its router family
-//! and message families only in rows `{uaid}#...`, and its `remove_user`
-//! deletes the whole row, these cells with it. Older versions of ours wrote
-//! them in the router family; every connection deletes those, and
-//! `autopush db move-legacy-cells` moves them ([`super::legacy`]).
+//! *message* family ([`OWN_USER_CELLS`]): autopush-rs reads that row only
+//! through its router family and message families only in rows
+//! `{uaid}#...`, and its `remove_user` deletes the whole row, these cells
+//! with it. They are stamped like router cells (now + 60 days), and that
+//! family's GC (`maxage=1s`) deletes each 60 days after its last write, so
+//! each is written again whenever the user is kept alive, and none
+//! outlives it: a hello writes the connection's cells, `min_urgency` as
+//! read, and the wake route and last wake-up as read while unchanged
+//! ([`wake_cells_are`]); a touch (a long connection's periodic refresh, a
+//! bridged app listing its channels) reads them all and writes them again
+//! on their being unchanged ([`own_cells_unchanged`]). Older versions of
+//! ours wrote them in the router family; every connection deletes those,
+//! and `autopush db move-legacy-cells` moves them ([`super::legacy`]).
 //!
 //! Message cells autopush-rs does not know and ignores (its
 //! `row_to_notification` takes the cells it knows and drops the rest):
@@ -262,16 +268,7 @@ pub fn user_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::M
         stamp,
     ));
     m.extend(connection_mutations(families, user, stamp));
-    m.extend(wake_route_mutations(
-        families,
-        user.wake_route.as_ref(),
-        stamp,
-    ));
-    m.extend(last_wake_mutations(
-        families,
-        (user.last_wake > 0).then_some(user.last_wake),
-        stamp,
-    ));
+    m.extend(wake_cells_mutations(families, user, stamp));
     m.extend(new_version(families, stamp));
     m
 }
@@ -321,12 +318,41 @@ pub fn min_urgency_mutations(families: &Families, min: Urgency, stamp: i64) -> V
     replace(&families.message, "min_urgency", value, stamp)
 }
 
+/// Matches while our cell `qualifier` of the user row holds `value`
+/// (`None`: while it has none).
+fn own_cell_is(families: &Families, qualifier: &str, value: Option<&[u8]>) -> RowFilter {
+    match value {
+        Some(value) => column_is(&families.message, qualifier, value),
+        None => absent(column(&families.message, qualifier.as_bytes())),
+    }
+}
+
 /// Matches while the user row holds `min` as its minimum urgency.
 pub fn min_urgency_is(families: &Families, min: Urgency) -> RowFilter {
-    match min {
-        Urgency::VeryLow => absent(column(&families.message, b"min_urgency")),
-        min => column_is(&families.message, "min_urgency", min.as_str().as_bytes()),
-    }
+    let value = (min != Urgency::VeryLow).then(|| min.as_str().as_bytes());
+    own_cell_is(families, "min_urgency", value)
+}
+
+/// Matches while the user row holds `user`'s wake route and last
+/// wake-up (none for 0).
+pub fn wake_cells_are(families: &Families, user: &User) -> RowFilter {
+    let route = user.wake_route.as_ref().map(|r| r.to_json().into_bytes());
+    let last_wake = (user.last_wake > 0).then(|| user.last_wake.to_be_bytes());
+    and(
+        own_cell_is(families, "wake_route", route.as_deref()),
+        own_cell_is(families, "last_wake", last_wake.as_ref().map(|v| &v[..])),
+    )
+}
+
+/// `user`'s wake route and last wake-up, written again.
+pub fn wake_cells_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
+    let mut m = wake_route_mutations(families, user.wake_route.as_ref(), stamp);
+    m.extend(last_wake_mutations(
+        families,
+        (user.last_wake > 0).then_some(user.last_wake),
+        stamp,
+    ));
+    m
 }
 
 /// Sets (or removes) the user's wake route, JSON in [`OWN_USER_CELLS`].
@@ -369,7 +395,7 @@ pub fn last_connect_mutations(
     m
 }
 
-/// Whether user row `row` (read with [`legacy_cells`]) still holds a
+/// Whether user row `row` (read with [`own_cells`]) still holds a
 /// router cell of ours, which autopush-rs cannot read.
 pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
     OWN_USER_CELLS
@@ -377,9 +403,9 @@ pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
         .any(|q| row.get(&families.router, q).is_some())
 }
 
-/// The cells [`legacy_cells_moved`] needs of a user row: `connected_at`
+/// The cells [`own_cells_rewritten`] needs of a user row: `connected_at`
 /// (valueless: a user row) and our cells in both families, newest only.
-pub fn legacy_cells(families: &Families) -> RowFilter {
+pub fn own_cells(families: &Families) -> RowFilter {
     let ours = |f| chain(vec![family(f), qualifiers(&OWN_USER_CELLS), latest()]);
     interleave(vec![
         chain(vec![
@@ -394,8 +420,9 @@ pub fn legacy_cells(families: &Families) -> RowFilter {
 /// Matches while our cells of the user, in both families, are what `row`
 /// read: the same value at the same timestamp, or still absent. Any
 /// connection since (ours rewrites them, an older build of ours stamps its
-/// router copies anew) or a removal fails it.
-pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
+/// router copies anew), any other write of one of them, or a removal
+/// fails it.
+pub fn own_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
     let mut conditions = Vec::new();
     for f in [&families.router, &families.message] {
         for q in OWN_USER_CELLS {
@@ -412,25 +439,26 @@ pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
     conditions.into_iter().rfold(last, |all, c| and(c, all))
 }
 
-/// What moves the router cells of ours in `row` to the message family,
-/// where this build reads them: a router copy goes; its value is kept
-/// unless the message family has one (which this build reads first),
-/// except a later `last_connect`. Stamped like a fresh write, since the
-/// message family's GC (`maxage`) would take a cell stamped in the past.
-pub fn legacy_cells_moved(families: &Families, row: &Row, stamp: i64) -> Vec<pb::Mutation> {
+/// Our cells of user row `row` (read with [`own_cells`]) written again,
+/// at `stamp`, in the message family, where this build reads them: the
+/// message family's GC (`maxage`) takes each one its stamp after its last
+/// write, so they are written again while the user lives. A router copy
+/// an older build wrote goes; its value is kept unless the message family
+/// has one (which this build reads first), except a later `last_connect`.
+pub fn own_cells_rewritten(families: &Families, row: &Row, stamp: i64) -> Vec<pb::Mutation> {
     let mut m = Vec::new();
     for q in OWN_USER_CELLS {
-        let Some(old) = row.get(&families.router, q) else {
-            continue;
-        };
-        m.push(delete_column(&families.router, q.as_bytes()));
-        let keep = match row.get(&families.message, q) {
-            None => true,
-            Some(current) => q == "last_connect" && later(old, current),
-        };
-        if keep {
-            m.extend(replace(&families.message, q, Some(old.to_vec()), stamp));
+        let old = row.get(&families.router, q);
+        if old.is_some() {
+            m.push(delete_column(&families.router, q.as_bytes()));
         }
+        let value = match (old, row.get(&families.message, q)) {
+            (Some(old), Some(current)) if q == "last_connect" && later(old, current) => old,
+            (_, Some(current)) => current,
+            (Some(old), None) => old,
+            (None, None) => continue,
+        };
+        m.extend(replace(&families.message, q, Some(value.to_vec()), stamp));
     }
     m
 }
@@ -1131,25 +1159,34 @@ mod tests {
     }
 
     /// A router copy moves unless the message family has one, which this
-    /// build reads first; a later `last_connect` wins either way.
+    /// build reads first; a later `last_connect` wins either way. Every
+    /// cell of ours is written again, stamped anew.
     #[test]
-    fn legacy_cells_move_to_the_message_family() {
+    fn own_cells_are_moved_to_the_message_family_and_stamped_anew() {
         let families = Families::default();
         let at = |family: &str, q: &str| (family.to_owned(), q.as_bytes().to_vec());
+        let stamp = router_stamp(1_764_000_000);
         let mut row = Row::default();
         row.cells
             .insert(at("router", "last_connect"), 7u64.to_be_bytes().to_vec());
         row.cells.insert(at("router", "over_msg_limit"), vec![1]);
-        let moved = |row: &Row| {
-            let m = legacy_cells_moved(&families, row, router_stamp(1_764_000_000));
+        let rewritten = |row: &Row| {
+            let m = own_cells_rewritten(&families, row, stamp);
             let deleted = m
                 .iter()
                 .filter(|m| matches!(&m.mutation, Some(mutation::Mutation::DeleteFromColumn(d)) if d.family_name == "router"))
                 .count();
-            (deleted, set_cells(m, Vec::new(), None).cells)
+            let stamps: HashSet<_> = m
+                .iter()
+                .filter_map(|m| match &m.mutation {
+                    Some(mutation::Mutation::SetCell(c)) => Some(c.timestamp_micros),
+                    _ => None,
+                })
+                .collect();
+            (deleted, stamps, set_cells(m, Vec::new(), None).cells)
         };
-        let (deleted, set) = moved(&row);
-        assert_eq!(deleted, 2);
+        let (deleted, stamps, set) = rewritten(&row);
+        assert_eq!((deleted, stamps), (2, HashSet::from([stamp])));
         assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
         assert_eq!(set[&at("message", "over_msg_limit")], [1]);
         assert!(!set.keys().any(|(f, _)| f == "router"));
@@ -1157,14 +1194,17 @@ mod tests {
         row.cells
             .insert(at("message", "last_connect"), 5u64.to_be_bytes().to_vec());
         row.cells.insert(at("message", "over_msg_limit"), vec![1]);
-        let (_, set) = moved(&row);
+        row.cells
+            .insert(at("message", "wake_route"), b"{\"route\"}".to_vec());
+        let (_, _, set) = rewritten(&row);
         assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
-        assert!(!set.contains_key(&at("message", "over_msg_limit")));
+        assert_eq!(set[&at("message", "wake_route")], b"{\"route\"}");
         row.cells
             .insert(at("message", "last_connect"), 9u64.to_be_bytes().to_vec());
-        let (deleted, set) = moved(&row);
-        assert_eq!(deleted, 2);
-        assert!(set.is_empty());
+        row.cells.retain(|(f, _), _| f == "message");
+        let (deleted, stamps, set) = rewritten(&row);
+        assert_eq!((deleted, stamps), (0, HashSet::from([stamp])));
+        assert_eq!(set, row.cells);
     }
 
     #[test]
