@@ -146,6 +146,16 @@ impl User {
         }
     }
 
+    /// Carry over what a new connection leaves as it was in `read`, the
+    /// record it takes over: the minimum urgency, the wake route and the
+    /// last wake-up. A store whose cells expire (Bigtable) writes them
+    /// again while they are unchanged, so they live as long as the user.
+    pub fn keep_as_read(&mut self, read: &User) {
+        self.min_urgency = read.min_urgency;
+        self.wake_route = read.wake_route.clone();
+        self.last_wake = read.last_wake;
+    }
+
     /// Whether `message` waits in storage until the user agent lowers its
     /// minimum urgency.
     pub fn holds(&self, message: &Notification) -> bool {

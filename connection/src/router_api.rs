@@ -115,11 +115,7 @@ fn signed(
 
 /// Whether `peer` is one whose unsigned calls are taken.
 fn unsigned_allowed(ctx: &NodeContext, peer: std::net::IpAddr) -> bool {
-    let peer = peer.to_canonical();
-    ctx.settings
-        .unsigned_node_calls_from
-        .iter()
-        .any(|net| net.contains(&peer))
+    autopush_serving::http::in_networks(peer, &ctx.settings.unsigned_node_calls_from)
 }
 
 /// The whole body, refused once it grows past [`MAX_BODY`] (chunked bodies

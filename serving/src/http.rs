@@ -68,6 +68,20 @@ impl Default for HttpLimits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Peer(pub IpAddr);
 
+/// Whether `ip` is in one of `networks`, either spelling of an IPv4
+/// address counting as the same: on a dual-stack listener an IPv4 peer
+/// connects as `::ffff:10.0.0.1`, and a setting may name either form.
+pub fn in_networks(ip: IpAddr, networks: &[IpNet]) -> bool {
+    let ip = ip.to_canonical();
+    let mapped = match ip {
+        IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
+        v6 => v6,
+    };
+    networks
+        .iter()
+        .any(|net| net.contains(&ip) || net.contains(&mapped))
+}
+
 /// The client a request speaks for: the peer, unless the peer is in one of
 /// the `trusted` proxy networks, in which case the nearest address in
 /// `X-Forwarded-For` that is not a trusted proxy (a client can put anything
@@ -78,15 +92,7 @@ pub struct Peer(pub IpAddr);
 /// configured as `10.0.0.1` (and the other way round).
 pub fn client_ip(peer: IpAddr, headers: &http::HeaderMap, trusted: &[IpNet]) -> IpAddr {
     let peer = peer.to_canonical();
-    let is_trusted = |ip: IpAddr| {
-        let mapped = match ip {
-            IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
-            v6 => v6,
-        };
-        trusted
-            .iter()
-            .any(|net| net.contains(&ip) || net.contains(&mapped))
-    };
+    let is_trusted = |ip: IpAddr| in_networks(ip, trusted);
     if !is_trusted(peer) {
         return peer;
     }
@@ -672,6 +678,23 @@ mod tests {
     use tokio::io::{AsyncReadExt, duplex};
 
     use super::*;
+
+    #[test]
+    fn either_spelling_of_an_ipv4_address_is_in_a_network_of_the_other() {
+        let nets = |s: &str| -> Vec<IpNet> { vec![s.parse().unwrap()] };
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (net, peer) in [
+            ("::ffff:10.0.0.5/128", "10.0.0.5"),
+            ("::ffff:10.0.0.5/128", "::ffff:10.0.0.5"),
+            ("10.0.0.5/32", "::ffff:10.0.0.5"),
+            ("::ffff:10.0.0.0/104", "10.0.0.9"),
+            ("10.0.0.0/8", "::ffff:10.0.0.9"),
+        ] {
+            assert!(in_networks(ip(peer), &nets(net)), "{peer} in {net}");
+        }
+        assert!(!in_networks(ip("10.0.0.6"), &nets("::ffff:10.0.0.5/128")));
+        assert!(!in_networks(ip("::1"), &nets("::ffff:0.0.0.1/128")));
+    }
 
     // Short enough for a quick test; no test asserts on how long anything took.
     const LIMITS: HttpLimits = HttpLimits {

@@ -119,13 +119,16 @@ pub trait Storage: Send + Sync {
     /// it was written; `false` means the user was removed, or another
     /// connection took it over since it was read. Nothing else in the record
     /// (router data, message month) is touched, except that a backend whose
-    /// cells expire (Bigtable) writes `min_urgency` of `user`, the minimum
-    /// read with `seen_connected_at`, again, and then also requires it to
-    /// be unchanged.
+    /// cells expire (Bigtable) writes what `user` carries as read with
+    /// `seen_connected_at` ([`User::keep_as_read`]) again: `min_urgency`,
+    /// required unchanged too, and the wake route and last wake-up, each
+    /// written again only while unchanged (one written meanwhile is fresh).
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool>;
 
-    /// Set `last_connect` (ms) of a user, if it exists. Returns whether it
-    /// exists.
+    /// Set `last_connect` (ms) of a user, if it exists: a long connection
+    /// and a bridged app listing its channels keep the user alive. A
+    /// backend whose cells expire (Bigtable) writes the user's other cells
+    /// again too. Returns whether it exists.
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool>;
 
     /// Replace the router data of a user, if the record exists and still

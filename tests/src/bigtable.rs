@@ -153,6 +153,31 @@ pub async fn write_row(store: &BigtableStore, key: String, mutations: Vec<proto:
         .unwrap();
 }
 
+/// autopush-rs's GC rule for the message family (`maxage=1s`), applied
+/// at `now` (unix seconds) to user `uaid`'s row, where our own cells of
+/// the user are: every cell stamped more than a second before `now` goes.
+/// The emulator runs no GC of its own.
+pub async fn collect_garbage(store: &BigtableStore, uaid: &uuid::Uuid, now: u64) {
+    let family = store.settings().families.message.clone();
+    let older = proto::TimestampRange {
+        start_timestamp_micros: 0,
+        end_timestamp_micros: (now.saturating_sub(1) * 1_000_000) as i64,
+    };
+    let mutations = autopush_storage::bigtable::row::OWN_USER_CELLS
+        .iter()
+        .map(|q| proto::Mutation {
+            mutation: Some(proto::mutation::Mutation::DeleteFromColumn(
+                proto::mutation::DeleteFromColumn {
+                    family_name: family.clone(),
+                    column_qualifier: q.as_bytes().to_vec(),
+                    time_range: Some(older),
+                },
+            )),
+        })
+        .collect();
+    write_row(store, uaid.simple().to_string(), mutations).await;
+}
+
 /// A TCP forwarder in front of the emulator that can be cut: while cut, it
 /// drops every connection and refuses new ones, as a Bigtable outage looks
 /// to a client.

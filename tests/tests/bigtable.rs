@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use autopush_common::time::{now_millis, now_secs};
+use autopush_common::{RouterType, Urgency, User, WakeRoute};
 use autopush_storage::Storage;
 use autopush_storage::bigtable::{BigtableStore, proto, row};
 use autopush_tests::bigtable::{cell, write_row};
@@ -1176,4 +1177,301 @@ async fn db_move_legacy_cells_pages_through_the_table() {
         audit.wrong.len(),
         audit.wrong.first()
     );
+}
+
+// ---- our cells of a user live as long as the user ------------------------
+
+const DAY: u64 = 86_400;
+/// How long a cell of ours lives after its last write (autopush-rs's
+/// `MAX_ROUTER_TTL`, which its stamps add).
+const CELL_LIFE: u64 = 60 * DAY;
+
+/// A fresh store whose stamps read the simulated clock `now` (unix
+/// seconds), and a user on it connected at `now`.
+async fn user_on_a_simulated_clock(
+    now: &std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> (BigtableStore, Uuid) {
+    let clock = now.clone();
+    let store = bigtable::fresh_store()
+        .await
+        .with_clock(move || clock.load(std::sync::atomic::Ordering::SeqCst));
+    let uaid = Uuid::new_v4();
+    let at = now.load(std::sync::atomic::Ordering::SeqCst) * 1000;
+    store
+        .add_user(&User::new_webpush(uaid, "http://node-0", at))
+        .await
+        .unwrap();
+    (store, uaid)
+}
+
+/// What the connection node's `hello` writes for a user agent it read as
+/// `prev`, at `now_ms`.
+fn reconnection(prev: &User, node: &str, now_ms: u64) -> User {
+    let mut user = User::new_webpush(prev.uaid, node, now_ms.max(prev.connected_at + 1));
+    user.keep_as_read(prev);
+    user
+}
+
+async fn hello(store: &BigtableStore, uaid: &Uuid, node: &str, now_ms: u64) -> User {
+    let prev = store.get_user(uaid).await.unwrap().expect("the user");
+    let user = reconnection(&prev, node, now_ms);
+    assert!(
+        store
+            .take_over_user(&user, prev.connected_at)
+            .await
+            .unwrap(),
+        "hello lost its take-over"
+    );
+    user
+}
+
+fn route(token: &str) -> WakeRoute {
+    WakeRoute {
+        router: RouterType::Fcm,
+        app_id: "app1".into(),
+        token: token.into(),
+    }
+}
+
+/// A distributor sets its wake route once and says hello every day; a
+/// client stays connected for 61 days, its node touching it daily. GC
+/// runs as autopush-rs sets it; the route, the last wake-up and the
+/// minimum urgency are all still there on day 61.
+#[tokio::test]
+async fn our_cells_outlive_61_days_of_daily_hellos_or_one_long_connection() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let start = now_secs();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(start));
+    let (store, distributor) = user_on_a_simulated_clock(&now).await;
+    assert!(
+        store
+            .set_wake_route(&distributor, Some(&route("t1")))
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .claim_wake(&distributor, 0, start * 1000)
+            .await
+            .unwrap()
+    );
+    let (long, connected) = user_on_a_simulated_clock(&now).await;
+    let at = now.load(SeqCst) * 1000;
+    assert!(
+        long.set_min_urgency(&connected, "http://node-0", at, Urgency::High)
+            .await
+            .unwrap()
+    );
+    for day in 1..=61 {
+        let today = start + day * DAY;
+        now.store(today, SeqCst);
+        bigtable::collect_garbage(&store, &distributor, today).await;
+        bigtable::collect_garbage(&long, &connected, today).await;
+        hello(&store, &distributor, "http://node-1", today * 1000).await;
+        assert!(long.touch_user(&connected, today * 1000).await.unwrap());
+    }
+    let read = store.get_user(&distributor).await.unwrap().unwrap();
+    assert_eq!(
+        (read.wake_route, read.last_wake),
+        (Some(route("t1")), start * 1000),
+        "the distributor's wake route on day 61"
+    );
+    let read = long.get_user(&connected).await.unwrap().unwrap();
+    assert_eq!(
+        read.min_urgency,
+        Urgency::High,
+        "the long connection's minimum urgency on day 61"
+    );
+}
+
+/// What the model says user row holds of ours, and until when something
+/// kept the user alive.
+#[derive(Debug)]
+struct Kept {
+    node: String,
+    connected_at: u64,
+    last_connect: u64,
+    over_msg_limit: bool,
+    min_urgency: Urgency,
+    wake_route: Option<WakeRoute>,
+    last_wake: u64,
+    /// The last hello or touch (unix seconds): the user lives until
+    /// [`CELL_LIFE`] after it.
+    kept_alive_at: u64,
+}
+
+/// Whatever touches a user between two hellos: what the connection, an
+/// endpoint waking it, or a bridge saying its token is gone write.
+async fn meanwhile(
+    store: &BigtableStore,
+    uaid: &Uuid,
+    kept: &mut Kept,
+    rng: &mut fastrand::Rng,
+    ms: u64,
+) -> String {
+    match rng.u8(0..4) {
+        0 => {
+            let set = rng.bool().then(|| route(&format!("t{}", rng.u8(0..3))));
+            assert!(store.set_wake_route(uaid, set.as_ref()).await.unwrap());
+            kept.wake_route = set;
+            format!(
+                "set the wake route {:?}",
+                kept.wake_route.as_ref().map(|r| &r.token)
+            )
+        }
+        1 => {
+            let seen = store.get_user(uaid).await.unwrap().unwrap().last_wake;
+            assert!(store.claim_wake(uaid, seen, ms).await.unwrap());
+            kept.last_wake = ms;
+            "woke it".into()
+        }
+        2 => {
+            let Some(gone) = kept.wake_route.take() else {
+                return "found no route to remove".into();
+            };
+            assert!(store.remove_wake_route(uaid, &gone).await.unwrap());
+            "removed the gone route".into()
+        }
+        _ => {
+            let min = [
+                Urgency::VeryLow,
+                Urgency::Low,
+                Urgency::Normal,
+                Urgency::High,
+            ][rng.usize(0..4)];
+            let owner = (kept.node.as_str(), kept.connected_at);
+            assert!(
+                store
+                    .set_min_urgency(uaid, owner.0, owner.1, min)
+                    .await
+                    .unwrap()
+            );
+            kept.min_urgency = min;
+            format!("set the minimum urgency {min:?}")
+        }
+    }
+}
+
+/// Random lives of a user agent at random times over months: hellos
+/// (some with a wake-up, a new route or a gone token landing between
+/// their read and their write), a long connection's touches, wake routes
+/// set and removed, wake-ups, minimum urgencies. autopush-rs's GC runs
+/// before each step. After each, while a hello or touch kept the user
+/// alive within [`CELL_LIFE`], it reads what the model holds and no cell
+/// of ours is stamped to go before the user. `STAMP_ROUNDS` (default 8)
+/// makes the search longer, `STAMP_SEED` repeats one.
+#[tokio::test]
+async fn our_cells_outlive_every_use_that_keeps_their_user() {
+    use autopush_tests::env_or;
+    use std::sync::atomic::Ordering::SeqCst;
+    let rounds = env_or("STAMP_ROUNDS", 8);
+    let seed = env_or("STAMP_SEED", fastrand::u64(..));
+    eprintln!("STAMP_SEED={seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let start = now_secs();
+    let now = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(start));
+    for round in 0..rounds {
+        now.store(start, SeqCst);
+        let (store, uaid) = user_on_a_simulated_clock(&now).await;
+        let first = store.get_user(&uaid).await.unwrap().unwrap();
+        let mut kept = Kept {
+            node: "http://node-0".into(),
+            connected_at: first.connected_at,
+            last_connect: first.last_connect,
+            over_msg_limit: false,
+            min_urgency: Urgency::VeryLow,
+            wake_route: None,
+            last_wake: 0,
+            kept_alive_at: start,
+        };
+        let mut story = Vec::new();
+        for step in 0..40 {
+            let gap = match rng.u8(0..4) {
+                0 => rng.u64(0..DAY),
+                1 => rng.u64(DAY..20 * DAY),
+                2 => rng.u64(20 * DAY..50 * DAY),
+                _ => rng.u64(50 * DAY..70 * DAY),
+            };
+            let deadline = kept.kept_alive_at + CELL_LIFE;
+            let mut at = now.load(SeqCst) + gap;
+            // Past the user's life only a hello or touch keeps it: make
+            // this step one, on the last day it lives.
+            let must_keep = at > deadline;
+            if must_keep {
+                at = deadline;
+            }
+            now.store(at, SeqCst);
+            bigtable::collect_garbage(&store, &uaid, at).await;
+            let ms = at * 1000 + step;
+            let did = match (must_keep, rng.u8(0..5)) {
+                (true, 0..=2) | (false, 0) => {
+                    let prev = store.get_user(&uaid).await.unwrap().expect("the user");
+                    let raced = match rng.bool() {
+                        true => Some(meanwhile(&store, &uaid, &mut kept, &mut rng, ms).await),
+                        false => None,
+                    };
+                    let node = format!("http://node-{}", rng.u8(0..3));
+                    let mut user = reconnection(&prev, &node, ms);
+                    user.over_msg_limit = rng.bool();
+                    let taken = store
+                        .take_over_user(&user, prev.connected_at)
+                        .await
+                        .unwrap();
+                    // A minimum changed meanwhile fails the take-over, as it should.
+                    if taken {
+                        kept.node = node;
+                        kept.connected_at = user.connected_at;
+                        kept.last_connect = user.last_connect;
+                        kept.over_msg_limit = user.over_msg_limit;
+                        kept.kept_alive_at = at;
+                    } else {
+                        assert_ne!(
+                            prev.min_urgency, kept.min_urgency,
+                            "hello lost its take-over"
+                        );
+                    }
+                    format!("hello (taken: {taken}, {raced:?} meanwhile)")
+                }
+                (true, _) | (false, 1) => {
+                    assert!(store.touch_user(&uaid, ms).await.unwrap());
+                    kept.last_connect = ms;
+                    kept.kept_alive_at = at;
+                    "touch".into()
+                }
+                _ => meanwhile(&store, &uaid, &mut kept, &mut rng, ms).await,
+            };
+            story.push(format!("day {}: {did}", (at - start) / DAY));
+            let read = store.get_user(&uaid).await.unwrap().expect("the user");
+            let got = (
+                read.last_connect,
+                read.over_msg_limit,
+                read.min_urgency,
+                read.wake_route.clone(),
+                read.last_wake,
+            );
+            let want = (
+                kept.last_connect,
+                kept.over_msg_limit,
+                kept.min_urgency,
+                kept.wake_route.clone(),
+                kept.last_wake,
+            );
+            let lives_until = autopush_storage::bigtable::row::router_stamp(kept.kept_alive_at);
+            let cells = store.read_legacy_cells(&uaid).await.unwrap().unwrap();
+            let dying: Vec<_> = cells
+                .stamps
+                .iter()
+                .filter(|((_, q), stamp)| q != b"connected_at" && **stamp < lives_until)
+                .map(|((f, q), stamp)| {
+                    let days = (lives_until - stamp) / 1_000_000 / DAY as i64;
+                    format!("{f}:{} {days} days early", text(q))
+                })
+                .collect();
+            assert!(
+                got == want && dying.is_empty(),
+                "STAMP_SEED={seed} round {round}: after\n  {}\nread (last_connect, over, min, route, last_wake) {got:?}\nnot {want:?}; cells to go before the user: {dying:?}",
+                story.join("\n  ")
+            );
+        }
+    }
 }

@@ -147,7 +147,7 @@ async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result
     let mut user = User::new_webpush(uaid, ctx.node_id(), connected_at);
     user.over_msg_limit = over_limit;
     if let Some(prev) = &previous {
-        user.min_urgency = prev.min_urgency;
+        user.keep_as_read(prev);
     }
     let written = match &previous {
         Some(prev) => ctx.storage.take_over_user(&user, prev.connected_at).await,

@@ -69,7 +69,7 @@ impl BigtableStore {
         progress: &mut (dyn FnMut(String) + Send),
     ) -> Result<LegacyCells> {
         let families = self.families();
-        let filter = row::chain(vec![user_rows(), row::legacy_cells(families)]);
+        let filter = row::chain(vec![user_rows(), row::own_cells(families)]);
         let mut done = LegacyCells::default();
         let mut after = None;
         for pages in 1.. {
@@ -101,17 +101,17 @@ impl BigtableStore {
     /// User `uaid`'s cells as [`move_legacy_row`](Self::move_legacy_row)
     /// needs them read.
     pub async fn read_legacy_cells(&self, uaid: &uuid::Uuid) -> Result<Option<row::Row>> {
-        let filter = row::legacy_cells(self.families());
+        let filter = row::own_cells(self.families());
         self.read_row(row::user_key(uaid), filter).await
     }
 
     /// Move the router cells of ours in `read` (a user row read with
-    /// [`row::legacy_cells`]) in one `CheckAndMutateRow`, if that row's
+    /// [`row::own_cells`]) in one `CheckAndMutateRow`, if that row's
     /// cells of ours are still what `read` holds; returns whether they were.
     pub async fn move_legacy_row(&self, read: &row::Row) -> Result<bool> {
         let families = self.families();
-        let unchanged = row::legacy_cells_unchanged(families, read);
-        let moved = row::legacy_cells_moved(families, read);
+        let unchanged = row::own_cells_unchanged(families, read);
+        let moved = row::own_cells_rewritten(families, read, self.stamp());
         self.check_and_mutate(read.key.clone(), unchanged, moved, Vec::new())
             .await
     }
@@ -124,7 +124,7 @@ impl BigtableStore {
                 done.moved += 1;
                 return Ok(());
             }
-            let filter = row::legacy_cells(families);
+            let filter = row::own_cells(families);
             match self.read_row(read.key.clone(), filter).await? {
                 Some(again) if row::has_legacy_cells(families, &again) => read = again,
                 _ => {

@@ -48,7 +48,12 @@ pub struct BigtableStore {
     conn: Connection,
     /// Seconds a receipt is kept; 0: receipts off.
     retention: u64,
+    /// Now, in unix seconds, for the stamps of the user row's cells.
+    clock: Clock,
 }
+
+/// Unix seconds.
+type Clock = std::sync::Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// Rows `start` (exclusive when `open`) to `end` (exclusive).
 fn range(start: Vec<u8>, open: bool, end: Vec<u8>) -> RowSet {
@@ -75,7 +80,20 @@ impl BigtableStore {
         Ok(BigtableStore {
             conn: Connection::open(settings).await?,
             retention: 0,
+            clock: std::sync::Arc::new(now_secs),
         })
+    }
+
+    /// Stamp the user row's cells from `clock` (unix seconds) instead of
+    /// the system clock: tests live through months of GC in a moment.
+    pub fn with_clock(mut self, clock: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        self.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// The stamp of a user row's cell written now.
+    fn stamp(&self) -> i64 {
+        row::router_stamp((self.clock)())
     }
 
     /// Keep receipts of settled messages, and pending messages past their
@@ -155,6 +173,44 @@ impl BigtableStore {
                 false_mutations: when_false,
                 ..Default::default()
             })
+            .await
+    }
+
+    /// Write the user's cells of ours (`last_connect` as given, if) again
+    /// as they are, so that they live as long as the user (see [`row`]):
+    /// one read, then one `CheckAndMutateRow` on those cells being what
+    /// was read (value and stamp); read again after a write lost to a
+    /// change. Returns whether the user exists.
+    async fn keep_own_cells(&self, uaid: &Uuid, last_connect: Option<u64>) -> Result<bool> {
+        let families = self.families();
+        let key = row::user_key(uaid);
+        let exists = || row::column(&families.router, b"connected_at");
+        for _ in 0..KEEP_TRIES {
+            let read = self.read_row(key.clone(), row::own_cells(families)).await?;
+            let Some(read) = read.filter(|r| r.get(&families.router, "connected_at").is_some())
+            else {
+                return Ok(false);
+            };
+            let stamp = self.stamp();
+            let mut mutations = row::own_cells_rewritten(families, &read, stamp);
+            if let Some(at) = last_connect {
+                mutations.extend(row::last_connect_mutations(families, at, stamp));
+            }
+            let unchanged = row::and(exists(), row::own_cells_unchanged(families, &read));
+            if self
+                .check_and_mutate(key.clone(), unchanged, mutations, Vec::new())
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        // Written by others each time, so written lately: what was asked
+        // of this call alone.
+        let Some(at) = last_connect else {
+            return Ok(true);
+        };
+        let mutations = row::last_connect_mutations(families, at, self.stamp());
+        self.check_and_mutate(key, exists(), mutations, Vec::new())
             .await
     }
 
@@ -384,6 +440,10 @@ impl BigtableStore {
     }
 }
 
+/// Conditional writes [`BigtableStore::keep_own_cells`] tries before it
+/// leaves the cells to those writing them.
+const KEEP_TRIES: usize = 3;
+
 /// Conditional writes of one user's removal in flight at once.
 const REMOVAL_CONCURRENCY: usize = 16;
 
@@ -402,26 +462,46 @@ fn still_pending(family: &str, version: &str) -> RowFilter {
 #[async_trait]
 impl Storage for BigtableStore {
     async fn add_user(&self, user: &User) -> Result<()> {
-        let mutations = row::user_mutations(self.families(), user);
+        let mutations = row::user_mutations(self.families(), user, self.stamp());
         self.write(row::user_key(&user.uaid), mutations).await
     }
 
+    /// With the wake route and last wake-up `user` carries as read,
+    /// written again in the same `CheckAndMutateRow` while they are
+    /// unchanged. A wake-up or route written since loses only that: the
+    /// take-over is written alone, and the user's cells of ours are
+    /// then written again as they are.
     async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
-        let mut mutations = row::connection_mutations(self.families(), user);
-        mutations.extend(row::new_version(self.families()));
-        let predicate = row::and(
+        let families = self.families();
+        let key = row::user_key(&user.uaid);
+        let stamp = self.stamp();
+        let mut mutations = row::connection_mutations(families, user, stamp);
+        mutations.extend(row::new_version(families, stamp));
+        let taken = row::and(
             self.connected_at_is(seen_connected_at),
-            row::min_urgency_is(self.families(), user.min_urgency),
+            row::min_urgency_is(families, user.min_urgency),
         );
-        self.check_and_mutate(row::user_key(&user.uaid), predicate, mutations, Vec::new())
-            .await
+        let mut kept = mutations.clone();
+        kept.extend(row::wake_cells_mutations(families, user, stamp));
+        let unchanged = row::and(taken.clone(), row::wake_cells_are(families, user));
+        if self
+            .check_and_mutate(key.clone(), unchanged, kept, Vec::new())
+            .await?
+        {
+            return Ok(true);
+        }
+        if !self
+            .check_and_mutate(key, taken, mutations, Vec::new())
+            .await?
+        {
+            return Ok(false);
+        }
+        self.keep_own_cells(&user.uaid, None).await
     }
 
+    /// With the user's other cells of ours written again as they are.
     async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
-        let exists = row::column(&self.families().router, b"connected_at");
-        let mutations = row::last_connect_mutations(self.families(), last_connect);
-        self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
-            .await
+        self.keep_own_cells(uaid, Some(last_connect)).await
     }
 
     async fn set_router_data(
@@ -432,14 +512,14 @@ impl Storage for BigtableStore {
     ) -> Result<bool> {
         let exists = row::column(&self.families().router, b"connected_at");
         let predicate = row::and(exists, self.router_data_is(seen));
-        let mutations = row::router_data_mutations(self.families(), router_data);
+        let mutations = row::router_data_mutations(self.families(), router_data, self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
 
     async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
         let exists = row::column(&self.families().router, b"connected_at");
-        let mutations = row::wake_route_mutations(self.families(), route);
+        let mutations = row::wake_route_mutations(self.families(), route, self.stamp());
         self.check_and_mutate(row::user_key(uaid), exists, mutations, Vec::new())
             .await
     }
@@ -447,7 +527,7 @@ impl Storage for BigtableStore {
     async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
         let message = &self.families().message;
         let still_seen = row::column_is(message, "wake_route", seen.to_json().as_bytes());
-        let mutations = row::wake_route_mutations(self.families(), None);
+        let mutations = row::wake_route_mutations(self.families(), None, self.stamp());
         self.check_and_mutate(row::user_key(uaid), still_seen, mutations, Vec::new())
             .await
     }
@@ -460,7 +540,7 @@ impl Storage for BigtableStore {
             0 => row::and(exists, row::absent(last_wake)),
             _ => row::column_is(&families.message, "last_wake", &seen.to_be_bytes()),
         };
-        let mutations = row::last_wake_mutations(families, Some(now));
+        let mutations = row::last_wake_mutations(families, Some(now), self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -505,7 +585,7 @@ impl Storage for BigtableStore {
             self.connected_at_is(connected_at),
         );
         let mut mutations = vec![row::delete_column(router, b"node_id")];
-        mutations.extend(row::new_version(self.families()));
+        mutations.extend(row::new_version(self.families(), self.stamp()));
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -521,7 +601,7 @@ impl Storage for BigtableStore {
             row::column_is(&self.families().router, "node_id", node_id.as_bytes()),
             self.connected_at_is(connected_at),
         );
-        let mutations = row::min_urgency_mutations(self.families(), min);
+        let mutations = row::min_urgency_mutations(self.families(), min, self.stamp());
         self.check_and_mutate(row::user_key(uaid), predicate, mutations, Vec::new())
             .await
     }
@@ -543,7 +623,11 @@ impl Storage for BigtableStore {
                 row::user_key(uaid),
                 full,
                 Vec::new(),
-                vec![row::add_channel_mutation(families, channel_id)],
+                vec![row::add_channel_mutation(
+                    families,
+                    channel_id,
+                    self.stamp(),
+                )],
             )
             .await?;
         Ok(!refused)
@@ -568,7 +652,7 @@ impl Storage for BigtableStore {
         let router = &self.families().router;
         let qualifier = row::chid_qualifier(channel_id);
         let mut mutations = vec![row::delete_column(router, &qualifier)];
-        mutations.extend(row::new_version(self.families()));
+        mutations.extend(row::new_version(self.families(), self.stamp()));
         let removed = self
             .check_and_mutate(
                 row::user_key(uaid),

@@ -23,13 +23,19 @@
 //! `min_urgency` (the user agent's minimum urgency as the `Urgency` header
 //! spells it; absent for `very-low`), the wake route (`wake_route`, JSON)
 //! and when the last wake-up went out (`last_wake`), is in the user row's
-//! *message* family ([`OWN_USER_CELLS`]), stamped like router cells and
-//! written again at every connection, so none outlives its user or expires
-//! under it: autopush-rs reads that row only through its router family
-//! and message families only in rows `{uaid}#...`, and its `remove_user`
-//! deletes the whole row, these cells with it. Older versions of ours wrote
-//! them in the router family; every connection deletes those, and
-//! `autopush db move-legacy-cells` moves them ([`super::legacy`]).
+//! *message* family ([`OWN_USER_CELLS`]): autopush-rs reads that row only
+//! through its router family and message families only in rows
+//! `{uaid}#...`, and its `remove_user` deletes the whole row, these cells
+//! with it. They are stamped like router cells (now + 60 days), and that
+//! family's GC (`maxage=1s`) deletes each 60 days after its last write, so
+//! each is written again whenever the user is kept alive, and none
+//! outlives it: a hello writes the connection's cells, `min_urgency` as
+//! read, and the wake route and last wake-up as read while unchanged
+//! ([`wake_cells_are`]); a touch (a long connection's periodic refresh, a
+//! bridged app listing its channels) reads them all and writes them again
+//! on their being unchanged ([`own_cells_unchanged`]). Older versions of
+//! ours wrote them in the router family; every connection deletes those,
+//! and `autopush db move-legacy-cells` moves them ([`super::legacy`]).
 //!
 //! Message cells autopush-rs does not know and ignores (its
 //! `row_to_notification` takes the cells it knows and drops the rest):
@@ -170,8 +176,10 @@ fn micros(secs: u64) -> i64 {
     i64::try_from(secs.saturating_mul(1_000_000)).unwrap_or(i64::MAX)
 }
 
-fn router_stamp() -> i64 {
-    micros(now_secs().saturating_add(ROUTER_TTL.as_secs()))
+/// The stamp of a user row's cells written at `now` (unix seconds):
+/// `now` + [`ROUTER_TTL`], as autopush-rs stamps its router cells.
+pub fn router_stamp(now: u64) -> i64 {
+    micros(now.saturating_add(ROUTER_TTL.as_secs()))
 }
 
 // ---- mutations ------------------------------------------------------------
@@ -210,56 +218,58 @@ pub fn delete_row() -> pb::Mutation {
 /// Replace a column of the user row with `value`, or remove it when `None`: the old
 /// cells go first, so the new value is the one read whatever timestamp a
 /// node with a skewed clock gave them.
-fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>) -> Vec<pb::Mutation> {
+fn replace(family: &str, qualifier: &str, value: Option<Vec<u8>>, stamp: i64) -> Vec<pb::Mutation> {
     let mut mutations = vec![delete_column(family, qualifier.as_bytes())];
     if let Some(value) = value {
-        mutations.push(set(family, qualifier.as_bytes(), value, router_stamp()));
+        mutations.push(set(family, qualifier.as_bytes(), value, stamp));
     }
     mutations
 }
 
 /// A fresh `version`, so autopush-rs's own conditional writes on the
 /// version it read fail after our change.
-pub fn new_version(families: &Families) -> Vec<pb::Mutation> {
+pub fn new_version(families: &Families, stamp: i64) -> Vec<pb::Mutation> {
     replace(
         &families.router,
         "version",
         Some(Uuid::new_v4().as_bytes().to_vec()),
+        stamp,
     )
 }
 
 /// Every router column of `user` (channels and `current_timestamp` are
-/// left as they are).
-pub fn user_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+/// left as they are), and our cells of it; `stamp` is
+/// [`router_stamp`] of now.
+pub fn user_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
     let f = &families.router;
     let mut m = Vec::new();
     m.extend(replace(
         f,
         "connected_at",
         Some(user.connected_at.to_be_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "router_type",
         Some(user.router_type.as_str().as_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "record_version",
         Some(RECORD_VERSION.to_be_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "router_data",
         user.router_data.as_ref().map(json_bytes),
+        stamp,
     ));
-    m.extend(connection_mutations(families, user));
-    m.extend(wake_route_mutations(families, user.wake_route.as_ref()));
-    m.extend(last_wake_mutations(
-        families,
-        (user.last_wake > 0).then_some(user.last_wake),
-    ));
-    m.extend(new_version(families));
+    m.extend(connection_mutations(families, user, stamp));
+    m.extend(wake_cells_mutations(families, user, stamp));
+    m.extend(new_version(families, stamp));
     m
 }
 
@@ -276,58 +286,102 @@ pub const OWN_USER_CELLS: [&str; 5] = [
 /// What a connection changes: `node_id`, `connected_at`, `last_connect`,
 /// `over_msg_limit`; and `min_urgency`, written again as read so that its
 /// stamp moves on with the others.
-pub fn connection_mutations(families: &Families, user: &User) -> Vec<pb::Mutation> {
+pub fn connection_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
     let f = &families.router;
     let mut m = Vec::new();
     m.extend(replace(
         f,
         "node_id",
         user.node_id.as_ref().map(|n| n.as_bytes().to_vec()),
+        stamp,
     ));
     m.extend(replace(
         f,
         "connected_at",
         Some(user.connected_at.to_be_bytes().to_vec()),
+        stamp,
     ));
-    m.extend(last_connect_mutations(families, user.last_connect));
+    m.extend(last_connect_mutations(families, user.last_connect, stamp));
     m.extend(replace(
         &families.message,
         "over_msg_limit",
         user.over_msg_limit.then(|| vec![1]),
+        stamp,
     ));
-    m.extend(min_urgency_mutations(families, user.min_urgency));
+    m.extend(min_urgency_mutations(families, user.min_urgency, stamp));
     m
 }
 
 /// Sets `min_urgency`, or removes it for `very-low`.
-pub fn min_urgency_mutations(families: &Families, min: Urgency) -> Vec<pb::Mutation> {
+pub fn min_urgency_mutations(families: &Families, min: Urgency, stamp: i64) -> Vec<pb::Mutation> {
     let value = (min != Urgency::VeryLow).then(|| min.as_str().as_bytes().to_vec());
-    replace(&families.message, "min_urgency", value)
+    replace(&families.message, "min_urgency", value, stamp)
+}
+
+/// Matches while our cell `qualifier` of the user row holds `value`
+/// (`None`: while it has none).
+fn own_cell_is(families: &Families, qualifier: &str, value: Option<&[u8]>) -> RowFilter {
+    match value {
+        Some(value) => column_is(&families.message, qualifier, value),
+        None => absent(column(&families.message, qualifier.as_bytes())),
+    }
 }
 
 /// Matches while the user row holds `min` as its minimum urgency.
 pub fn min_urgency_is(families: &Families, min: Urgency) -> RowFilter {
-    match min {
-        Urgency::VeryLow => absent(column(&families.message, b"min_urgency")),
-        min => column_is(&families.message, "min_urgency", min.as_str().as_bytes()),
-    }
+    let value = (min != Urgency::VeryLow).then(|| min.as_str().as_bytes());
+    own_cell_is(families, "min_urgency", value)
+}
+
+/// Matches while the user row holds `user`'s wake route and last
+/// wake-up (none for 0).
+pub fn wake_cells_are(families: &Families, user: &User) -> RowFilter {
+    let route = user.wake_route.as_ref().map(|r| r.to_json().into_bytes());
+    let last_wake = (user.last_wake > 0).then(|| user.last_wake.to_be_bytes());
+    and(
+        own_cell_is(families, "wake_route", route.as_deref()),
+        own_cell_is(families, "last_wake", last_wake.as_ref().map(|v| &v[..])),
+    )
+}
+
+/// `user`'s wake route and last wake-up, written again.
+pub fn wake_cells_mutations(families: &Families, user: &User, stamp: i64) -> Vec<pb::Mutation> {
+    let mut m = wake_route_mutations(families, user.wake_route.as_ref(), stamp);
+    m.extend(last_wake_mutations(
+        families,
+        (user.last_wake > 0).then_some(user.last_wake),
+        stamp,
+    ));
+    m
 }
 
 /// Sets (or removes) the user's wake route, JSON in [`OWN_USER_CELLS`].
-pub fn wake_route_mutations(families: &Families, route: Option<&WakeRoute>) -> Vec<pb::Mutation> {
+pub fn wake_route_mutations(
+    families: &Families,
+    route: Option<&WakeRoute>,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let value = route.map(|r| r.to_json().into_bytes());
-    replace(&families.message, "wake_route", value)
+    replace(&families.message, "wake_route", value, stamp)
 }
 
 /// Sets (or removes) when the last wake-up went out, in [`OWN_USER_CELLS`].
-pub fn last_wake_mutations(families: &Families, last_wake: Option<u64>) -> Vec<pb::Mutation> {
+pub fn last_wake_mutations(
+    families: &Families,
+    last_wake: Option<u64>,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let value = last_wake.map(|ms| ms.to_be_bytes().to_vec());
-    replace(&families.message, "last_wake", value)
+    replace(&families.message, "last_wake", value, stamp)
 }
 
 /// Sets `last_connect`, and removes the router cells of ours older
 /// versions wrote, which autopush-rs cannot read.
-pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb::Mutation> {
+pub fn last_connect_mutations(
+    families: &Families,
+    last_connect: u64,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
     let mut m: Vec<_> = OWN_USER_CELLS
         .iter()
         .map(|q| delete_column(&families.router, q.as_bytes()))
@@ -336,11 +390,12 @@ pub fn last_connect_mutations(families: &Families, last_connect: u64) -> Vec<pb:
         &families.message,
         "last_connect",
         Some(last_connect.to_be_bytes().to_vec()),
+        stamp,
     ));
     m
 }
 
-/// Whether user row `row` (read with [`legacy_cells`]) still holds a
+/// Whether user row `row` (read with [`own_cells`]) still holds a
 /// router cell of ours, which autopush-rs cannot read.
 pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
     OWN_USER_CELLS
@@ -348,9 +403,9 @@ pub fn has_legacy_cells(families: &Families, row: &Row) -> bool {
         .any(|q| row.get(&families.router, q).is_some())
 }
 
-/// The cells [`legacy_cells_moved`] needs of a user row: `connected_at`
+/// The cells [`own_cells_rewritten`] needs of a user row: `connected_at`
 /// (valueless: a user row) and our cells in both families, newest only.
-pub fn legacy_cells(families: &Families) -> RowFilter {
+pub fn own_cells(families: &Families) -> RowFilter {
     let ours = |f| chain(vec![family(f), qualifiers(&OWN_USER_CELLS), latest()]);
     interleave(vec![
         chain(vec![
@@ -365,8 +420,9 @@ pub fn legacy_cells(families: &Families) -> RowFilter {
 /// Matches while our cells of the user, in both families, are what `row`
 /// read: the same value at the same timestamp, or still absent. Any
 /// connection since (ours rewrites them, an older build of ours stamps its
-/// router copies anew) or a removal fails it.
-pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
+/// router copies anew), any other write of one of them, or a removal
+/// fails it.
+pub fn own_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
     let mut conditions = Vec::new();
     for f in [&families.router, &families.message] {
         for q in OWN_USER_CELLS {
@@ -383,25 +439,26 @@ pub fn legacy_cells_unchanged(families: &Families, row: &Row) -> RowFilter {
     conditions.into_iter().rfold(last, |all, c| and(c, all))
 }
 
-/// What moves the router cells of ours in `row` to the message family,
-/// where this build reads them: a router copy goes; its value is kept
-/// unless the message family has one (which this build reads first),
-/// except a later `last_connect`. Stamped like a fresh write, since the
-/// message family's GC (`maxage`) would take a cell stamped in the past.
-pub fn legacy_cells_moved(families: &Families, row: &Row) -> Vec<pb::Mutation> {
+/// Our cells of user row `row` (read with [`own_cells`]) written again,
+/// at `stamp`, in the message family, where this build reads them: the
+/// message family's GC (`maxage`) takes each one its stamp after its last
+/// write, so they are written again while the user lives. A router copy
+/// an older build wrote goes; its value is kept unless the message family
+/// has one (which this build reads first), except a later `last_connect`.
+pub fn own_cells_rewritten(families: &Families, row: &Row, stamp: i64) -> Vec<pb::Mutation> {
     let mut m = Vec::new();
     for q in OWN_USER_CELLS {
-        let Some(old) = row.get(&families.router, q) else {
-            continue;
-        };
-        m.push(delete_column(&families.router, q.as_bytes()));
-        let keep = match row.get(&families.message, q) {
-            None => true,
-            Some(current) => q == "last_connect" && later(old, current),
-        };
-        if keep {
-            m.extend(replace(&families.message, q, Some(old.to_vec())));
+        let old = row.get(&families.router, q);
+        if old.is_some() {
+            m.push(delete_column(&families.router, q.as_bytes()));
         }
+        let value = match (old, row.get(&families.message, q)) {
+            (Some(old), Some(current)) if q == "last_connect" && later(old, current) => old,
+            (_, Some(current)) => current,
+            (Some(old), None) => old,
+            (None, None) => continue,
+        };
+        m.extend(replace(&families.message, q, Some(value.to_vec()), stamp));
     }
     m
 }
@@ -415,9 +472,18 @@ fn later(a: &[u8], b: &[u8]) -> bool {
     }
 }
 
-pub fn router_data_mutations(families: &Families, data: &serde_json::Value) -> Vec<pb::Mutation> {
-    let mut m = replace(&families.router, "router_data", Some(json_bytes(data)));
-    m.extend(new_version(families));
+pub fn router_data_mutations(
+    families: &Families,
+    data: &serde_json::Value,
+    stamp: i64,
+) -> Vec<pb::Mutation> {
+    let mut m = replace(
+        &families.router,
+        "router_data",
+        Some(json_bytes(data)),
+        stamp,
+    );
+    m.extend(new_version(families, stamp));
     m
 }
 
@@ -431,12 +497,12 @@ pub fn chid_qualifier(channel_id: &Uuid) -> Vec<u8> {
     format!("{CHID_PREFIX}{}", channel_id.as_hyphenated()).into_bytes()
 }
 
-pub fn add_channel_mutation(families: &Families, channel_id: &Uuid) -> pb::Mutation {
+pub fn add_channel_mutation(families: &Families, channel_id: &Uuid, stamp: i64) -> pb::Mutation {
     set(
         &families.router,
         &chid_qualifier(channel_id),
         Vec::new(),
-        router_stamp(),
+        stamp,
     )
 }
 
@@ -1093,25 +1159,34 @@ mod tests {
     }
 
     /// A router copy moves unless the message family has one, which this
-    /// build reads first; a later `last_connect` wins either way.
+    /// build reads first; a later `last_connect` wins either way. Every
+    /// cell of ours is written again, stamped anew.
     #[test]
-    fn legacy_cells_move_to_the_message_family() {
+    fn own_cells_are_moved_to_the_message_family_and_stamped_anew() {
         let families = Families::default();
         let at = |family: &str, q: &str| (family.to_owned(), q.as_bytes().to_vec());
+        let stamp = router_stamp(1_764_000_000);
         let mut row = Row::default();
         row.cells
             .insert(at("router", "last_connect"), 7u64.to_be_bytes().to_vec());
         row.cells.insert(at("router", "over_msg_limit"), vec![1]);
-        let moved = |row: &Row| {
-            let m = legacy_cells_moved(&families, row);
+        let rewritten = |row: &Row| {
+            let m = own_cells_rewritten(&families, row, stamp);
             let deleted = m
                 .iter()
                 .filter(|m| matches!(&m.mutation, Some(mutation::Mutation::DeleteFromColumn(d)) if d.family_name == "router"))
                 .count();
-            (deleted, set_cells(m, Vec::new(), None).cells)
+            let stamps: HashSet<_> = m
+                .iter()
+                .filter_map(|m| match &m.mutation {
+                    Some(mutation::Mutation::SetCell(c)) => Some(c.timestamp_micros),
+                    _ => None,
+                })
+                .collect();
+            (deleted, stamps, set_cells(m, Vec::new(), None).cells)
         };
-        let (deleted, set) = moved(&row);
-        assert_eq!(deleted, 2);
+        let (deleted, stamps, set) = rewritten(&row);
+        assert_eq!((deleted, stamps), (2, HashSet::from([stamp])));
         assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
         assert_eq!(set[&at("message", "over_msg_limit")], [1]);
         assert!(!set.keys().any(|(f, _)| f == "router"));
@@ -1119,14 +1194,17 @@ mod tests {
         row.cells
             .insert(at("message", "last_connect"), 5u64.to_be_bytes().to_vec());
         row.cells.insert(at("message", "over_msg_limit"), vec![1]);
-        let (_, set) = moved(&row);
+        row.cells
+            .insert(at("message", "wake_route"), b"{\"route\"}".to_vec());
+        let (_, _, set) = rewritten(&row);
         assert_eq!(set[&at("message", "last_connect")], 7u64.to_be_bytes());
-        assert!(!set.contains_key(&at("message", "over_msg_limit")));
+        assert_eq!(set[&at("message", "wake_route")], b"{\"route\"}");
         row.cells
             .insert(at("message", "last_connect"), 9u64.to_be_bytes().to_vec());
-        let (deleted, set) = moved(&row);
-        assert_eq!(deleted, 2);
-        assert!(set.is_empty());
+        row.cells.retain(|(f, _), _| f == "message");
+        let (deleted, stamps, set) = rewritten(&row);
+        assert_eq!((deleted, stamps), (0, HashSet::from([stamp])));
+        assert_eq!(set, row.cells);
     }
 
     #[test]
