@@ -100,6 +100,85 @@ pub fn address_key(client: IpAddr) -> IpAddr {
     }
 }
 
+/// How many hosts' worth of a limit by address the /48 around an IPv6 /64
+/// gets: a site (an office, a tunnel broker's customer) holds a /48 and
+/// several hosts, but one host of it with 65 536 /64s must not get 65 536
+/// buckets' worth of rate.
+pub const SITE_HOSTS: f64 = 16.0;
+
+/// The /48 around an IPv6 address ([`SITE_HOSTS`]); `None` for IPv4.
+fn site_key(client: IpAddr) -> Option<IpAddr> {
+    match client.to_canonical() {
+        IpAddr::V6(v6) => Some(IpAddr::V6(Ipv6Addr::from(
+            u128::from(v6) & !((1u128 << 80) - 1),
+        ))),
+        IpAddr::V4(_) => None,
+    }
+}
+
+/// A limit by source address: a bucket per host ([`address_key`]) and, for
+/// IPv6, one per enclosing /48 at [`SITE_HOSTS`] times the rate. The site
+/// is charged first, so a /48 out of its budget is refused before any of its
+/// /64s takes a bucket: its flood of fresh /64s neither multiplies its rate
+/// nor evicts other senders' refused buckets.
+pub struct AddressLimiter {
+    hosts: Limiter<IpAddr>,
+    sites: Limiter<IpAddr>,
+}
+
+impl AddressLimiter {
+    pub fn new(rate: Rate, max_keys: usize) -> Self {
+        let site = Rate {
+            per_second: rate.per_second * SITE_HOSTS,
+            burst: rate.burst * SITE_HOSTS,
+        };
+        AddressLimiter {
+            hosts: Limiter::new(rate, max_keys),
+            sites: Limiter::new(site, max_keys),
+        }
+    }
+
+    /// Take a token for `client`'s site and host, or say how long until
+    /// there is one.
+    pub fn check(&self, client: IpAddr) -> Result<(), Duration> {
+        self.check_at(client, Instant::now())
+    }
+
+    /// [`AddressLimiter::check`], counting a refusal as
+    /// [`Limiter::check_counted`] does.
+    pub fn check_counted(&self, client: IpAddr, limit: &'static str) -> Result<(), Duration> {
+        self.check(client).inspect_err(|_| {
+            crate::metrics::rate_limited(limit, self.len());
+        })
+    }
+
+    /// [`AddressLimiter::check`] at `now`.
+    pub fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
+        if let Some(site) = site_key(client) {
+            self.sites.check_at(&site, now)?;
+        }
+        self.hosts.check_at(&address_key(client), now)
+    }
+
+    /// Whether `client`'s site and host have a token, without taking one.
+    pub fn ready_counted(&self, client: IpAddr, limit: &'static str) -> Result<(), Duration> {
+        let now = Instant::now();
+        site_key(client)
+            .map_or(Ok(()), |site| self.sites.ready_at(&site, now))
+            .and_then(|()| self.hosts.ready_at(&address_key(client), now))
+            .inspect_err(|_| crate::metrics::rate_limited(limit, self.len()))
+    }
+
+    /// Buckets tracked now, hosts and sites.
+    pub fn len(&self) -> usize {
+        self.hosts.len() + self.sites.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 struct Shard<K> {
     buckets: HashMap<K, Bucket>,
     /// When refilled buckets were last dropped to make room.
@@ -279,6 +358,40 @@ mod tests {
             "2001:db8:1:2::".parse::<IpAddr>().unwrap()
         );
         assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
+    }
+
+    #[test]
+    fn the_64s_of_one_48_share_its_budget_and_leave_others_their_refusals() {
+        let rate = Rate::new(1.0, 2.0).unwrap();
+        let limiter = AddressLimiter::new(rate, 1000);
+        let start = Instant::now();
+        // Another sender, out of its budget: refused.
+        let other: IpAddr = "2001:db8:ffff:1::1".parse().unwrap();
+        while limiter.check_at(other, start).is_ok() {}
+        // One host walking through the /64s of its /48.
+        let accepted = (0..65_536u128)
+            .filter(|n| {
+                let ip = IpAddr::V6(Ipv6Addr::from(
+                    u128::from("2001:db8:1::1".parse::<Ipv6Addr>().unwrap()) | (n << 64),
+                ));
+                limiter.check_at(ip, start).is_ok()
+            })
+            .count();
+        assert_eq!(accepted as f64, rate.burst * SITE_HOSTS, "the /48's burst");
+        // The other sender's host and site, the /48's and its first 32 /64s.
+        assert_eq!(limiter.len(), 2 + 1 + 32);
+        assert!(
+            limiter.check_at(other, start).is_err(),
+            "the other sender's refusal stays"
+        );
+        // IPv4 is limited by address alone.
+        let v4: IpAddr = "192.0.2.7".parse().unwrap();
+        assert!(limiter.check_at(v4, start).is_ok());
+        assert!(
+            limiter
+                .check_at("192.0.2.8".parse().unwrap(), start)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -10,13 +10,12 @@
 //! * [`websocket`] is the server's end of a websocket, holding no buffer
 //!   while its client is idle.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use autopush_common::endpoint::EndpointCrypto;
-use autopush_common::limit::Limiter;
+use autopush_common::limit::AddressLimiter;
 use autopush_common::router::RouterRegistry;
 use autopush_storage::Storage;
 use autopush_webpush::NodeClient;
@@ -97,7 +96,7 @@ pub struct NodeContext {
     /// Websockets open now (from the upgrade until the session ends).
     pub open_sockets: AtomicUsize,
     /// New UAIDs handed out at hello, by client address (`None`: no quota).
-    pub new_uaids: Option<Limiter<IpAddr>>,
+    pub new_uaids: Option<AddressLimiter>,
     /// The bridges (APNs, FCM) whose apps a client may name as its wake
     /// route.
     pub wake_bridges: RouterRegistry,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use autopush_common::RouterType;
 use autopush_common::bridge::AppLimits;
 use autopush_common::endpoint::EndpointCrypto;
-use autopush_common::limit::Limiter;
+use autopush_common::limit::AddressLimiter;
 use autopush_common::node::LocalNode;
 use autopush_common::node_auth::NodeKeys;
 use autopush_common::router::RouterRegistry;
@@ -526,7 +526,7 @@ async fn start_connection(
         new_uaids: settings
             .limits
             .new_uaid
-            .map(|rate| Limiter::new(rate, settings.limits.max_keys)),
+            .map(|rate| AddressLimiter::new(rate, settings.limits.max_keys)),
         wake_bridges: bridges.clone(),
     });
     if !settings.unsigned_node_calls_from.is_empty() {

@@ -4,7 +4,6 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use autopush_common::ids::uaid_tag;
-use autopush_common::limit::address_key;
 use autopush_common::time::now_millis;
 use autopush_common::{RouterType, Urgency, User};
 use tokio_tungstenite::tungstenite::Message;
@@ -36,18 +35,16 @@ fn within_new_uaid_quota(ctx: &NodeContext, client: Option<IpAddr>) -> Result<()
     let (Some(limiter), Some(client)) = (&ctx.new_uaids, client) else {
         return Ok(());
     };
-    limiter
-        .check_counted(&address_key(client), "new_uaid")
-        .map_err(|wait| {
-            debug!(
-                ?wait,
-                "refusing a new UAID: the client's address is over its quota"
-            );
-            Close::too_many(format!(
-                "too many new user agents from this address; try again in {} s",
-                wait.as_secs_f64().ceil().max(1.0)
-            ))
-        })
+    limiter.check_counted(client, "new_uaid").map_err(|wait| {
+        debug!(
+            ?wait,
+            "refusing a new UAID: the client's address is over its quota"
+        );
+        Close::too_many(format!(
+            "too many new user agents from this address; try again in {} s",
+            wait.as_secs_f64().ceil().max(1.0)
+        ))
+    })
 }
 
 /// A client that joined the registry and published its `node_id`: from now

@@ -18,7 +18,8 @@
 //! bucket of their own, and against each subscription they reach, as an
 //! unsigned push does. `/v1` registrations, which
 //! create users without credentials, count against their source address.
-//! Addresses count by [`address_key`] (an IPv6 host by its /64). Limits are
+//! Addresses count by [`AddressLimiter`] (an IPv6 host by its /64, and its
+//! /48 at 16 times the rate). Limits are
 //! per node: behind a load balancer spreading over N nodes, a sender gets
 //! up to N times the rate.
 
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use autopush_common::endpoint::TokenInfo;
 use autopush_common::errors::retry_after_secs;
-use autopush_common::limit::{Limiter, Rate, address_key};
+use autopush_common::limit::{AddressLimiter, Limiter, Rate};
 use autopush_common::{ApiError, ApiResult, metrics};
 use uuid::Uuid;
 
@@ -40,12 +41,12 @@ pub const REPORT_EVERY: Duration = Duration::from_secs(10);
 pub struct FairUse {
     sender: Option<Limiter<[u8; 32]>>,
     subscription: Option<Limiter<(Uuid, Uuid)>>,
-    source_ip: Option<Limiter<IpAddr>>,
-    registration: Option<Limiter<IpAddr>>,
+    source_ip: Option<AddressLimiter>,
+    registration: Option<AddressLimiter>,
     /// Failed signature checks by source address (at `source_ip`'s rate).
-    forged: Option<Limiter<IpAddr>>,
+    forged: Option<AddressLimiter>,
     /// Matrix gateway notifications by the homeserver's source address.
-    matrix_gateway: Option<Limiter<IpAddr>>,
+    matrix_gateway: Option<AddressLimiter>,
     /// Proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
@@ -58,13 +59,16 @@ impl FairUse {
         ) -> Option<Limiter<K>> {
             rate.map(|rate| Limiter::new(rate, max_keys))
         }
+        fn addresses(rate: Option<Rate>, max_keys: usize) -> Option<AddressLimiter> {
+            rate.map(|rate| AddressLimiter::new(rate, max_keys))
+        }
         FairUse {
             sender: limiter(limits.sender, limits.max_keys),
             subscription: limiter(limits.subscription, limits.max_keys),
-            source_ip: limiter(limits.source_ip, limits.max_keys),
-            registration: limiter(limits.registration, limits.max_keys),
-            forged: limiter(limits.source_ip, limits.max_keys),
-            matrix_gateway: limiter(limits.matrix_gateway, limits.max_keys),
+            source_ip: addresses(limits.source_ip, limits.max_keys),
+            registration: addresses(limits.registration, limits.max_keys),
+            forged: addresses(limits.source_ip, limits.max_keys),
+            matrix_gateway: addresses(limits.matrix_gateway, limits.max_keys),
             trusted_proxies: limits.trusted_proxies.clone(),
         }
     }
@@ -80,12 +84,7 @@ impl FairUse {
             "subscription",
             "subscription",
         )?;
-        take(
-            &self.source_ip,
-            &address_key(client),
-            "source_ip",
-            "source address",
-        )
+        take_address(&self.source_ip, client, "source_ip", "source address")
     }
 
     /// Before a signature from `client` is checked: refused while its
@@ -95,7 +94,7 @@ impl FairUse {
             return Ok(());
         };
         limiter
-            .ready_counted(&address_key(client), "forged")
+            .ready_counted(client, "forged")
             .map_err(too_many("source address"))
     }
 
@@ -103,7 +102,7 @@ impl FairUse {
     pub fn forged(&self, client: IpAddr) {
         if let Some(limiter) = &self.forged {
             // Refused or not, the failure is spent.
-            let _ = limiter.check(&address_key(client));
+            let _ = limiter.check(client);
         }
     }
 
@@ -114,25 +113,34 @@ impl FairUse {
 
     /// Report how many keys each limiter tracks (`rate_limit.keys`).
     pub fn report(&self) {
-        fn keys<K: std::hash::Hash + Eq + Clone>(name: &'static str, l: &Option<Limiter<K>>) {
-            if let Some(l) = l {
-                metrics::rate_limit_keys(name, l.len());
+        fn keys(name: &'static str, held: Option<usize>) {
+            if let Some(held) = held {
+                metrics::rate_limit_keys(name, held);
             }
         }
-        keys("sender", &self.sender);
-        keys("subscription", &self.subscription);
-        keys("source_ip", &self.source_ip);
-        keys("registration", &self.registration);
-        keys("forged", &self.forged);
-        keys("matrix_gateway", &self.matrix_gateway);
+        keys("sender", self.sender.as_ref().map(Limiter::len));
+        keys("subscription", self.subscription.as_ref().map(Limiter::len));
+        keys(
+            "source_ip",
+            self.source_ip.as_ref().map(AddressLimiter::len),
+        );
+        keys(
+            "registration",
+            self.registration.as_ref().map(AddressLimiter::len),
+        );
+        keys("forged", self.forged.as_ref().map(AddressLimiter::len));
+        keys(
+            "matrix_gateway",
+            self.matrix_gateway.as_ref().map(AddressLimiter::len),
+        );
     }
 
     /// A Matrix gateway notification for one device, from the homeserver
     /// at `client`: taken before its pushkey is looked at.
     pub fn matrix_notification(&self, client: IpAddr) -> ApiResult<()> {
-        take(
+        take_address(
             &self.matrix_gateway,
-            &address_key(client),
+            client,
             "matrix_gateway",
             "homeserver address",
         )
@@ -151,13 +159,21 @@ impl FairUse {
 
     /// A `/v1` registration from `client`.
     pub fn registration(&self, client: IpAddr) -> ApiResult<()> {
-        take(
-            &self.registration,
-            &address_key(client),
-            "registration",
-            "source address",
-        )
+        take_address(&self.registration, client, "registration", "source address")
     }
+}
+
+/// Take a token from `limiter` for `client`'s address, or refuse with 429.
+fn take_address(
+    limiter: &Option<AddressLimiter>,
+    client: IpAddr,
+    limit: &'static str,
+    what: &'static str,
+) -> ApiResult<()> {
+    let Some(limiter) = limiter else {
+        return Ok(());
+    };
+    limiter.check_counted(client, limit).map_err(too_many(what))
 }
 
 /// Take a token from `limiter` for `key`, or refuse with 429.
