@@ -39,11 +39,14 @@
 //! the file are not read again.
 //!
 //! Only the journal thread writes, each batch right after the last, and it
-//! syncs before it answers: a crash leaves at most a torn tail past the
-//! last whole record, which replay drops (with a warning if a record of the
-//! epoch was cut short). A record of the epoch it cannot read with whole
-//! ones after it was answered for: the node refuses to start, naming the
-//! file and the offset (`autopush db replay-journal` reads what it can).
+//! syncs before it answers. `kill -9` leaves at most a torn tail past the
+//! last whole record; a power loss may leave any of the blocks of a batch
+//! whose sync had not returned, and not others. Each batch starts by saying
+//! how far the file was synced when it was written, so replay tells the
+//! two apart ([`format::Format`]): what a crash cut short is dropped, with a
+//! warning naming its offset; a place it cannot read, before a batch that
+//! says it was synced, was answered for: the node refuses to start, naming
+//! the file and the offset (`autopush db replay-journal` reads what it can).
 //! Every move into redb is
 //! conditional: a message is written only where its key is free in the
 //! messages table and holds no receipt, so a replay never overwrites a
@@ -196,6 +199,7 @@ impl Journal {
             last_flush: Instant::now(),
             epoch,
             next: HEADER,
+            synced: HEADER,
             rotate_at: rotate_at(),
             buffer: Vec::new(),
         };

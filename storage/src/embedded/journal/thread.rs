@@ -27,6 +27,9 @@ pub(super) struct JournalThread {
     pub(super) epoch: u32,
     /// Where the next record goes (reset by a rotation).
     pub(super) next: u64,
+    /// How far the file is synced in this epoch: each batch says so in
+    /// its first record (see [`super::format::Format::V2`]).
+    pub(super) synced: u64,
     /// The file outgrows this: it rotates (see [`super::rotate_at`]).
     pub(super) rotate_at: u64,
     /// The last batch's bytes, emptied, for the next: a batch of messages
@@ -216,6 +219,11 @@ impl JournalThread {
             waiters: Vec::new(),
         };
         let mut unframed = Vec::new();
+        let synced = RecordRef::Synced { to: self.synced };
+        if frame_into(&mut batch.bytes, |out| synced.write_json(out), None).is_ok() {
+            stamp(&mut batch.bytes, self.epoch);
+        }
+        let marker = batch.bytes.len();
         let ripe = staged_by.map_or(0, |by| state.due.partition_point(|(at, ..)| *at <= by));
         let n = ripe.min(MAX_BATCH);
         let epoch = self.epoch;
@@ -261,6 +269,10 @@ impl JournalThread {
         let tombstones = batch.bytes.len();
         batch.bytes.extend_from_slice(&state.tombstones);
         stamp_all(&mut batch.bytes[tombstones..], epoch);
+        if batch.bytes.len() == marker {
+            // Nothing to write.
+            batch.bytes.clear();
+        }
         // Emptied, not freed: the next settles frame into it again.
         state.tombstones.clear();
         if state.tombstones.capacity() > BUFFER_KEPT {
@@ -287,6 +299,9 @@ impl JournalThread {
         let mut written = self.write_at(&bytes, at, Part::Batch);
         if !puts.is_empty() {
             written = written.and_then(|()| self.sync(Part::Batch));
+            if written.is_ok() {
+                self.synced = at + bytes.len() as u64;
+            }
         }
         bytes.clear();
         bytes.shrink_to(BUFFER_KEPT);
