@@ -58,14 +58,17 @@
 //! timestamp, so two of them never compete for a key. A topic message
 //! replaces an older one under its key, which redb's conditional write does.
 
+mod file;
 mod format;
 mod index;
+#[cfg(test)]
+mod power_loss;
 mod rotation;
 #[cfg(test)]
 mod tests;
 mod thread;
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -77,6 +80,7 @@ use uuid::Uuid;
 
 use super::writer::Writer;
 use crate::{Result, StorageError};
+pub(super) use file::JournalFile;
 use format::HEADER;
 use index::State;
 pub use rotation::JournalReplay;
@@ -178,17 +182,30 @@ fn io(what: &str, e: std::io::Error) -> StorageError {
 
 impl Journal {
     /// Open the journal in `dir`: replay what a previous run left into `db`
-    /// (before anything else writes to it), then start the journal thread.
-    pub(super) fn open(dir: &Path, db: &Database, writer: Writer) -> Result<Journal> {
+    /// (before anything else writes to it), then start the journal thread,
+    /// which writes the file through what `wrap` makes of it (the file
+    /// itself, but under test).
+    pub(super) fn open(
+        dir: &Path,
+        db: &Database,
+        writer: Writer,
+        wrap: impl FnOnce(File) -> Box<dyn JournalFile>,
+    ) -> Result<Journal> {
         let path = dir.join("direct.journal");
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
-        let epoch = replay(&mut file, &path, db)?;
+        let mut file = wrap(file);
+        let epoch = replay(&mut *file, &path, db)?;
+        // A file just made (this one, the store's) is lost to a power loss
+        // until its directory is synced as well.
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io("cannot sync its directory", e))?;
         let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {

@@ -2,9 +2,6 @@
 //! and when the file starts over, and receipts reach redb in checkpoints.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -14,6 +11,7 @@ use tracing::warn;
 
 use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
+use super::file::JournalFile;
 use super::format::{
     FirstPage, Format, HEADER, Record, epoch_of, first_page, header, latest_epoch, read_records,
     salvage_records,
@@ -55,10 +53,8 @@ pub(super) fn move_message(
 /// its zeros, the first time).
 ///
 /// A file it cannot read whole stops it: see [`unreadable`].
-pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32> {
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .map_err(|e| io("cannot read", e))?;
+pub(super) fn replay(file: &mut dyn JournalFile, path: &Path, db: &Database) -> Result<u32> {
+    let bytes = file.read_all().map_err(|e| io("cannot read", e))?;
     let current = first_page(&bytes).map_err(|first| {
         refuse(
             path,
@@ -111,17 +107,17 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
     }
     let epoch = current.map(|(epoch, _)| epoch);
     let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
-    file.write_all_at(&header(epoch), 0)
+    file.write_at(&header(epoch), 0)
         .map_err(|e| io("cannot write", e))?;
     let zeros = vec![0u8; 1 << 20];
     let mut len = bytes.len().max(16) as u64;
     while len < PREALLOCATE {
         let n = zeros.len().min((PREALLOCATE - len) as usize);
-        file.write_all_at(&zeros[..n], len)
+        file.write_at(&zeros[..n], len)
             .map_err(|e| io("cannot write", e))?;
         len += n as u64;
     }
-    file.sync_all().map_err(|e| io("cannot sync", e))?;
+    file.sync().map_err(|e| io("cannot sync", e))?;
     Ok(epoch)
 }
 

@@ -2,8 +2,6 @@
 //! messages whose grace has ended and waiting settle records into one
 //! `write`, syncs the batch if it holds messages, and answers their senders.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -12,13 +10,14 @@ use tracing::{error, info};
 use uuid::Uuid;
 
 use super::super::writer::Writer;
+use super::file::JournalFile;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
 use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, io, lock};
 use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
-    pub(super) file: File,
+    pub(super) file: Box<dyn JournalFile>,
     pub(super) state: Arc<Mutex<State>>,
     pub(super) work: Arc<Condvar>,
     pub(super) writer: Writer,
@@ -83,7 +82,7 @@ impl JournalThread {
             return Err(std::io::Error::other("a write failed on purpose"));
         }
         let _ = part;
-        self.file.write_all_at(bytes, at)
+        self.file.write_at(bytes, at)
     }
 
     /// Sync the file's data (or fail, under test, as asked).
@@ -98,7 +97,7 @@ impl JournalThread {
             }
         }
         let _ = part;
-        self.file.sync_data()
+        self.file.sync()
     }
 
     pub(super) fn run(mut self) {
