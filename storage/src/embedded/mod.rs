@@ -25,7 +25,7 @@ use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 pub use journal::JournalReplay;
-use journal::{Journal, JournalFile, Settled};
+use journal::{Journal, JournalFile, NotStaged, Settled};
 use receipts::RECEIPTS;
 use writer::Writer;
 
@@ -693,7 +693,13 @@ impl Storage for EmbeddedStore {
         if !Journal::takes(&message) {
             return self.save_messages(uaid, vec![message]).await;
         }
-        self.journal.put(uaid, message).await
+        match self.journal.stage(uaid, message, false) {
+            Ok(done) => crate::copy_written(done).await,
+            // While the journal takes none (until it starts over), redb
+            // takes the message.
+            Err(NotStaged::Closed(message, _)) => self.save_messages(uaid, vec![*message]).await,
+            Err(NotStaged::Refused(e)) => Err(e),
+        }
     }
 
     /// Into the journal's index at once, written after its grace unless
@@ -703,8 +709,16 @@ impl Storage for EmbeddedStore {
             self.save_messages(uaid, vec![message]).await?;
             return Ok(DirectCopy::saved());
         }
-        let done = self.journal.stage(uaid, message, true)?;
-        Ok(DirectCopy::new(done, self.hurry.clone()))
+        match self.journal.stage(uaid, message, true) {
+            Ok(done) => Ok(DirectCopy::new(done, self.hurry.clone())),
+            // While the journal takes none (until it starts over), the
+            // copy goes to redb, saved at once: its ack settles it there.
+            Err(NotStaged::Closed(message, _)) => {
+                self.save_messages(uaid, vec![*message]).await?;
+                Ok(DirectCopy::saved())
+            }
+            Err(NotStaged::Refused(e)) => Err(e),
+        }
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {

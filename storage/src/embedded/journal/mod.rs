@@ -76,12 +76,12 @@ use std::time::{Duration, Instant};
 
 use autopush_common::Notification;
 use redb::Database;
-use uuid::Uuid;
 
 use super::writer::Writer;
 use crate::{Result, StorageError};
 pub(super) use file::JournalFile;
 use format::HEADER;
+pub(super) use index::NotStaged;
 use index::State;
 pub use rotation::JournalReplay;
 use rotation::{replay, replay_file};
@@ -283,10 +283,5 @@ impl Journal {
     /// Whether `message` can be journaled (see the module's notes).
     pub(super) fn takes(message: &Notification) -> bool {
         message.topic.is_none()
-    }
-
-    /// Append `message` and return once it is on disk.
-    pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
-        crate::copy_written(self.stage(uaid, message, false)?).await
     }
 }

@@ -11,6 +11,7 @@ use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
+use uuid::Uuid;
 
 fn message(ts: u64, data: &str) -> Notification {
     Notification {
@@ -909,9 +910,9 @@ async fn replayed_from_a_copy(path: &Path, uaid: &Uuid) -> Vec<String> {
 
 /// A new epoch's first page written, its sync failed: the first page may
 /// name the new epoch or the old one. Nothing more is stamped with either
-/// until it is synced: the journal takes no message (its sender hears an
-/// error, health says so) until a new first page is synced, then takes
-/// messages again, and a node killed after that replays them.
+/// until it is synced: the journal takes no message (redb does, health
+/// says so) until a new first page is synced, then takes messages again,
+/// and a node killed after that replays them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_sync_of_a_new_first_page_stops_the_journal_until_one_is_synced() {
     let dir = tempfile::tempdir().unwrap();
@@ -928,11 +929,11 @@ async fn a_failed_sync_of_a_new_first_page_stops_the_journal_until_one_is_synced
         ts += 1;
     }
     await_health(&store, false, "health did not say the journal cannot write").await;
-    let refused = store.save_direct(&uaid, message(ts, "during")).await;
-    assert!(
-        refused.is_err(),
-        "the journal took a message on an unsynced first page"
-    );
+    // Not the journal's to take on an unsynced first page: redb's.
+    store
+        .save_direct(&uaid, message(ts, "during"))
+        .await
+        .unwrap();
     lock(&store.journal.shared.state).faults.header_sync = false;
     await_health(&store, true, "the journal did not start over again").await;
     // The failed epoch's number again: no record was stamped with it.
@@ -1128,5 +1129,49 @@ async fn a_power_loss_that_kept_a_later_block_of_an_unsynced_batch_keeps_what_wa
     assert_eq!(
         data(&restarted.fetch_messages(&uaid, 10).await.unwrap()),
         ["synced"]
+    );
+}
+
+/// While the journal takes no message (a batch's sync failed, and so does
+/// every sync of a new first page), redb takes them: a message for a
+/// client not connected (`save_direct`) and the copy of one for a
+/// connected client (`stage_direct`, saved at once) are stored, readable,
+/// and settle in redb.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_journal_takes_no_message_redb_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    {
+        let faults = &mut lock(&store.journal.shared.state).faults;
+        (faults.batch_sync, faults.header_sync) = (true, true);
+    }
+    let failed = store.save_direct(&uaid, message(1, "failed")).await;
+    assert!(failed.is_err(), "a message was answered on a failed sync");
+    await_health(&store, false, "health did not say the journal cannot write").await;
+    let (offline, direct) = (message(2, "offline"), message(3, "direct"));
+    if let Err(e) = store.save_direct(&uaid, offline.clone()).await {
+        panic!("a message for a client not connected was refused: {e}");
+    }
+    match store.stage_direct(&uaid, direct.clone()).await {
+        Ok(copy) => copy.saved_or_settled().await.unwrap(),
+        Err(e) => panic!("a connected client's copy was refused: {e}"),
+    }
+    assert_eq!(
+        data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+        ["offline", "direct"]
+    );
+    let (key, delivered) = (direct.sort_key(), MessageState::Delivered);
+    assert!(
+        store
+            .settle_message(&uaid, &key, &direct.version, delivered)
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+        ["offline"]
     );
 }
