@@ -25,7 +25,7 @@ use autopush_common::metrics::final_states_in_store;
 use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 pub use journal::JournalReplay;
-use journal::{Journal, Settled};
+use journal::{Journal, JournalFile, NotStaged, Settled};
 use receipts::RECEIPTS;
 use writer::Writer;
 
@@ -80,6 +80,15 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// Open (creating if needed) the store in directory `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_with(dir, |file, _| Box::new(file))
+    }
+
+    /// [`EmbeddedStore::open`], the journal writing its file through what
+    /// `wrap` makes of it and the database (a test's recorder).
+    fn open_with(
+        dir: &Path,
+        wrap: impl FnOnce(std::fs::File, &Arc<Database>) -> Box<dyn JournalFile>,
+    ) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StorageError::Backend(format!("cannot create {}: {e}", dir.display())))?;
         let path: PathBuf = dir.join("autopush.redb");
@@ -97,7 +106,7 @@ impl EmbeddedStore {
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
-        let journal = Journal::open(dir, &db, writer.clone())?;
+        let journal = Journal::open(dir, &db, writer.clone(), |file| wrap(file, &db))?;
         let hurry = {
             let journal = journal.clone();
             Arc::new(move || journal.hurry())
@@ -684,7 +693,13 @@ impl Storage for EmbeddedStore {
         if !Journal::takes(&message) {
             return self.save_messages(uaid, vec![message]).await;
         }
-        self.journal.put(uaid, message).await
+        match self.journal.stage(uaid, message, false) {
+            Ok(done) => crate::copy_written(done).await,
+            // While the journal takes none (until it starts over), redb
+            // takes the message.
+            Err(NotStaged::Closed(message, _)) => self.save_messages(uaid, vec![*message]).await,
+            Err(NotStaged::Refused(e)) => Err(e),
+        }
     }
 
     /// Into the journal's index at once, written after its grace unless
@@ -694,8 +709,16 @@ impl Storage for EmbeddedStore {
             self.save_messages(uaid, vec![message]).await?;
             return Ok(DirectCopy::saved());
         }
-        let done = self.journal.stage(uaid, message, true)?;
-        Ok(DirectCopy::new(done, self.hurry.clone()))
+        match self.journal.stage(uaid, message, true) {
+            Ok(done) => Ok(DirectCopy::new(done, self.hurry.clone())),
+            // While the journal takes none (until it starts over), the
+            // copy goes to redb, saved at once: its ack settles it there.
+            Err(NotStaged::Closed(message, _)) => {
+                self.save_messages(uaid, vec![*message]).await?;
+                Ok(DirectCopy::saved())
+            }
+            Err(NotStaged::Refused(e)) => Err(e),
+        }
     }
 
     async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {

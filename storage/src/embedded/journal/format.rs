@@ -1,5 +1,10 @@
 //! The journal file's format: its first page, and records framed,
 //! stamped with their epoch, and read back.
+//!
+//! Two formats: each batch a [`Format::V2`] file holds starts with a
+//! [`Record::Synced`] saying how far the file was synced when it was
+//! written; a [`Format::V1`] file (written by releases before) has none,
+//! and is read as they read it.
 
 use autopush_common::Notification;
 use autopush_common::bridge::{write_json_str, write_json_uuid};
@@ -13,7 +18,26 @@ use crate::{Receipt, Result, StorageError};
 /// The first page of the file: [`FILE_MAGIC`] and the epoch (twice, the
 /// second inverted) whose records are current. Records start after it.
 pub(super) const HEADER: u64 = 4096;
-pub(super) const FILE_MAGIC: &[u8; 8] = b"APJRNL01";
+/// The first page of a [`Format::V2`] file: what this release writes.
+pub(super) const FILE_MAGIC: &[u8; 8] = b"APJRNL02";
+/// The first page of a [`Format::V1`] file: read, never written.
+pub(super) const FILE_MAGIC_V1: &[u8; 8] = b"APJRNL01";
+
+/// How a journal file tells a batch a power loss cut short from damage.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Format {
+    /// Records only. A crash is taken to leave at most a torn tail, as
+    /// after `kill -9`: a place that holds no whole record, with whole
+    /// ones after it, is damage. (A power loss can leave that too: until
+    /// `fdatasync` returns, the disk may keep a batch's later blocks and
+    /// not its first.)
+    V1,
+    /// Each batch starts with [`Record::Synced`]. A place that holds no
+    /// whole record is damage only if a batch after it says the file was
+    /// synced past it; else it is the start of a batch never synced
+    /// (whose senders were not answered), dropped with what follows.
+    V2,
+}
 /// Starts every record: bytes that JSON and base64url text never hold, so
 /// that a record is not seen where another's body is.
 pub(super) const RECORD_MAGIC: [u8; 4] = [0xa7, 0x4a, 0x9c, 0xf1];
@@ -23,6 +47,9 @@ pub(super) const RECORD_HEAD: usize = 16;
 /// One journal record.
 #[derive(Serialize, Deserialize)]
 pub(super) enum Record {
+    /// Starts a batch ([`Format::V2`]): when it was written, the file was
+    /// synced up to offset `to` in this epoch.
+    Synced { to: u64 },
     /// A message accepted for direct delivery.
     Put { uaid: Uuid, message: Notification },
     /// The message under `key` was settled, if it is still `version`; its
@@ -100,6 +127,9 @@ pub(super) fn checksum(bytes: &[u8]) -> u32 {
 /// [`Record`] to write, borrowing the message.
 #[cfg_attr(test, derive(Serialize))]
 pub(super) enum RecordRef<'a> {
+    Synced {
+        to: u64,
+    },
     Put {
         uaid: Uuid,
         message: &'a Notification,
@@ -118,6 +148,10 @@ impl RecordRef<'_> {
     /// the message id, which every push's records hold.
     pub(super) fn write_json(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         match self {
+            RecordRef::Synced { to } => {
+                out.extend_from_slice(br#"{"Synced":{"to":"#);
+                serde_json::to_writer(&mut *out, to)?;
+            }
             RecordRef::Put { uaid, message } => {
                 out.extend_from_slice(br#"{"Put":{"uaid":"#);
                 write_json_uuid(out, uaid);
@@ -233,16 +267,23 @@ pub(super) fn record_at(bytes: &[u8], epoch: u32) -> Option<(Record, usize)> {
 /// The current epoch's records in a journal file, as [`read_records`]
 /// finds them.
 pub(super) struct Records {
+    /// Messages and settles, in order (no [`Record::Synced`]).
     pub(super) records: Vec<Record>,
     /// Where they end.
     pub(super) end: usize,
     /// A record of the epoch starts at `end` but is not whole: the last
     /// write, cut short by a crash.
     pub(super) torn: bool,
+    /// Whole records of the epoch past `end`, the first at this offset,
+    /// that no later batch says were synced ([`Format::V2`]): a power loss
+    /// kept them and not a block before them. Never synced, so their
+    /// senders were not answered; dropped.
+    pub(super) unsynced: Option<usize>,
 }
 
-/// A place in the current epoch that holds no whole record, with whole
-/// records of the epoch after it (the first at `next`).
+/// A place in the current epoch that holds no whole record, yet was
+/// synced: whole records of the epoch follow it ([`Format::V1`]), or a
+/// batch written after it was synced ([`Format::V2`]), at `next`.
 #[derive(Debug)]
 pub(super) struct Unreadable {
     pub(super) at: usize,
@@ -250,20 +291,38 @@ pub(super) struct Unreadable {
 }
 
 /// The records of `epoch` in a journal file's `bytes`, in order. The one
-/// writer writes them back to back and syncs before it answers, so a
-/// crash leaves at most a torn tail: what follows the last whole record
-/// (a torn record, zeros, an earlier epoch's records) holds none of this
-/// epoch. A record of this epoch past a place that holds none is one a
-/// sender was answered for, and what stood before it is damaged: that is
-/// [`Unreadable`], never stepped over.
-pub(super) fn read_records(bytes: &[u8], epoch: u32) -> std::result::Result<Records, Unreadable> {
+/// writer writes them back to back and syncs each batch of messages
+/// before it answers. After `kill -9` what follows the last whole record
+/// holds none of this epoch (a torn record, zeros, an earlier epoch's
+/// records). After a power loss a batch whose sync had not returned may
+/// hold any of its blocks and not the others: what follows the last
+/// whole record may hold whole records of the epoch, and was never
+/// synced, unless a batch after it says it was. A place that holds no
+/// whole record and was synced is damage to what a sender was answered
+/// for: that is [`Unreadable`], never stepped over. See [`Format`].
+pub(super) fn read_records(
+    bytes: &[u8],
+    epoch: u32,
+    format: Format,
+) -> std::result::Result<Records, Unreadable> {
     let mut records = Vec::new();
     let mut at = HEADER as usize;
     while let Some((record, size)) = bytes.get(at..).and_then(|rest| record_at(rest, epoch)) {
-        records.push(record);
+        if !matches!(record, Record::Synced { .. }) {
+            records.push(record);
+        }
         at += size;
     }
-    if let Some(next) = next_record(bytes, at + 8, Some(epoch)) {
+    let after = next_record(bytes, at + 8, Some(epoch));
+    let synced_past = |next: &usize| match record_at(&bytes[*next..], epoch) {
+        Some((Record::Synced { to }, _)) => to > at as u64,
+        _ => false,
+    };
+    let proof = match format {
+        Format::V1 => after,
+        Format::V2 => whole_records(bytes, after, epoch).find(synced_past),
+    };
+    if let Some(next) = proof {
         return Err(Unreadable { at, next });
     }
     let torn = bytes.get(at..).is_some_and(|rest| {
@@ -273,7 +332,13 @@ pub(super) fn read_records(bytes: &[u8], epoch: u32) -> std::result::Result<Reco
         records,
         end: at,
         torn,
+        unsynced: after,
     })
+}
+
+/// Where each whole record of `epoch` in `bytes` starts, from `first` on.
+fn whole_records(bytes: &[u8], first: Option<usize>, epoch: u32) -> impl Iterator<Item = usize> {
+    std::iter::successors(first, move |at| next_record(bytes, at + 8, Some(epoch)))
 }
 
 /// Where the first whole record of `epoch` (of any epoch, with `None`)
@@ -300,7 +365,9 @@ pub(super) fn salvage_records(bytes: &[u8], epoch: u32) -> (Vec<Record>, Vec<usi
     while at < bytes.len() {
         match record_at(&bytes[at..], epoch) {
             Some((record, size)) => {
-                records.push(record);
+                if !matches!(record, Record::Synced { .. }) {
+                    records.push(record);
+                }
                 at += size;
             }
             None => match next_record(bytes, at + 8, Some(epoch)) {
@@ -330,8 +397,13 @@ pub(super) fn latest_epoch(bytes: &[u8]) -> Option<u32> {
 
 /// The file's first page for `epoch`.
 pub(super) fn header(epoch: u32) -> [u8; 16] {
+    header_of(FILE_MAGIC, epoch)
+}
+
+/// A first page of the format `magic` names, for `epoch`.
+pub(super) fn header_of(magic: &[u8; 8], epoch: u32) -> [u8; 16] {
     let mut page = [0u8; 16];
-    page[..8].copy_from_slice(FILE_MAGIC);
+    page[..8].copy_from_slice(magic);
     page[8..12].copy_from_slice(&epoch.to_le_bytes());
     page[12..].copy_from_slice(&(!epoch).to_le_bytes());
     page
@@ -350,6 +422,12 @@ pub(super) enum FirstPage {
 /// The epoch in a journal file's first page: `None` for a new file (its
 /// first page never written: nothing was journaled in it).
 pub(super) fn epoch_of(bytes: &[u8]) -> std::result::Result<Option<u32>, FirstPage> {
+    Ok(first_page(bytes)?.map(|(epoch, _)| epoch))
+}
+
+/// The epoch and the format a journal file's first page names (see
+/// [`epoch_of`]).
+pub(super) fn first_page(bytes: &[u8]) -> std::result::Result<Option<(u32, Format)>, FirstPage> {
     let page = &bytes[..bytes.len().min(16)];
     if page.iter().all(|b| *b == 0) {
         // New, or its first start was cut short, unless a record says
@@ -359,10 +437,13 @@ pub(super) fn epoch_of(bytes: &[u8]) -> std::result::Result<Option<u32>, FirstPa
             None => Ok(None),
         };
     }
-    match (page.get(..8), u32_at(page, 8), u32_at(page, 12)) {
-        (Some(magic), Some(epoch), Some(check)) if magic == FILE_MAGIC && epoch == !check => {
-            Ok(Some(epoch))
-        }
+    let format = match page.get(..8) {
+        Some(magic) if magic == FILE_MAGIC => Format::V2,
+        Some(magic) if magic == FILE_MAGIC_V1 => Format::V1,
+        _ => return Err(FirstPage::Foreign),
+    };
+    match (u32_at(page, 8), u32_at(page, 12)) {
+        (Some(epoch), Some(check)) if epoch == !check => Ok(Some((epoch, format))),
         _ => Err(FirstPage::Foreign),
     }
 }

@@ -96,6 +96,23 @@ impl Entry {
     }
 }
 
+/// Why [`Journal::stage`] did not stage a message.
+pub(in crate::embedded) enum NotStaged {
+    /// The journal takes no message now (a write or sync failed and it has
+    /// not started over, or its thread stopped): the message, handed back
+    /// for redb to take.
+    Closed(Box<Notification>, StorageError),
+    Refused(StorageError),
+}
+
+impl From<NotStaged> for StorageError {
+    fn from(not: NotStaged) -> StorageError {
+        match not {
+            NotStaged::Closed(_, e) | NotStaged::Refused(e) => e,
+        }
+    }
+}
+
 impl State {
     /// When the oldest message still staged (not settled, written nor
     /// moved) was staged; what the journal no longer needs to write is
@@ -177,26 +194,32 @@ impl Journal {
     /// written at all) or moved into redb by a checkpoint.
     ///
     /// Fails with [`StorageError::KeyTaken`] if the index holds another
-    /// message under its key, or this one not yet on disk.
+    /// message under its key, or this one not yet on disk; with the
+    /// message handed back if the journal takes none now (see
+    /// [`NotStaged`]).
     pub(in crate::embedded) fn stage(
         &self,
         uaid: &Uuid,
         message: Notification,
         grace: bool,
-    ) -> Result<oneshot::Receiver<Result<()>>> {
+    ) -> std::result::Result<oneshot::Receiver<Result<()>>, NotStaged> {
         let (uaid, key) = (uaid.as_u128(), message.sort_key());
         let due_key = key.clone();
         let (waiter, done) = oneshot::channel();
         let mut state = lock(&self.shared.state);
         if state.stopped {
-            return Err(StorageError::Backend(
-                "the direct journal has stopped".into(),
+            let why = "the direct journal has stopped".into();
+            return Err(NotStaged::Closed(
+                Box::new(message),
+                StorageError::Backend(why),
             ));
         }
         if let Some(fault) = &state.fault {
-            return Err(StorageError::Backend(format!(
-                "the direct journal takes no message until it starts over: {fault}"
-            )));
+            let why = format!("the direct journal takes no message until it starts over: {fault}");
+            return Err(NotStaged::Closed(
+                Box::new(message),
+                StorageError::Backend(why),
+            ));
         }
         let keys = state.live.entry(uaid).or_default();
         if let Some(held) = keys.get(&key) {
@@ -205,7 +228,7 @@ impl Journal {
                 let _ = waiter.send(Ok(()));
                 return Ok(done);
             }
-            return Err(StorageError::KeyTaken(key));
+            return Err(NotStaged::Refused(StorageError::KeyTaken(key)));
         }
         keys.insert(
             key,

@@ -39,11 +39,14 @@
 //! the file are not read again.
 //!
 //! Only the journal thread writes, each batch right after the last, and it
-//! syncs before it answers: a crash leaves at most a torn tail past the
-//! last whole record, which replay drops (with a warning if a record of the
-//! epoch was cut short). A record of the epoch it cannot read with whole
-//! ones after it was answered for: the node refuses to start, naming the
-//! file and the offset (`autopush db replay-journal` reads what it can).
+//! syncs before it answers. `kill -9` leaves at most a torn tail past the
+//! last whole record; a power loss may leave any of the blocks of a batch
+//! whose sync had not returned, and not others. Each batch starts by saying
+//! how far the file was synced when it was written, so replay tells the
+//! two apart ([`format::Format`]): what a crash cut short is dropped, with a
+//! warning naming its offset; a place it cannot read, before a batch that
+//! says it was synced, was answered for: the node refuses to start, naming
+//! the file and the offset (`autopush db replay-journal` reads what it can).
 //! Every move into redb is
 //! conditional: a message is written only where its key is free in the
 //! messages table and holds no receipt, so a replay never overwrites a
@@ -55,14 +58,17 @@
 //! timestamp, so two of them never compete for a key. A topic message
 //! replaces an older one under its key, which redb's conditional write does.
 
+mod file;
 mod format;
 mod index;
+#[cfg(test)]
+mod power_loss;
 mod rotation;
 #[cfg(test)]
 mod tests;
 mod thread;
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -70,11 +76,12 @@ use std::time::{Duration, Instant};
 
 use autopush_common::Notification;
 use redb::Database;
-use uuid::Uuid;
 
 use super::writer::Writer;
 use crate::{Result, StorageError};
+pub(super) use file::JournalFile;
 use format::HEADER;
+pub(super) use index::NotStaged;
 use index::State;
 pub use rotation::JournalReplay;
 use rotation::{replay, replay_file};
@@ -175,17 +182,30 @@ fn io(what: &str, e: std::io::Error) -> StorageError {
 
 impl Journal {
     /// Open the journal in `dir`: replay what a previous run left into `db`
-    /// (before anything else writes to it), then start the journal thread.
-    pub(super) fn open(dir: &Path, db: &Database, writer: Writer) -> Result<Journal> {
+    /// (before anything else writes to it), then start the journal thread,
+    /// which writes the file through what `wrap` makes of it (the file
+    /// itself, but under test).
+    pub(super) fn open(
+        dir: &Path,
+        db: &Database,
+        writer: Writer,
+        wrap: impl FnOnce(File) -> Box<dyn JournalFile>,
+    ) -> Result<Journal> {
         let path = dir.join("direct.journal");
-        let mut file = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .open(&path)
             .map_err(|e| io("cannot open", e))?;
-        let epoch = replay(&mut file, &path, db)?;
+        let mut file = wrap(file);
+        let epoch = replay(&mut *file, &path, db)?;
+        // A file just made (this one, the store's) is lost to a power loss
+        // until its directory is synced as well.
+        File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|e| io("cannot sync its directory", e))?;
         let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {
@@ -196,6 +216,7 @@ impl Journal {
             last_flush: Instant::now(),
             epoch,
             next: HEADER,
+            synced: HEADER,
             rotate_at: rotate_at(),
             buffer: Vec::new(),
         };
@@ -262,10 +283,5 @@ impl Journal {
     /// Whether `message` can be journaled (see the module's notes).
     pub(super) fn takes(message: &Notification) -> bool {
         message.topic.is_none()
-    }
-
-    /// Append `message` and return once it is on disk.
-    pub(super) async fn put(&self, uaid: &Uuid, message: Notification) -> Result<()> {
-        crate::copy_written(self.stage(uaid, message, false)?).await
     }
 }

@@ -2,9 +2,6 @@
 //! and when the file starts over, and receipts reach redb in checkpoints.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
 
@@ -14,8 +11,10 @@ use tracing::warn;
 
 use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt};
 use super::super::{MESSAGES, backend, corrupt};
+use super::file::JournalFile;
 use super::format::{
-    FirstPage, HEADER, Record, epoch_of, header, latest_epoch, read_records, salvage_records,
+    FirstPage, Format, HEADER, Record, epoch_of, first_page, header, latest_epoch, read_records,
+    salvage_records,
 };
 use super::index::{Entry, State};
 use super::thread::{JournalThread, Part};
@@ -54,11 +53,9 @@ pub(super) fn move_message(
 /// its zeros, the first time).
 ///
 /// A file it cannot read whole stops it: see [`unreadable`].
-pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32> {
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes)
-        .map_err(|e| io("cannot read", e))?;
-    let epoch = epoch_of(&bytes).map_err(|first| {
+pub(super) fn replay(file: &mut dyn JournalFile, path: &Path, db: &Database) -> Result<u32> {
+    let bytes = file.read_all().map_err(|e| io("cannot read", e))?;
+    let current = first_page(&bytes).map_err(|first| {
         refuse(
             path,
             &match first {
@@ -70,16 +67,33 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
             },
         )
     })?;
-    if let Some(epoch) = epoch {
-        let read = read_records(&bytes, epoch).map_err(|bad| {
-            let what = format!(
-                "nothing whole at offset {}, yet whole records after it (the next at \
-                 offset {}): a record there was synced and its sender told it was saved",
-                bad.at, bad.next
-            );
+    if let Some((epoch, format)) = current {
+        let read = read_records(&bytes, epoch, format).map_err(|bad| {
+            let what = match format {
+                Format::V1 => format!(
+                    "nothing whole at offset {}, yet whole records after it (the next at \
+                     offset {}): a record there was synced and its sender told it was saved",
+                    bad.at, bad.next
+                ),
+                Format::V2 => format!(
+                    "nothing whole at offset {}, yet the batch at offset {} was written once \
+                     the file was synced past it: what stood there was synced and its senders \
+                     told it was saved",
+                    bad.at, bad.next
+                ),
+            };
             refuse(path, &what)
         })?;
-        if read.torn {
+        if let Some(first) = read.unsynced {
+            warn!(
+                file = %path.display(),
+                offset = read.end,
+                first_dropped = first,
+                "direct journal: a batch from this offset on was never synced (a power loss \
+                 kept some of its blocks and not others; its senders had not been answered); \
+                 dropped"
+            );
+        } else if read.torn {
             warn!(
                 file = %path.display(),
                 offset = read.end,
@@ -91,18 +105,19 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
             move_records(read.records, db)?;
         }
     }
+    let epoch = current.map(|(epoch, _)| epoch);
     let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
-    file.write_all_at(&header(epoch), 0)
+    file.write_at(&header(epoch), 0)
         .map_err(|e| io("cannot write", e))?;
     let zeros = vec![0u8; 1 << 20];
     let mut len = bytes.len().max(16) as u64;
     while len < PREALLOCATE {
         let n = zeros.len().min((PREALLOCATE - len) as usize);
-        file.write_all_at(&zeros[..n], len)
+        file.write_at(&zeros[..n], len)
             .map_err(|e| io("cannot write", e))?;
         len += n as u64;
     }
-    file.sync_all().map_err(|e| io("cannot sync", e))?;
+    file.sync().map_err(|e| io("cannot sync", e))?;
     Ok(epoch)
 }
 
@@ -174,6 +189,7 @@ pub(super) fn move_records(records: Vec<Record>, db: &Database) -> Result<()> {
                     .or_default()
                     .insert(message.sort_key(), Entry::written(message));
             }
+            Record::Synced { .. } => {}
             Record::Settle {
                 uaid,
                 key,
@@ -367,6 +383,7 @@ impl JournalThread {
             Ok(()) => {
                 self.epoch = epoch;
                 self.next = HEADER;
+                self.synced = HEADER;
                 lock(&self.state).fault = None;
             }
             Err(e) => self.fail(&e),

@@ -11,6 +11,7 @@ use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
+use uuid::Uuid;
 
 fn message(ts: u64, data: &str) -> Notification {
     Notification {
@@ -53,6 +54,7 @@ fn records_are_written_as_serde_json_writes_them() {
     message.version = "gAAAAABp\"v\"".into();
     let settled = Receipt::new("v", MessageState::Delivered, 1_764_000_000, 86_400);
     let records = [
+        RecordRef::Synced { to: 1 << 40 },
         RecordRef::Put {
             uaid,
             message: &message,
@@ -104,27 +106,58 @@ fn settles_framed_back_to_back_are_all_stamped() {
     let mut file = header(7).to_vec();
     file.resize(HEADER as usize, 0);
     file.extend(queued);
-    let read: Vec<String> = read_records(&file, 7)
+    let read: Vec<String> = read_records(&file, 7, Format::V2)
         .unwrap()
         .records
         .into_iter()
         .map(|record| match record {
             Record::Settle { key, .. } => key,
-            Record::Put { .. } => panic!("a settle was read as a put"),
+            _ => panic!("a settle was read as another record"),
         })
         .collect();
     assert_eq!(read, keys);
 }
 
 /// A journal file of `epoch` holding `records` (stamped with
-/// `epoch`), as a node leaves it.
+/// `epoch`), as a node leaves it: each record a batch of its own, synced
+/// before the next was written.
 fn journal_file(epoch: u32, records: &[Vec<u8>]) -> Vec<u8> {
+    journal_file_at(epoch, records).0
+}
+
+/// [`journal_file`], and where each record starts.
+fn journal_file_at(epoch: u32, records: &[Vec<u8>]) -> (Vec<u8>, Vec<usize>) {
     let mut bytes = header(epoch).to_vec();
     bytes.resize(HEADER as usize, 0);
+    let mut starts = Vec::new();
     for record in records {
-        let mut record = record.clone();
-        stamp(&mut record, epoch);
-        bytes.extend(record);
+        let synced = batch_start(bytes.len() as u64);
+        bytes.extend(stamped(&synced, epoch));
+        starts.push(bytes.len());
+        bytes.extend(stamped(record, epoch));
+    }
+    (bytes, starts)
+}
+
+/// The record that starts a batch written once the file was synced up to `to`.
+fn batch_start(to: u64) -> Vec<u8> {
+    frame(&RecordRef::Synced { to }, None).unwrap()
+}
+
+/// `record`, stamped with `epoch`.
+fn stamped(record: &[u8], epoch: u32) -> Vec<u8> {
+    let mut record = record.to_vec();
+    stamp(&mut record, epoch);
+    record
+}
+
+/// A journal file of `epoch` holding `records`, as the release before
+/// wrote them ([`Format::V1`]): no batch says how far the file was synced.
+fn journal_file_v1(epoch: u32, records: &[Vec<u8>]) -> Vec<u8> {
+    let mut bytes = header_of(FILE_MAGIC_V1, epoch).to_vec();
+    bytes.resize(HEADER as usize, 0);
+    for record in records {
+        bytes.extend(stamped(record, epoch));
     }
     bytes
 }
@@ -191,7 +224,12 @@ async fn start_up_replays_what_a_killed_node_left() {
     // The file starts over in the next epoch, zeros past its first page.
     let file = std::fs::read(&path).unwrap();
     assert_eq!(epoch_of(&file).unwrap(), Some(8));
-    assert!(read_records(&file, 8).unwrap().records.is_empty());
+    assert!(
+        read_records(&file, 8, Format::V2)
+            .unwrap()
+            .records
+            .is_empty()
+    );
     assert!(file.len() as u64 >= PREALLOCATE);
     assert_eq!(
         data(&store.fetch_messages(&uaid, 10).await.unwrap()),
@@ -266,7 +304,8 @@ async fn rotation_and_closing_keep_every_message() {
     drop(store);
     let file = std::fs::read(&path).unwrap();
     let epoch = epoch_of(&file).unwrap().unwrap();
-    assert!(read_records(&file, epoch).unwrap().records.is_empty());
+    let read = read_records(&file, epoch, Format::V2).unwrap();
+    assert!(read.records.is_empty());
     let store = EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(
         data(&store.fetch_messages(&uaid, 100).await.unwrap()),
@@ -290,7 +329,7 @@ fn records_end(path: &Path) -> u64 {
 fn records_in(path: &Path) -> Vec<Record> {
     let file = std::fs::read(path).unwrap();
     let epoch = epoch_of(&file).unwrap().unwrap();
-    read_records(&file, epoch).unwrap().records
+    read_records(&file, epoch, Format::V2).unwrap().records
 }
 
 /// The versions of the messages put in the journal file at `path`.
@@ -299,7 +338,7 @@ fn puts_in(path: &Path) -> Vec<String> {
         .into_iter()
         .filter_map(|record| match record {
             Record::Put { message, .. } => Some(message.version),
-            Record::Settle { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -372,7 +411,7 @@ async fn a_receipt_is_written_without_its_message() {
                 Record::Settle {
                     version, receipt, ..
                 } => Some((version, receipt)),
-                Record::Put { .. } => None,
+                _ => None,
             })
             .collect::<Vec<_>>()
     };
@@ -553,7 +592,9 @@ async fn a_failed_rotation_still_writes_what_it_skipped() {
         version: &acked.version,
         receipt: Some(SettledAs::of(&receipt)),
     };
-    let tombstone = frame(&settle, None).unwrap().len() as u64;
+    // Each batch starts with a record of how far the file was synced.
+    let synced = batch_start(HEADER).len() as u64;
+    let tombstone = synced + frame(&settle, None).unwrap().len() as u64;
     let path = dir.path().join("direct.journal");
     let left = || ROTATE_AT.saturating_sub(records_end(&path) - HEADER);
     let mut ts = 10;
@@ -569,7 +610,7 @@ async fn a_failed_rotation_still_writes_what_it_skipped() {
     let want = left() - tombstone + 8;
     let last = (1..)
         .map(|n| message(ts, &"x".repeat(n)))
-        .find(|m| put(uaid, m).len() as u64 >= want)
+        .find(|m| synced + put(uaid, m).len() as u64 >= want)
         .unwrap();
     store.save_direct(&uaid, last).await.unwrap();
     assert_eq!(left(), tombstone - 8);
@@ -682,16 +723,17 @@ fn refused(dir: &Path, bytes: &[u8]) -> String {
 }
 
 /// The journal writes in order and syncs before it answers: a record of
-/// the current epoch that cannot be read, with whole records after it, is
-/// not a torn tail but a record whose sender heard 201. Start-up refuses,
-/// naming the file and the offset, rather than drop it without a word.
+/// the current epoch that cannot be read, before a batch written once the
+/// file was synced past it, is not a batch a crash cut short but a record
+/// whose sender heard 201. Start-up refuses, naming the file and the
+/// offset, rather than drop it without a word.
 #[test]
 fn a_corrupt_record_in_the_middle_stops_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let uaid = Uuid::new_v4();
     let records = [1, 2, 3].map(|i| put(uaid, &message(i, &format!("m{i}"))));
-    let mut bytes = journal_file(3, &records);
-    let second = HEADER as usize + records[0].len();
+    let (mut bytes, starts) = journal_file_at(3, &records);
+    let second = starts[1];
     bytes[second + RECORD_HEAD + 10] ^= 0x04;
     let error = refused(dir.path(), &bytes);
     let path = dir.path().join("direct.journal");
@@ -701,23 +743,62 @@ fn a_corrupt_record_in_the_middle_stops_the_start() {
     );
 }
 
-/// A gap (zeros, or an older record) before records of the current epoch
-/// is not a torn tail either: the one writer writes in order, and starts a
-/// new epoch after a failed write. Refused as well.
+/// A gap (zeros, or an older record) before a batch written once the file
+/// was synced past it is damage too: the one writer writes in order, and
+/// starts a new epoch after a failed write. Refused as well.
 #[test]
-fn a_gap_before_whole_records_stops_the_start() {
+fn a_gap_before_a_batch_that_says_it_was_synced_stops_the_start() {
     let dir = tempfile::tempdir().unwrap();
     let uaid = Uuid::new_v4();
     let (a, b) = (message(1, "a"), message(2, "b"));
     let mut bytes = journal_file(3, &[put(uaid, &a)]);
     let gap = bytes.len();
     bytes.extend([0u8; 40]);
-    let mut old = put(uaid, &message(9, "old"));
-    stamp(&mut old, 2);
-    bytes.extend(old);
-    let mut b = put(uaid, &b);
-    stamp(&mut b, 3);
-    bytes.extend(b);
+    bytes.extend(stamped(&put(uaid, &message(9, "old")), 2));
+    bytes.extend(stamped(&batch_start(bytes.len() as u64), 3));
+    bytes.extend(stamped(&put(uaid, &b), 3));
+    let error = refused(dir.path(), &bytes);
+    assert!(error.contains(&format!("offset {gap}")), "{error}");
+}
+
+/// The same gap before a batch that says the file was synced only up to
+/// the gap: a power loss kept that batch's later blocks and not the ones
+/// before. Never synced, so nobody was told it was saved: dropped, and
+/// every record before the gap is kept.
+#[tokio::test]
+async fn a_gap_before_a_batch_never_synced_drops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let (a, b) = (message(1, "a"), message(2, "b"));
+    let mut bytes = journal_file(3, &[put(uaid, &a)]);
+    let gap = bytes.len();
+    bytes.extend([0u8; 40]);
+    bytes.extend(stamped(&batch_start(gap as u64), 3));
+    bytes.extend(stamped(&put(uaid, &b), 3));
+    assert_eq!(replayed(dir.path(), &bytes, &uaid).await, ["a"]);
+}
+
+/// A journal written by the release before (no batch says how far the file
+/// was synced) is read as that release read it: its records replayed, a
+/// gap before whole records refused (nothing tells a batch never synced
+/// from damage there), and the file starts over in this release's format.
+#[tokio::test]
+async fn a_journal_of_the_release_before_opens_as_it_did() {
+    let uaid = Uuid::new_v4();
+    let (a, b) = (message(1, "a"), message(2, "b"));
+    let records = [put(uaid, &a), put(uaid, &b)];
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = journal_file_v1(6, &records);
+    assert_eq!(replayed(dir.path(), &bytes, &uaid).await, ["a", "b"]);
+    let file = std::fs::read(dir.path().join("direct.journal")).unwrap();
+    let format = first_page(&file).unwrap().map(|(_, format)| format);
+    assert_eq!(format, Some(Format::V2));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut bytes = journal_file_v1(6, &records[..1]);
+    let gap = bytes.len();
+    bytes.extend([0u8; 40]);
+    bytes.extend(stamped(&records[1], 6));
     let error = refused(dir.path(), &bytes);
     assert!(error.contains(&format!("offset {gap}")), "{error}");
 }
@@ -829,9 +910,9 @@ async fn replayed_from_a_copy(path: &Path, uaid: &Uuid) -> Vec<String> {
 
 /// A new epoch's first page written, its sync failed: the first page may
 /// name the new epoch or the old one. Nothing more is stamped with either
-/// until it is synced: the journal takes no message (its sender hears an
-/// error, health says so) until a new first page is synced, then takes
-/// messages again, and a node killed after that replays them.
+/// until it is synced: the journal takes no message (redb does, health
+/// says so) until a new first page is synced, then takes messages again,
+/// and a node killed after that replays them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_sync_of_a_new_first_page_stops_the_journal_until_one_is_synced() {
     let dir = tempfile::tempdir().unwrap();
@@ -848,11 +929,11 @@ async fn a_failed_sync_of_a_new_first_page_stops_the_journal_until_one_is_synced
         ts += 1;
     }
     await_health(&store, false, "health did not say the journal cannot write").await;
-    let refused = store.save_direct(&uaid, message(ts, "during")).await;
-    assert!(
-        refused.is_err(),
-        "the journal took a message on an unsynced first page"
-    );
+    // Not the journal's to take on an unsynced first page: redb's.
+    store
+        .save_direct(&uaid, message(ts, "during"))
+        .await
+        .unwrap();
     lock(&store.journal.shared.state).faults.header_sync = false;
     await_health(&store, true, "the journal did not start over again").await;
     // The failed epoch's number again: no record was stamped with it.
@@ -903,17 +984,11 @@ async fn a_failed_write_or_sync_of_a_batch_stops_the_journal_until_a_new_epoch()
     }
 }
 
-/// Three messages' records in a journal file of epoch 5, and where each
-/// record starts.
-fn three_records(uaid: Uuid) -> (Vec<u8>, [usize; 3]) {
+/// Three messages' records in a journal file of epoch 5, each a batch of
+/// its own, and where each record starts.
+fn three_records(uaid: Uuid) -> (Vec<u8>, Vec<usize>) {
     let records = [1, 2, 3].map(|i| put(uaid, &message(i, &format!("m{i}"))));
-    let first = HEADER as usize;
-    let starts = [
-        first,
-        first + records[0].len(),
-        first + records[0].len() + records[1].len(),
-    ];
-    (journal_file(5, &records), starts)
+    journal_file_at(5, &records)
 }
 
 /// One bit flipped in each part of a record (its magic, epoch, length,
@@ -1007,4 +1082,96 @@ async fn replay_journal_reads_the_latest_epoch_of_a_file_without_its_first_page(
     assert_eq!((found.epoch, found.records), (Some(5), 3));
     let pending = data(&store.fetch_messages(&uaid, 10).await.unwrap());
     assert_eq!(pending, ["m1", "m2", "m3"]);
+}
+
+/// The disk writes in blocks of this size (a sector; a page is eight):
+/// until a sync returns, a power loss may keep any of them and not others.
+const BLOCK: usize = 512;
+
+/// Until `fdatasync` returns, the disk may keep any subset of a batch's
+/// blocks. A power loss that kept a later block of the last batch and not
+/// its first leaves whole records after a place that holds none: not
+/// damage to what was synced, but a batch never synced, whose senders
+/// were not answered. The node starts, with every message synced before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_loss_that_kept_a_later_block_of_an_unsynced_batch_keeps_what_was_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    let path = dir.path().join("direct.journal");
+    store
+        .save_direct(&uaid, message(1, "synced"))
+        .await
+        .unwrap();
+    let batch = records_end(&path) as usize;
+    // Two messages in one batch, the first longer than a block.
+    let long = "b".repeat(BLOCK);
+    let first = store.stage_direct(&uaid, message(2, &long)).await.unwrap();
+    let second = store.stage_direct(&uaid, message(3, "c")).await.unwrap();
+    first.saved_now().await.unwrap();
+    second.saved_now().await.unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let end = records_end(&path) as usize;
+    let lost = batch..(batch + 1).next_multiple_of(BLOCK);
+    assert!(
+        end > lost.end + RECORD_HEAD,
+        "the batch ends in its first block"
+    );
+    // The batch was written, its sync had not returned: its first block
+    // is as it was before, zeros; its later ones reached the disk.
+    bytes[lost].fill(0);
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("direct.journal"), &bytes).unwrap();
+    let restarted = match EmbeddedStore::open(other.path()) {
+        Ok(store) => store,
+        Err(e) => panic!("the node refused to start after a power loss: {e}"),
+    };
+    assert_eq!(
+        data(&restarted.fetch_messages(&uaid, 10).await.unwrap()),
+        ["synced"]
+    );
+}
+
+/// While the journal takes no message (a batch's sync failed, and so does
+/// every sync of a new first page), redb takes them: a message for a
+/// client not connected (`save_direct`) and the copy of one for a
+/// connected client (`stage_direct`, saved at once) are stored, readable,
+/// and settle in redb.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_journal_takes_no_message_redb_takes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let uaid = Uuid::new_v4();
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    {
+        let faults = &mut lock(&store.journal.shared.state).faults;
+        (faults.batch_sync, faults.header_sync) = (true, true);
+    }
+    let failed = store.save_direct(&uaid, message(1, "failed")).await;
+    assert!(failed.is_err(), "a message was answered on a failed sync");
+    await_health(&store, false, "health did not say the journal cannot write").await;
+    let (offline, direct) = (message(2, "offline"), message(3, "direct"));
+    if let Err(e) = store.save_direct(&uaid, offline.clone()).await {
+        panic!("a message for a client not connected was refused: {e}");
+    }
+    match store.stage_direct(&uaid, direct.clone()).await {
+        Ok(copy) => copy.saved_or_settled().await.unwrap(),
+        Err(e) => panic!("a connected client's copy was refused: {e}"),
+    }
+    assert_eq!(
+        data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+        ["offline", "direct"]
+    );
+    let (key, delivered) = (direct.sort_key(), MessageState::Delivered);
+    assert!(
+        store
+            .settle_message(&uaid, &key, &direct.version, delivered)
+            .await
+            .unwrap()
+    );
+    drop(store);
+    let store = EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        data(&store.fetch_messages(&uaid, 10).await.unwrap()),
+        ["offline"]
+    );
 }

@@ -2,8 +2,6 @@
 //! messages whose grace has ended and waiting settle records into one
 //! `write`, syncs the batch if it holds messages, and answers their senders.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -12,13 +10,14 @@ use tracing::{error, info};
 use uuid::Uuid;
 
 use super::super::writer::Writer;
+use super::file::JournalFile;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
 use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, io, lock};
 use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
-    pub(super) file: File,
+    pub(super) file: Box<dyn JournalFile>,
     pub(super) state: Arc<Mutex<State>>,
     pub(super) work: Arc<Condvar>,
     pub(super) writer: Writer,
@@ -27,6 +26,9 @@ pub(super) struct JournalThread {
     pub(super) epoch: u32,
     /// Where the next record goes (reset by a rotation).
     pub(super) next: u64,
+    /// How far the file is synced in this epoch: each batch says so in
+    /// its first record (see [`super::format::Format::V2`]).
+    pub(super) synced: u64,
     /// The file outgrows this: it rotates (see [`super::rotate_at`]).
     pub(super) rotate_at: u64,
     /// The last batch's bytes, emptied, for the next: a batch of messages
@@ -80,7 +82,7 @@ impl JournalThread {
             return Err(std::io::Error::other("a write failed on purpose"));
         }
         let _ = part;
-        self.file.write_all_at(bytes, at)
+        self.file.write_at(bytes, at)
     }
 
     /// Sync the file's data (or fail, under test, as asked).
@@ -95,7 +97,7 @@ impl JournalThread {
             }
         }
         let _ = part;
-        self.file.sync_data()
+        self.file.sync()
     }
 
     pub(super) fn run(mut self) {
@@ -216,6 +218,11 @@ impl JournalThread {
             waiters: Vec::new(),
         };
         let mut unframed = Vec::new();
+        let synced = RecordRef::Synced { to: self.synced };
+        if frame_into(&mut batch.bytes, |out| synced.write_json(out), None).is_ok() {
+            stamp(&mut batch.bytes, self.epoch);
+        }
+        let marker = batch.bytes.len();
         let ripe = staged_by.map_or(0, |by| state.due.partition_point(|(at, ..)| *at <= by));
         let n = ripe.min(MAX_BATCH);
         let epoch = self.epoch;
@@ -261,6 +268,10 @@ impl JournalThread {
         let tombstones = batch.bytes.len();
         batch.bytes.extend_from_slice(&state.tombstones);
         stamp_all(&mut batch.bytes[tombstones..], epoch);
+        if batch.bytes.len() == marker {
+            // Nothing to write.
+            batch.bytes.clear();
+        }
         // Emptied, not freed: the next settles frame into it again.
         state.tombstones.clear();
         if state.tombstones.capacity() > BUFFER_KEPT {
@@ -287,6 +298,9 @@ impl JournalThread {
         let mut written = self.write_at(&bytes, at, Part::Batch);
         if !puts.is_empty() {
             written = written.and_then(|()| self.sync(Part::Batch));
+            if written.is_ok() {
+                self.synced = at + bytes.len() as u64;
+            }
         }
         bytes.clear();
         bytes.shrink_to(BUFFER_KEPT);
