@@ -1358,3 +1358,51 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing() {
         ws = cluster.a.reconnect(&uaid).await;
     }
 }
+
+/// The client acks a message while its node writes the held copy (the
+/// grace over, the write slow), and the session then looks in storage
+/// before the node has settled the copy it wrote: the message, acked, must
+/// not be sent again. The proxy holds the write until the ack is in, then
+/// holds the settle while the session looks (receipts off: the settle is a
+/// `DeleteItem`, lowering the minimum an `UpdateItem`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_acked_while_its_node_writes_it_is_not_sent_again() {
+    let (_, proxy, node) =
+        node_behind_proxy_with(dynamo::local().await, &["--receipt-retention=0"]).await;
+    let mut ws = node.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    proxy.park("PutItem");
+    let sending = tokio::spawn({
+        let sub = sub.clone();
+        async move { sub.push_text("acked while written").await }
+    });
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "acked while written");
+    // The grace is over: the node writes the copy.
+    proxy.wait_parked("PutItem", 1).await;
+    ws.ack_notification(&n).await;
+    // Answered after the ack: the session has taken it.
+    let answer = ws.set_min_urgency(serde_json::json!("high")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+    proxy.park("DeleteItem");
+    proxy.release("PutItem");
+    // The node settles the copy it wrote; meanwhile the session looks.
+    proxy.wait_parked("DeleteItem", 1).await;
+    let answer = ws.set_min_urgency(serde_json::json!("very-low")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+    // The ping's answer comes after whatever that look sent.
+    ws.ping().await;
+    let next = ws.recv().await;
+    assert_eq!(
+        next,
+        serde_json::json!({}),
+        "the acked message was sent again while its copy was being settled"
+    );
+    proxy.release("DeleteItem");
+    sending.await.expect("the push").assert_created();
+    ws.close().await;
+    let mut ws = node.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
