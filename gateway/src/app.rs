@@ -584,7 +584,8 @@ async fn start_endpoint(
     let waker = Waker::new(storage.clone(), bridges.clone(), settings.wake);
     let webpush = Arc::new(
         WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
-            .with_waker(waker),
+            .with_waker(waker)
+            .with_hold_limit(settings.msg_limit),
     );
     let routers = RouterRegistry::default()
         .with(RouterType::WebPush, webpush)

@@ -31,6 +31,7 @@
 
 pub mod held;
 pub mod node_client;
+pub mod urgency;
 pub mod wake;
 
 use std::sync::Arc;
@@ -106,6 +107,8 @@ pub struct WebPushRouter {
     durable_direct: bool,
     /// Wakes user agents that are away and registered a wake route.
     waker: Option<Arc<Waker>>,
+    /// Most messages held below a user agent's minimum urgency.
+    hold_limit: usize,
 }
 
 impl WebPushRouter {
@@ -121,7 +124,15 @@ impl WebPushRouter {
             local,
             durable_direct,
             waker: None,
+            hold_limit: 100,
         }
+    }
+
+    /// Hold at most `limit` messages below a user agent's minimum urgency
+    /// (see [`urgency`]); 100 unless set.
+    pub fn with_hold_limit(mut self, limit: usize) -> Self {
+        self.hold_limit = limit;
+        self
     }
 
     /// Send wake-ups to user agents that are away, with `waker`.
@@ -327,6 +338,7 @@ impl WebPushRouter {
             return Ok(Delivery::Dropped);
         }
         let uaid = user.uaid;
+        urgency::make_room(self.storage.as_ref(), user, &notification, self.hold_limit).await?;
         self.storage
             .save_messages(&uaid, vec![notification.clone()])
             .await?;
