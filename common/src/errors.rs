@@ -17,6 +17,10 @@ pub fn retry_after_secs(wait: std::time::Duration) -> u64 {
 /// Seconds a sender to a full mailbox is asked to wait.
 pub const MAILBOX_FULL_RETRY_AFTER: u64 = 60;
 
+/// Seconds a sender is asked to wait when its subscription holds the most
+/// of a full hold (messages below the user agent's minimum urgency).
+pub const HOLD_FULL_RETRY_AFTER: u64 = 60;
+
 /// A failure of an API call, rendered as `{code, errno, error, message, more_info}`.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ApiError {
@@ -89,6 +93,13 @@ pub enum ApiError {
         "The app's mailbox is full ({0} messages waiting); retry once the app has fetched them"
     )]
     MailboxFull(usize),
+    /// The user agent holds its most messages below its minimum urgency,
+    /// and this subscription holds the most of them.
+    #[error(
+        "The user agent holds {0} messages below its minimum urgency, the most of them for this \
+         subscription; retry once it has lowered its minimum and taken them"
+    )]
+    HoldFull(usize),
     /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
@@ -106,7 +117,7 @@ impl ApiError {
             | InvalidTtl(_) | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            TooManyRequests { .. } | MailboxFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            TooManyRequests { .. } | MailboxFull(_) | HoldFull(_) => StatusCode::TOO_MANY_REQUESTS,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -129,7 +140,11 @@ impl ApiError {
             InvalidTtl(_) => 112,
             InvalidTopic(_) => 113,
             // "Use exponential back-off for retries".
-            Storage(_) | BridgeUnavailable { .. } | TooManyRequests { .. } | MailboxFull(_) => 201,
+            Storage(_)
+            | BridgeUnavailable { .. }
+            | TooManyRequests { .. }
+            | MailboxFull(_)
+            | HoldFull(_) => 201,
             MethodNotAllowed { .. } => 999,
         }
     }
@@ -142,6 +157,7 @@ impl ApiError {
             | ApiError::TooManyRequests { retry_after, .. } => Some((*retry_after).max(1)),
             ApiError::Storage(_) => Some(120),
             ApiError::MailboxFull(_) => Some(MAILBOX_FULL_RETRY_AFTER),
+            ApiError::HoldFull(_) => Some(HOLD_FULL_RETRY_AFTER),
             _ => None,
         }
     }

@@ -64,7 +64,10 @@ fn direct_grace() -> Duration {
 /// an ack before the holder claims the copy means "nothing to write"; an
 /// ack after it means "the holder settles the copy it wrote"; once the
 /// holder released the copy, it is an ordinary durable copy in storage,
-/// which the session settles itself.
+/// which the session settles itself. A copy acked while its holder writes
+/// it stays here until the holder has settled it: storage checks pass over
+/// it meanwhile ([`HeldCopies::settling`]), as the session that saw the
+/// ack no longer knows it.
 #[derive(Default)]
 pub struct HeldCopies(Mutex<HashMap<(Uuid, String), Held>>);
 
@@ -125,14 +128,36 @@ impl HeldCopies {
 
     /// The holder is done with the copy of `version` (written, or not
     /// offered after all): whether the client acked it meanwhile, which
-    /// leaves the settle to the holder.
+    /// leaves the settle to the holder. Not acked, the copy is released: an
+    /// ack from now on is the session's. Acked, it stays held, passed over
+    /// by storage checks, until the holder calls [`HeldCopies::settled`].
     pub fn release(&self, uaid: &Uuid, version: &str) -> bool {
+        let mut map = self.map();
+        let key = (*uaid, version.to_owned());
+        if map.get(&key).is_some_and(|held| held.acked) {
+            return true;
+        }
+        if let Some(held) = map.remove(&key) {
+            held.released.notify_one();
+        }
+        false
+    }
+
+    /// The holder settled the copy of `version` its client acked while it
+    /// was written (or found nothing to settle): the copy is released.
+    pub fn settled(&self, uaid: &Uuid, version: &str) {
+        if let Some(held) = self.map().remove(&(*uaid, version.to_owned())) {
+            held.released.notify_one();
+        }
+    }
+
+    /// Whether the client acked `version` and its holder has not settled
+    /// the copy yet: a storage check that finds the copy passes over it,
+    /// or the message would be sent again.
+    pub fn settling(&self, uaid: &Uuid, version: &str) -> bool {
         self.map()
-            .remove(&(*uaid, version.to_owned()))
-            .is_some_and(|held| {
-                held.released.notify_one();
-                held.acked
-            })
+            .get(&(*uaid, version.to_owned()))
+            .is_some_and(|held| held.acked)
     }
 
     /// The session holds `version` back from its client (below the
@@ -189,8 +214,15 @@ mod tests {
         let held = HeldCopies::default();
         let wake = held.hold(&uaid(), "v");
         assert_eq!(held.wait(&wake, &uaid(), "v").await, GraceEnd::Write);
+        assert!(!held.settling(&uaid(), "v"));
         assert!(held.ack(&uaid(), "v"));
+        assert!(held.settling(&uaid(), "v"));
         assert!(held.release(&uaid(), "v"));
+        // Storage checks pass over it until the holder has settled it.
+        assert!(held.settling(&uaid(), "v"));
+        held.settled(&uaid(), "v");
+        assert!(!held.settling(&uaid(), "v"));
+        assert!(!held.ack(&uaid(), "v"));
     }
 
     #[tokio::test]

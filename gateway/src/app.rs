@@ -585,7 +585,8 @@ async fn start_endpoint(
     let webpush = Arc::new(
         WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
             .with_waker(waker)
-            .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone()),
+            .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone())
+            .with_hold_limit(settings.msg_limit),
     );
     if !settings.autopush_rs_nodes.is_empty() {
         let nodes: Vec<String> = settings

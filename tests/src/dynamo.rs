@@ -198,7 +198,9 @@ async fn fresh_store_on(server: &LocalDynamo) -> DynamoStore {
 /// the `AccessDeniedException` a misconfigured IAM role gets, whose message
 /// names the AWS account ([`DENIED_ACCOUNT`]) and role: backend detail that
 /// must stay in the service's log. It also counts the requests it sees by
-/// operation (what a DynamoDB bill is made of).
+/// operation (what a DynamoDB bill is made of). Told to
+/// [`ThrottlingProxy::park`] an operation, it holds each such request until
+/// released: a write as slow as the test needs, with no clock involved.
 pub struct ThrottlingProxy {
     /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
@@ -220,6 +222,25 @@ struct ThrottleState {
     refused: std::sync::atomic::AtomicUsize,
     /// Requests seen, by operation (`X-Amz-Target` without its prefix).
     operations: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
+    /// Operations held until released, by name.
+    parked: std::sync::Mutex<std::collections::BTreeMap<String, Gate>>,
+}
+
+/// Requests of one operation held back: how many arrived, and whether they
+/// may go on.
+#[derive(Clone)]
+struct Gate {
+    arrived: tokio::sync::watch::Sender<usize>,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Gate {
+    fn new() -> Gate {
+        Gate {
+            arrived: tokio::sync::watch::Sender::new(0),
+            open: tokio::sync::watch::Sender::new(false),
+        }
+    }
 }
 
 impl ThrottleState {
@@ -303,6 +324,35 @@ impl ThrottlingProxy {
         std::mem::take(&mut *self.state.operations.lock().unwrap())
     }
 
+    /// Hold every `operation` request (`PutItem`, `DeleteItem`, ...) from
+    /// now until [`ThrottlingProxy::release`].
+    pub fn park(&self, operation: &str) {
+        self.state
+            .parked
+            .lock()
+            .unwrap()
+            .insert(operation.to_owned(), Gate::new());
+    }
+
+    /// Wait until `n` requests of the parked `operation` are held (hang
+    /// guard: panics after [`crate::HANG_GUARD`]).
+    pub async fn wait_parked(&self, operation: &str, n: usize) {
+        let gate = self.state.parked.lock().unwrap().get(operation).cloned();
+        let gate = gate.unwrap_or_else(|| panic!("{operation} is not parked"));
+        let mut arrived = gate.arrived.subscribe();
+        tokio::time::timeout(crate::HANG_GUARD, arrived.wait_for(|held| *held >= n))
+            .await
+            .unwrap_or_else(|_| panic!("no {n} {operation} requests within the hang guard"))
+            .expect("the gate is kept while waited on");
+    }
+
+    /// Let the held `operation` requests go on, and stop holding it.
+    pub fn release(&self, operation: &str) {
+        if let Some(gate) = self.state.parked.lock().unwrap().remove(operation) {
+            gate.open.send_replace(true);
+        }
+    }
+
     /// Requests refused so far.
     pub fn refused(&self) -> usize {
         self.state.refused.load(std::sync::atomic::Ordering::SeqCst)
@@ -374,6 +424,12 @@ async fn proxy_connection(
         }
         let operation = operation.unwrap_or_default();
         buf.drain(..head_end + length);
+        let gate = state.parked.lock().unwrap().get(&operation).cloned();
+        if let Some(gate) = gate {
+            let mut open = gate.open.subscribe();
+            gate.arrived.send_modify(|held| *held += 1);
+            let _ = open.wait_for(|open| *open).await;
+        }
         let (status, content_type, reply) = if state.deny.load(std::sync::atomic::Ordering::SeqCst)
         {
             let table = serde_json::from_slice::<serde_json::Value>(&body)

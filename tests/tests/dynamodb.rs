@@ -1358,3 +1358,207 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing() {
         ws = cluster.a.reconnect(&uaid).await;
     }
 }
+
+/// The client acks a message while its node writes the held copy (the
+/// grace over, the write slow), and the session then looks in storage
+/// before the node has settled the copy it wrote: the message, acked, must
+/// not be sent again. The proxy holds the write until the ack is in, then
+/// holds the settle while the session looks (receipts off: the settle is a
+/// `DeleteItem`, lowering the minimum an `UpdateItem`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_acked_while_its_node_writes_it_is_not_sent_again() {
+    let (_, proxy, node) =
+        node_behind_proxy_with(dynamo::local().await, &["--receipt-retention=0"]).await;
+    let mut ws = node.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    proxy.park("PutItem");
+    let sending = tokio::spawn({
+        let sub = sub.clone();
+        async move { sub.push_text("acked while written").await }
+    });
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "acked while written");
+    // The grace is over: the node writes the copy.
+    proxy.wait_parked("PutItem", 1).await;
+    ws.ack_notification(&n).await;
+    // Answered after the ack: the session has taken it.
+    let answer = ws.set_min_urgency(serde_json::json!("high")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+    proxy.park("DeleteItem");
+    proxy.release("PutItem");
+    // The node settles the copy it wrote; meanwhile the session looks.
+    proxy.wait_parked("DeleteItem", 1).await;
+    let answer = ws.set_min_urgency(serde_json::json!("very-low")).await;
+    assert_eq!(answer["status"], 200, "{answer}");
+    // The ping's answer comes after whatever that look sent.
+    ws.ping().await;
+    let next = ws.recv().await;
+    assert_eq!(
+        next,
+        serde_json::json!({}),
+        "the acked message was sent again while its copy was being settled"
+    );
+    proxy.release("DeleteItem");
+    sending.await.expect("the push").assert_created();
+    ws.close().await;
+    let mut ws = node.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// When the client acks a message whose copy its node holds, relative to
+/// the node's write of that copy.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum AckAt {
+    /// At once: inside the grace, or while the write starts.
+    AtOnce,
+    /// While the write is held in the proxy.
+    WhileWritten,
+    /// Once the push is answered (the copy written, and released).
+    AfterWritten,
+    /// Never: the message is owed at the next connection.
+    Never,
+}
+
+/// When the session looks in storage (the client lowers its minimum).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum LookAt {
+    WhileWritten,
+    /// While the node's settle of a copy acked during its write is held.
+    WhileSettled,
+    AfterAnswered,
+    Nowhere,
+}
+
+/// The client raises, then lowers its minimum (a storage check) and pings:
+/// the notifications sent before the ping's answer.
+async fn look_in_storage(ws: &mut WsClient) -> Vec<serde_json::Value> {
+    for min in ["high", "very-low"] {
+        let answer = ws.set_min_urgency(serde_json::json!(min)).await;
+        assert_eq!(answer["status"], 200, "{answer}");
+    }
+    ws.ping().await;
+    let mut sent = Vec::new();
+    loop {
+        let next = ws.recv().await;
+        if next == serde_json::json!({}) {
+            return sent;
+        }
+        if next["messageType"] == "notification" {
+            sent.push(next);
+        }
+    }
+}
+
+/// Every schedule of one held copy's ack against its write and settle,
+/// and of a storage check against both, each on its own message, in one
+/// session (the proxy holds the write and the settle to place them). The
+/// model: an acked message is never sent again, and every message answered
+/// 201 and not acked arrives at the next connection, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_schedule_of_an_ack_and_a_look_against_the_held_write() {
+    use std::collections::BTreeSet;
+    let (_, proxy, node) =
+        node_behind_proxy_with(dynamo::local().await, &["--receipt-retention=0"]).await;
+    let mut ws = node.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    let mut acked = BTreeSet::new();
+    let mut owed = BTreeSet::new();
+    let acks = [
+        AckAt::AtOnce,
+        AckAt::WhileWritten,
+        AckAt::AfterWritten,
+        AckAt::Never,
+    ];
+    let looks = [
+        LookAt::WhileWritten,
+        LookAt::WhileSettled,
+        LookAt::AfterAnswered,
+        LookAt::Nowhere,
+    ];
+    for ack_at in acks {
+        for look_at in looks {
+            let schedule = format!("{ack_at:?} / {look_at:?}");
+            let check = |seen: Vec<serde_json::Value>, acked: &BTreeSet<String>| {
+                for n in seen {
+                    let version = n["version"].as_str().unwrap_or_default();
+                    assert!(
+                        !acked.contains(version),
+                        "{schedule}: an acked message was sent again"
+                    );
+                }
+            };
+            // An ack at once may beat the grace: then nothing is written.
+            let holds_write = ack_at != AckAt::AtOnce;
+            if holds_write {
+                proxy.park("PutItem");
+            }
+            let sending = tokio::spawn({
+                let sub = sub.clone();
+                let text = schedule.clone();
+                async move { sub.push_text(&text).await }
+            });
+            let (n, d) = sub.receive(&mut ws).await;
+            assert_eq!(d.text, schedule);
+            let version = n["version"].as_str().unwrap_or_default().to_owned();
+            let ack = async |ws: &mut WsClient, acked: &mut BTreeSet<String>| {
+                ws.ack_notification(&n).await;
+                acked.insert(version.clone());
+            };
+            if ack_at == AckAt::AtOnce {
+                ack(&mut ws, &mut acked).await;
+            }
+            if holds_write {
+                proxy.wait_parked("PutItem", 1).await;
+                if ack_at == AckAt::WhileWritten {
+                    ack(&mut ws, &mut acked).await;
+                }
+                if look_at == LookAt::WhileWritten {
+                    check(look_in_storage(&mut ws).await, &acked);
+                }
+                let settles = ack_at == AckAt::WhileWritten;
+                if settles {
+                    proxy.park("DeleteItem");
+                }
+                proxy.release("PutItem");
+                if settles {
+                    proxy.wait_parked("DeleteItem", 1).await;
+                    if look_at == LookAt::WhileSettled {
+                        check(look_in_storage(&mut ws).await, &acked);
+                    }
+                    proxy.release("DeleteItem");
+                }
+            }
+            sending.await.expect("the push").assert_created();
+            if ack_at == AckAt::AfterWritten {
+                ack(&mut ws, &mut acked).await;
+            }
+            if look_at == LookAt::AfterAnswered {
+                check(look_in_storage(&mut ws).await, &acked);
+            }
+            if ack_at == AckAt::Never {
+                owed.insert(version.clone());
+            }
+        }
+    }
+    ws.close().await;
+    let mut ws = node.reconnect(&uaid).await;
+    let mut arrived = BTreeSet::new();
+    while arrived.len() < owed.len() {
+        let n = ws.recv_notification().await;
+        let version = n["version"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            !acked.contains(&version),
+            "an acked message came at the next connection"
+        );
+        assert!(
+            arrived.insert(version),
+            "a message came twice at the next connection"
+        );
+        ws.ack_notification(&n).await;
+    }
+    assert_eq!(arrived, owed);
+    ws.assert_nothing_arrives().await;
+}

@@ -284,3 +284,94 @@ async fn the_minimum_holds_after_reconnecting_to_another_node() {
     set_min(&mut ws, "normal").await;
     receive(&mut ws, &sub, "normal, held").await;
 }
+
+/// A bodyless push straight to the endpoint with `Urgency: urgency`: its
+/// answer.
+async fn raw_push(sub: &Subscription, urgency: &str) -> autopush_tests::http::HttpReply {
+    post_push(&sub.endpoint, &[("ttl", "600"), ("urgency", urgency)], None).await
+}
+
+/// The answer to a push over the hold's bound: 429 errno 201, with a
+/// `Retry-After`.
+fn assert_hold_full(reply: &autopush_tests::http::HttpReply) {
+    assert_eq!(reply.status, 429, "{reply:?}");
+    assert_eq!(reply.json["errno"], 201, "{reply:?}");
+    assert!(reply.header("retry-after").is_some(), "{reply:?}");
+}
+
+/// Messages held below the minimum are never sent while held, so they are
+/// not a client falling behind: holding more than `--msg-limit` of them
+/// never resets the user agent, however often it reconnects. They have a
+/// bound of their own (`--msg-limit` again), and a push over it is refused
+/// with 429 rather than accepted and lost.
+#[tokio::test]
+async fn held_messages_never_reset_the_user_agent_and_are_bounded() {
+    let server = Server::start_with(&["--msg-limit", "3"]).await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    set_min(&mut ws, "high").await;
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(raw_push(&sub, "normal").await);
+    }
+    for _ in 0..2 {
+        ws.close().await;
+        ws = WsClient::connect_hello(&server.ws_url(), Some(&uaid)).await;
+        assert_eq!(
+            ws.uaid(),
+            uaid,
+            "the user agent was reset for its held messages"
+        );
+    }
+    let answered: Vec<u16> = statuses.iter().map(|r| r.status).collect();
+    assert_eq!(answered, [201, 201, 201, 429], "{statuses:?}");
+    assert_hold_full(&statuses[3]);
+    set_min(&mut ws, "very-low").await;
+    let released = ws.recv_notifications(3).await;
+    for n in &released {
+        ws.ack_notification(n).await;
+    }
+    ws.assert_nothing_arrives().await;
+}
+
+/// A full hold costs the subscription holding the most, never another: its
+/// next push is refused, while another subscription's push is taken and
+/// the heaviest one's oldest held message goes (its receipt reads
+/// `dropped`). One sender filling the hold cannot keep another out.
+#[tokio::test]
+async fn a_full_hold_costs_only_the_subscription_holding_the_most() {
+    let server = Server::start_with(&["--msg-limit", "3"]).await;
+    let mut ws = server.client().await;
+    let filler = Subscription::new(&mut ws).await;
+    let other = Subscription::new(&mut ws).await;
+    set_min(&mut ws, "high").await;
+    let mut filled = Vec::new();
+    for _ in 0..3 {
+        let reply = raw_push(&filler, "low").await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+        filled.push(reply.header("location").expect("Location").to_owned());
+    }
+    assert_hold_full(&raw_push(&filler, "low").await);
+
+    let reply = raw_push(&other, "low").await;
+    assert_eq!(
+        reply.status, 201,
+        "another subscription kept out: {reply:?}"
+    );
+    assert_eq!(receipt::state_of(&filled[0]).await, "dropped");
+    assert_eq!(receipt::state_of(&filled[1]).await, "stored");
+    assert_hold_full(&raw_push(&filler, "low").await);
+
+    set_min(&mut ws, "very-low").await;
+    let released = ws.recv_notifications(3).await;
+    let from_other = released
+        .iter()
+        .filter(|n| n["channelID"] == other.channel_id.as_str())
+        .count();
+    assert_eq!(from_other, 1, "{released:?}");
+    for n in &released {
+        ws.ack_notification(n).await;
+    }
+    ws.assert_nothing_arrives().await;
+}

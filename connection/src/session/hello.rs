@@ -105,12 +105,7 @@ async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result
     };
     if let Some(user) = &previous {
         let limit = ctx.settings.msg_limit;
-        let count = ctx
-            .storage
-            .count_messages(&user.uaid, limit.saturating_add(1))
-            .await
-            .map_err(storage_failed)?;
-        over_limit = count > limit;
+        over_limit = behind(ctx, user, limit).await.map_err(storage_failed)?;
         if over_limit && user.over_msg_limit {
             // Sent what fit last time and still too far behind: start over
             // rather than replay an unbounded backlog.
@@ -173,6 +168,30 @@ async fn take_over(ctx: &Arc<NodeContext>, mut previous: Option<User>) -> Result
         connected_at,
         min_urgency: user.min_urgency,
     })
+}
+
+/// Whether more than `limit` stored messages wait to be sent to `user`.
+/// Those held below its minimum urgency are not sent while held, so they
+/// are not the client falling behind: they have a bound of their own,
+/// `limit` again, kept by the endpoint. Counted first, as that is cheap;
+/// read only when the count is over.
+async fn behind(
+    ctx: &NodeContext,
+    user: &User,
+    limit: usize,
+) -> Result<bool, autopush_storage::StorageError> {
+    let count = ctx
+        .storage
+        .count_messages(&user.uaid, limit.saturating_add(1))
+        .await?;
+    if count <= limit || user.min_urgency == Urgency::VeryLow {
+        return Ok(count > limit);
+    }
+    let stored = ctx
+        .storage
+        .fetch_messages(&user.uaid, limit.saturating_mul(2).saturating_add(1))
+        .await?;
+    Ok(stored.iter().filter(|m| !user.holds(m)).count() > limit)
 }
 
 /// The record of `seen` changed between the read and the conditional

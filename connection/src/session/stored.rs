@@ -34,6 +34,9 @@ impl Session {
         // session, and held ones (below the minimum urgency) wait: fetch
         // past them. Held ones are counted, so the next look fetches past
         // them in one read; until then the fetch doubles while they fill it.
+        // A direct copy acked while this node wrote it is about to be
+        // settled by its holder: passed over too.
+        let copies = self.ctx.registry.held_copies();
         let mut limit = batch + self.in_flight().skip_stored.len() + self.held;
         let (ready, held) = loop {
             let messages = self
@@ -45,7 +48,9 @@ impl Session {
             let read = messages.len();
             let (mut ready, mut held) = (Vec::new(), 0);
             for message in messages {
-                if self.in_flight().skip_stored.contains(&message.version) {
+                if self.in_flight().skip_stored.contains(&message.version)
+                    || copies.settling(&self.uaid, &message.version)
+                {
                     continue;
                 }
                 if message.is_below(self.min_urgency) {

@@ -112,9 +112,14 @@ async fn hold_copy(
         (Ok(()), false) => Some(CopyFate::Written),
         (Ok(()), true) => {
             settle_written(storage.as_ref(), uaid, &notification).await;
+            held.settled(uaid, &version);
             Some(CopyFate::Acked)
         }
-        (Err(_), true) => Some(acked(storage.as_ref(), uaid, &notification).await),
+        (Err(_), true) => {
+            let fate = acked(storage.as_ref(), uaid, &notification).await;
+            held.settled(uaid, &version);
+            Some(fate)
+        }
         (Err(e), false) => {
             warn!(error = %e, "could not write a held direct copy; the endpoint writes it");
             None
@@ -147,6 +152,7 @@ impl Drop for Holding<'_> {
             return;
         };
         if self.held.release(&self.uaid, &notification.version) {
+            self.held.settled(&self.uaid, &notification.version);
             let storage = self.storage.clone();
             let uaid = self.uaid;
             tokio::spawn(async move {

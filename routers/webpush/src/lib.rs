@@ -36,6 +36,7 @@
 pub mod held;
 pub mod node_client;
 pub mod protocol;
+pub mod urgency;
 pub mod wake;
 
 use std::sync::Arc;
@@ -113,6 +114,8 @@ pub struct WebPushRouter {
     autopush_rs_nodes: Vec<ipnet::IpNet>,
     /// Whether a node that does not say what it is was logged.
     unknown_logged: AtomicBool,
+    /// Most messages held below a user agent's minimum urgency.
+    hold_limit: usize,
 }
 
 impl WebPushRouter {
@@ -130,6 +133,7 @@ impl WebPushRouter {
             waker: None,
             autopush_rs_nodes: Vec::new(),
             unknown_logged: AtomicBool::new(false),
+            hold_limit: 100,
         }
     }
 
@@ -153,6 +157,13 @@ impl WebPushRouter {
             );
         }
         answerer
+    }
+
+    /// Hold at most `limit` messages below a user agent's minimum urgency
+    /// (see [`urgency`]); 100 unless set.
+    pub fn with_hold_limit(mut self, limit: usize) -> Self {
+        self.hold_limit = limit;
+        self
     }
 
     /// Send wake-ups to user agents that are away, with `waker`.
@@ -365,6 +376,7 @@ impl WebPushRouter {
             return Ok(Delivery::Dropped);
         }
         let uaid = user.uaid;
+        urgency::make_room(self.storage.as_ref(), user, &notification, self.hold_limit).await?;
         self.storage
             .save_messages(&uaid, vec![notification.clone()])
             .await?;
