@@ -343,7 +343,9 @@ fn router_keys(
             settings.router_host
         ));
     }
-    keys::plan(Key::Router, settings.router_key.as_ref(), data_dir)
+    let source = settings.sources.name("router_key");
+    let configured = settings.router_key.as_ref().map(|k| (k, source.as_str()));
+    keys::plan(Key::Router, configured, data_dir)
 }
 
 /// Start-up's findings, every setting, key and port checked before
@@ -388,11 +390,14 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         false => Vec::new(),
     };
     let none = || Planned::Ready(Vec::new());
-    let plan = |key: Key, configured: Option<&autopush_common::Secret>| match configured {
-        None if !store_ok => Ok(none()),
-        _ => keys::plan(key, configured, data_dir),
+    let plan = |key: Key, setting: &str, configured: Option<&autopush_common::Secret>| {
+        let source = settings.sources.name(setting);
+        match configured {
+            None if !store_ok => Ok(none()),
+            _ => keys::plan(key, configured.map(|k| (k, source.as_str())), data_dir),
+        }
     };
-    let crypto = plan(Key::Crypto, settings.crypto_key.as_ref());
+    let crypto = plan(Key::Crypto, "crypto_key", settings.crypto_key.as_ref());
     let crypto = problems.take(
         crypto.and_then(|planned| match &planned {
             Planned::Ready(keys) if !keys.is_empty() => {
@@ -405,7 +410,10 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         none(),
     );
     let auth = match mode.endpoint() {
-        true => Some(problems.take(plan(Key::Auth, settings.auth_key.as_ref()), none())),
+        true => Some(problems.take(
+            plan(Key::Auth, "auth_key", settings.auth_key.as_ref()),
+            none(),
+        )),
         false => None,
     };
     let router = match (&settings.router_key, store_ok) {

@@ -76,9 +76,10 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Report, String> {
             }
         }
     }
+    let source = settings.sources.name("crypto_key");
     let keys = keys::resolve(
         keys::Key::Crypto,
-        settings.crypto_key.as_ref(),
+        settings.crypto_key.as_ref().map(|k| (k, source.as_str())),
         data_dir.as_deref(),
         keys::Missing::Fail,
     )
@@ -138,9 +139,10 @@ async fn lookup(
             .await
             .map_err(|e| e.to_string()),
         Err(store_error) => {
+            let source = settings.sources.name("router_key");
             let keys = keys::resolve(
                 keys::Key::Router,
-                settings.router_key.as_ref(),
+                settings.router_key.as_ref().map(|k| (k, source.as_str())),
                 data_dir,
                 keys::Missing::Fail,
             )?;

@@ -109,6 +109,34 @@ async fn keys_come_from_systemd_credentials_and_key_files() {
     );
 }
 
+/// A bad key from a credential is refused naming the credential, never
+/// the flag it was not given as.
+#[tokio::test]
+async fn a_short_key_from_a_credential_is_named_as_the_credential() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let credentials = dir.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("mkdir");
+    std::fs::write(credentials.join("router_key"), "short\n").expect("write");
+    let db = dir.path().join("db").display().to_string();
+    let directory = credentials.display().to_string();
+    let out = server::run_autopush_with_env(
+        &[&["all", "--db", &db][..], &strs(&server::port_flags())].concat(),
+        &[("CREDENTIALS_DIRECTORY", &directory)],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let named = format!(
+        "the credential {}",
+        credentials.join("router_key").display()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    assert!(
+        !stderr.contains("--router-key") && !stderr.contains("short"),
+        "{stderr}"
+    );
+}
+
 /// Run `autopush ARGS` expecting a start-up refusal; returns its stderr.
 async fn refused(args: &[&str]) -> String {
     let out = server::run_autopush(args).await;
