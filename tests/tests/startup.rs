@@ -350,11 +350,16 @@ async fn a_store_url_not_served_is_refused_never_a_directory() {
         "postgres://u:pw@127.0.0.1:5999/autopush",
         "redis://127.0.0.1:6379",
     ] {
-        let out = server::autopush_command()
+        let mut command = tokio::process::Command::from(server::autopush_command());
+        command
             .args(["all", "--db", url])
             .args(server::port_flags())
             .current_dir(cwd.path())
-            .output()
+            .kill_on_drop(true);
+        // Taken as a directory, the store would start a service: a hang.
+        let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+            .await
+            .expect("autopush did not exit within 60 s: the URL was taken as a directory")
             .expect("run autopush");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
