@@ -108,9 +108,12 @@ pub fn plan(
     }
     let Some(dir) = data_dir else {
         return Err(format!(
-            "this mode needs {} ({}; the same on every node; make one with `autopush keygen`)",
+            "this mode needs {} ({}, {}_file or the systemd credential {}; the same on every \
+             node; make one with `autopush keygen`)",
             key.flag(),
-            key.env()
+            key.env(),
+            key.file(),
+            key.file()
         ));
     };
     let path = dir.join(key.file());
