@@ -90,7 +90,7 @@ async fn answering<S: Storage + 'static>(store: S, db: &str) -> Result<Arc<dyn S
 /// the directory and says what is wrong with it.
 pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
     let name = dir.display();
-    if !check_data_dir(dir)? {
+    if !check_data_dir(dir, "--db")? {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?;
     }
@@ -105,31 +105,31 @@ pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
 /// Whether the embedded store's directory exists, checked without making
 /// it: an existing one must be a directory this process can write (a probe
 /// file is written and removed), a missing one must lie under a directory.
-fn check_data_dir(dir: &Path) -> Result<bool, String> {
-    let name = dir.display();
+fn check_data_dir(dir: &Path, setting: &str) -> Result<bool, String> {
+    let name = format!("{setting} {}", dir.display());
     match std::fs::metadata(dir) {
         Ok(meta) if !meta.is_dir() => Err(format!(
-            "--db {name}: not a directory (the embedded store needs a directory, \
+            "{name}: not a directory (the embedded store needs a directory, \
              or give `--db dynamodb`)"
         )),
         Ok(_) => {
             let probe = dir.join(format!(".write-check-{}", std::process::id()));
             std::fs::write(&probe, b"")
                 .and_then(|()| std::fs::remove_file(&probe))
-                .map_err(|e| format!("--db {name}: the data directory cannot be written: {e}"))?;
+                .map_err(|e| format!("{name}: the data directory cannot be written: {e}"))?;
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());
             match absolute.ancestors().skip(1).find(|a| a.exists()) {
                 Some(parent) if !parent.is_dir() => Err(format!(
-                    "--db {name}: cannot create the data directory: {} is not a directory",
+                    "{name}: cannot create the data directory: {} is not a directory",
                     parent.display()
                 )),
                 _ => Ok(false),
             }
         }
-        Err(e) => Err(format!("--db {name}: cannot use the data directory: {e}")),
+        Err(e) => Err(format!("{name}: cannot use the data directory: {e}")),
     }
 }
 
@@ -226,19 +226,76 @@ fn refresh_last_connect(drop_idle_users_after: Option<Duration>) -> Duration {
     drop_idle_users_after.map_or(daily, |after| daily.min(after / 4))
 }
 
-/// A listener on `port` at each of `addresses` (those of one host setting).
-async fn bind(addresses: &[IpAddr], port: u16, what: &str) -> Result<Vec<TcpListener>, String> {
+/// A listener on `port` at each of `addresses` (those of one host
+/// setting), bound while start-up checks the settings: a port another
+/// process holds is named with the other problems, before anything is
+/// made. `setting` names the port's setting.
+fn bind(addresses: &[IpAddr], port: u16, setting: &str) -> Result<Vec<TcpListener>, String> {
     let mut listeners = Vec::new();
     for ip in addresses {
         let addr = SocketAddr::new(*ip, port);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("{what}: cannot listen on {addr}: {e}"))?;
-        let bound = listener.local_addr().unwrap_or(addr);
-        info!("{what} listening on {bound}");
+        let socket = match addr {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        };
+        // As TcpListener::bind: a restarted service takes its port back
+        // while the last one's connections linger in TIME_WAIT.
+        let listener = socket
+            .and_then(|socket| {
+                socket.set_reuseaddr(true)?;
+                socket.bind(addr)?;
+                socket.listen(1024)
+            })
+            .map_err(|e| format!("{setting}: cannot listen on {addr}: {e}"))?;
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// Log where `listeners` (of the role `what`) listen.
+fn listening(what: &str, listeners: &[TcpListener]) {
+    for listener in listeners {
+        if let Ok(bound) = listener.local_addr() {
+            info!("{what} listening on {bound}");
+        }
+    }
+}
+
+/// Every port of this process, bound at check time.
+#[derive(Default)]
+struct Listeners {
+    websocket: Vec<TcpListener>,
+    router_api: Vec<TcpListener>,
+    metrics: Vec<TcpListener>,
+    endpoint: Vec<TcpListener>,
+}
+
+impl Listeners {
+    /// Bind every port `mode` listens on; each one that cannot be is a
+    /// problem, named by its setting.
+    fn bind(
+        mode: Mode,
+        settings: &Settings,
+        (hosts, router_hosts): (&[IpAddr], &[IpAddr]),
+        problems: &mut Problems,
+    ) -> Listeners {
+        let mut port = |key: &str, addresses: &[IpAddr], port: u16| {
+            let setting = format!("{} {port}", settings.sources.name(key));
+            problems.take(bind(addresses, port, &setting), Vec::new())
+        };
+        let mut listeners = Listeners::default();
+        if mode.connection() {
+            listeners.websocket = port("port", hosts, settings.port);
+            listeners.router_api = port("router_port", router_hosts, settings.router_port);
+        }
+        if let Some(metrics) = settings.metrics_port {
+            listeners.metrics = port("metrics_port", router_hosts, metrics);
+        }
+        if mode.endpoint() {
+            listeners.endpoint = port("endpoint_port", hosts, settings.endpoint_port);
+        }
+        listeners
+    }
 }
 
 /// The addresses `--host` or `--router-host` (`setting`) names: an IP
@@ -286,39 +343,44 @@ fn router_keys(
             settings.router_host
         ));
     }
-    keys::plan(Key::Router, settings.router_key.as_ref(), data_dir)
+    let source = settings.sources.name("router_key");
+    let configured = settings.router_key.as_ref().map(|k| (k, source.as_str()));
+    keys::plan(Key::Router, configured, data_dir)
 }
 
-/// Start-up's findings, every setting and key checked before anything was
-/// touched: no directory made, no key written, no store opened, no port
-/// bound. [`Checked::start`] does those.
+/// Start-up's findings, every setting, key and port checked before
+/// anything was made: the ports are bound, but no directory is made, no
+/// key written, no store opened. [`Checked::start`] does those.
 pub struct Checked {
     mode: Mode,
     settings: Settings,
     crypto: Planned,
     auth: Option<Planned>,
     router: Planned,
-    /// The addresses of `--host` and of `--router-host`.
-    hosts: Vec<IpAddr>,
-    router_hosts: Vec<IpAddr>,
     /// The certificate of the public ports, if they speak TLS.
     tls: Option<Arc<Certificates>>,
     bridges: RouterRegistry,
     serves: String,
+    listeners: Listeners,
 }
 
 /// Check everything `mode` needs from `settings` (with the `problems`
 /// already found in them), touching nothing: one error names every
 /// problem.
 pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<Checked, String> {
-    problems.take(check_mode(mode, &settings), ());
+    let mode_ok = problems.take(check_mode(mode, &settings).map(|()| true), false);
     let data_dir = match (&settings.db, mode) {
         (Db::Embedded(dir), Mode::All) => Some(dir.as_path()),
         _ => None,
     };
-    if let Some(dir) = data_dir {
-        problems.take(check_data_dir(dir).map(drop), ());
-    }
+    let db = settings.sources.name("db");
+    // Keys kept in a store that cannot be used are not looked for: the
+    // store is the one problem.
+    let store_ok = !problems.failed("db")
+        && match data_dir {
+            Some(dir) => problems.take(check_data_dir(dir, &db).map(|_| true), false),
+            None => true,
+        };
     let hosts = problems.take(listen_addresses("--host", &settings.host), Vec::new());
     let router_hosts = match mode.connection() || settings.metrics_port.is_some() {
         true => problems.take(
@@ -328,27 +390,39 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         false => Vec::new(),
     };
     let none = || Planned::Ready(Vec::new());
-    let crypto = keys::plan(Key::Crypto, settings.crypto_key.as_ref(), data_dir);
+    let plan = |key: Key, setting: &str, configured: Option<&autopush_common::Secret>| {
+        let source = settings.sources.name(setting);
+        match configured {
+            None if !store_ok => Ok(none()),
+            _ => keys::plan(key, configured.map(|k| (k, source.as_str())), data_dir),
+        }
+    };
+    let crypto = plan(Key::Crypto, "crypto_key", settings.crypto_key.as_ref());
     let crypto = problems.take(
         crypto.and_then(|planned| match &planned {
-            Planned::Ready(keys) => EndpointCrypto::new(keys, &settings.endpoint_url)
-                .map(|_| planned)
-                .map_err(|e| format!("--crypto-key (AUTOPUSH_CRYPTO_KEY): {e}")),
-            Planned::Generate(..) => Ok(planned),
+            Planned::Ready(keys) if !keys.is_empty() => {
+                EndpointCrypto::new(keys, &settings.endpoint_url)
+                    .map(|_| planned)
+                    .map_err(|e| format!("{}: {e}", settings.sources.name("crypto_key")))
+            }
+            _ => Ok(planned),
         }),
         none(),
     );
     let auth = match mode.endpoint() {
         true => Some(problems.take(
-            keys::plan(Key::Auth, settings.auth_key.as_ref(), data_dir),
+            plan(Key::Auth, "auth_key", settings.auth_key.as_ref()),
             none(),
         )),
         false => None,
     };
-    let router = problems.take(
-        router_keys(&settings, mode, &router_hosts, data_dir),
-        none(),
-    );
+    let router = match (&settings.router_key, store_ok) {
+        (None, false) => none(),
+        _ => problems.take(
+            router_keys(&settings, mode, &router_hosts, data_dir),
+            none(),
+        ),
+    };
     let tls = match &settings.tls {
         Some(files) => problems.take(Certificates::load(files).map(Some), None),
         None => None,
@@ -357,17 +431,21 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         crate::bridges::bridges(&settings.bridges, &bridge_limits(&settings)),
         (RouterRegistry::default(), String::new()),
     );
+    // Two listeners on one port are one problem, already named.
+    let listeners = match mode_ok {
+        true => Listeners::bind(mode, &settings, (&hosts, &router_hosts), &mut problems),
+        false => Listeners::default(),
+    };
     let checked = Checked {
         mode,
         settings,
         crypto,
         auth,
         router,
-        hosts,
-        router_hosts,
         tls,
         bridges,
         serves,
+        listeners,
     };
     problems.or(checked)
 }
@@ -410,11 +488,10 @@ impl Checked {
             crypto,
             auth,
             router,
-            hosts,
-            router_hosts,
             tls,
             bridges: configured,
             serves,
+            listeners,
         } = self;
         let settings = &settings;
         let bridges = configured.extend(bridges);
@@ -446,30 +523,32 @@ impl Checked {
                 drop_idle_users_after: settings.drop_idle_users_after,
             },
         ));
+        let Listeners {
+            websocket,
+            router_api,
+            metrics: metrics_listeners,
+            endpoint,
+        } = listeners;
         let mut clients = None;
         if mode.connection() {
-            let listen = (&hosts[..], &router_hosts[..]);
+            let listen = (websocket, router_api);
             let tls = tls.clone();
-            clients = Some(
-                start_connection(
-                    settings,
-                    listen,
-                    (&shared, &bridges),
-                    &metrics,
-                    tls,
-                    &mut servers,
-                )
-                .await?,
-            );
+            clients = Some(start_connection(
+                settings,
+                listen,
+                (&shared, &bridges),
+                &metrics,
+                tls,
+                &mut servers,
+            ));
         }
-        if let Some(port) = settings.metrics_port {
-            for listener in bind(&router_hosts, port, "metrics").await? {
-                servers.spawn(crate::metrics::serve(
-                    listener,
-                    metrics.clone(),
-                    settings.http,
-                ));
-            }
+        listening("metrics", &metrics_listeners);
+        for listener in metrics_listeners {
+            servers.spawn(crate::metrics::serve(
+                listener,
+                metrics.clone(),
+                settings.http,
+            ));
         }
         if let Some(auth) = auth {
             // In all-in-one mode the webpush router hands notifications to the
@@ -478,7 +557,7 @@ impl Checked {
             let auth_keys = auth.load()?;
             info!("{serves}");
             let roles = (shared, bridges, local);
-            start_endpoint(settings, &hosts, roles, &auth_keys, tls, &mut servers).await?;
+            start_endpoint(settings, endpoint, roles, &auth_keys, tls, &mut servers)?;
         }
         if mode.connection() {
             info!(endpoint_url = %settings.endpoint_url, node = %settings.node_url, ?mode, "autopush running");
@@ -492,14 +571,14 @@ impl Checked {
 
 /// The connection role: the websocket port and the internal router API.
 /// Returns the registry of the clients connected here.
-async fn start_connection(
+fn start_connection(
     settings: &Settings,
-    (hosts, router_hosts): (&[IpAddr], &[IpAddr]),
+    (websockets, router_apis): (Vec<TcpListener>, Vec<TcpListener>),
     (shared, bridges): (&Shared, &RouterRegistry),
     metrics: &PrometheusHandle,
     tls: Option<TlsAcceptor>,
     servers: &mut JoinSet<()>,
-) -> Result<Arc<ClientRegistry>, String> {
+) -> Arc<ClientRegistry> {
     let registry = Arc::new(ClientRegistry::new(settings.node_url.clone()));
     let ctx = Arc::new(NodeContext {
         settings: ConnectionSettings {
@@ -542,8 +621,8 @@ async fn start_connection(
              --unsigned-node-calls-from off once no autopush-rs endpoint is left"
         );
     }
-    let websockets = bind(hosts, settings.port, "websocket").await?;
-    let router_apis = bind(router_hosts, settings.router_port, "internal router API").await?;
+    listening("websocket", &websockets);
+    listening("internal router API", &router_apis);
     for websocket in websockets {
         servers.spawn(server::serve_websocket(
             websocket,
@@ -561,15 +640,15 @@ async fn start_connection(
             settings.http,
         ));
     }
-    Ok(registry)
+    registry
 }
 
 /// The endpoint role: the public HTTP API (push, registration, health),
 /// routing through the webpush router (handing to `local` clients when
 /// this process also holds connections) and `bridges`, over `tls` if given.
-async fn start_endpoint(
+fn start_endpoint(
     settings: &Settings,
-    hosts: &[IpAddr],
+    listeners: Vec<TcpListener>,
     (shared, bridges, local): (Shared, RouterRegistry, Option<Arc<dyn LocalNode>>),
     auth_keys: &[String],
     tls: Option<TlsAcceptor>,
@@ -635,7 +714,8 @@ async fn start_endpoint(
         }
     });
     let routes = warp::service(endpoint::routes(state));
-    for listener in bind(hosts, settings.endpoint_port, "endpoint").await? {
+    listening("endpoint", &listeners);
+    for listener in listeners {
         servers.spawn(autopush_serving::http::serve_with(
             listener,
             tls.clone(),

@@ -20,9 +20,17 @@ use crate::app::open_storage;
 use crate::keys;
 use crate::settings::{Db, Settings};
 
-/// How to point `diagnose` at the right store, for its error messages.
-const POINT_ELSEWHERE: &str = "Give the service's data directory with --db DIR (or AUTOPUSH_DB), \
-     or the service's own settings file with --config FILE";
+/// How to point `diagnose` at the right store, for its error messages:
+/// where the data directory came from, or (when it is the default) how to
+/// name the service's.
+fn point_elsewhere(settings: &Settings) -> String {
+    match settings.sources.get("db") {
+        None => "Give the service's data directory with --db DIR (or AUTOPUSH_DB), or the \
+                 service's own settings file with --config FILE"
+            .into(),
+        Some(_) => format!("(the data directory is {})", settings.sources.name("db")),
+    }
+}
 
 /// What `diagnose` found: the report, and why the user could not be read,
 /// if it could not (the report then holds the token's side only).
@@ -48,28 +56,47 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Report, String> {
         Db::Embedded(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
         Db::DynamoDb | Db::Bigtable(_) => None,
     };
-    if let Some(dir) = data_dir.as_ref().filter(|d| !d.is_dir()) {
-        return Err(format!(
-            "no data directory at {}. {POINT_ELSEWHERE}",
-            dir.display()
-        ));
+    if let Some(dir) = &data_dir {
+        let elsewhere = point_elsewhere(settings);
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(format!("{} is not a directory {elsewhere}", dir.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!(
+                    "no data directory at {} {elsewhere}",
+                    dir.display()
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot use the data directory {}: {e} {elsewhere}; run this as root \
+                     or as the service's user",
+                    dir.display()
+                ));
+            }
+        }
     }
+    let source = settings.sources.name("crypto_key");
     let keys = keys::resolve(
         keys::Key::Crypto,
-        settings.crypto_key.as_ref(),
+        settings.crypto_key.as_ref().map(|k| (k, source.as_str())),
         data_dir.as_deref(),
         keys::Missing::Fail,
     )
-    .map_err(|e| format!("{e}. {POINT_ELSEWHERE}"))?;
+    .map_err(|e| format!("{e} {}", point_elsewhere(settings)))?;
     let crypto = autopush_common::endpoint::EndpointCrypto::new(&keys, &settings.endpoint_url)?;
     let info = crypto.parse_token(version, token).map_err(|_| {
         match (&settings.crypto_key, &data_dir) {
             (None, Some(dir)) => format!(
                 "the token does not decrypt with the crypto key kept in {}: is that the data \
-                 directory of the service that issued it? {POINT_ELSEWHERE}",
-                dir.display()
+                 directory of the service that issued it? {}",
+                dir.display(),
+                point_elsewhere(settings)
             ),
-            _ => "the token does not decrypt with the configured --crypto-key".to_string(),
+            _ => format!(
+                "the token does not decrypt with the crypto key of {}",
+                settings.sources.name("crypto_key")
+            ),
         }
     })?;
 
@@ -112,9 +139,10 @@ async fn lookup(
             .await
             .map_err(|e| e.to_string()),
         Err(store_error) => {
+            let source = settings.sources.name("router_key");
             let keys = keys::resolve(
                 keys::Key::Router,
-                settings.router_key.as_ref(),
+                settings.router_key.as_ref().map(|k| (k, source.as_str())),
                 data_dir,
                 keys::Missing::Fail,
             )?;

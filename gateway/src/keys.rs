@@ -53,19 +53,17 @@ impl Key {
 pub const MIN_HMAC_KEY_BYTES: usize = 16;
 
 /// Refuse configured HMAC keys shorter than [`MIN_HMAC_KEY_BYTES`], naming
-/// the setting and which key, never the key itself. The crypto key is a
-/// Fernet key, checked when it is decoded.
-fn check_strength(key: Key, keys: &[String]) -> Result<(), String> {
+/// where the setting was given (`source`) and which key, never the key
+/// itself. The crypto key is a Fernet key, checked when it is decoded.
+fn check_strength(key: Key, source: &str, keys: &[String]) -> Result<(), String> {
     if matches!(key, Key::Crypto) {
         return Ok(());
     }
     for (i, k) in keys.iter().enumerate() {
         if k.len() < MIN_HMAC_KEY_BYTES {
             return Err(format!(
-                "{} ({}): key {} of {} is {} bytes; each key must be at least \
+                "{source}: key {} of {} is {} bytes; each key must be at least \
                  {MIN_HMAC_KEY_BYTES} bytes (make one with `autopush keygen`)",
-                key.flag(),
-                key.env(),
                 i + 1,
                 keys.len(),
                 k.len()
@@ -92,27 +90,30 @@ pub enum Planned {
     Generate(Key, PathBuf),
 }
 
-/// Check `key` and find it without writing anything: the configured keys,
-/// parsed and checked, or the all-in-one key kept in `data_dir` (to be
-/// generated there when missing).
+/// Check `key` and find it without writing anything: the configured keys
+/// (given as `source` names), parsed and checked, or the all-in-one key
+/// kept in `data_dir` (to be generated there when missing).
 pub fn plan(
     key: Key,
-    configured: Option<&Secret>,
+    configured: Option<(&Secret, &str)>,
     data_dir: Option<&Path>,
 ) -> Result<Planned, String> {
-    if let Some(configured) = configured {
+    if let Some((configured, source)) = configured {
         let keys = parse_key_list(configured.expose());
         if keys.is_empty() {
-            return Err(format!("{} is empty", key.flag()));
+            return Err(format!("{source} is empty"));
         }
-        check_strength(key, &keys)?;
+        check_strength(key, source, &keys)?;
         return Ok(Planned::Ready(keys));
     }
     let Some(dir) = data_dir else {
         return Err(format!(
-            "this mode needs {} ({}; the same on every node; make one with `autopush keygen`)",
+            "this mode needs {} ({}, {}_file or the systemd credential {}; the same on every \
+             node; make one with `autopush keygen`)",
             key.flag(),
-            key.env()
+            key.env(),
+            key.file(),
+            key.file()
         ));
     };
     let path = dir.join(key.file());
@@ -148,7 +149,7 @@ impl Planned {
 /// The configured keys, or the all-in-one key kept in `data_dir`.
 pub fn resolve(
     key: Key,
-    configured: Option<&Secret>,
+    configured: Option<(&Secret, &str)>,
     data_dir: Option<&Path>,
     missing: Missing,
 ) -> Result<Vec<String>, String> {
@@ -193,7 +194,7 @@ mod tests {
         assert_eq!(
             resolve(
                 Key::Crypto,
-                Some(&Secret::new("[a,b]")),
+                Some((&Secret::new("[a,b]"), "--crypto-key")),
                 Some(dir.path()),
                 Missing::Fail
             )
@@ -208,7 +209,7 @@ mod tests {
         for key in [Key::Auth, Key::Router] {
             let err = resolve(
                 key,
-                Some(&Secret::new("0123456789abcdef,tiny")),
+                Some((&Secret::new("0123456789abcdef,tiny"), key.flag())),
                 None,
                 Missing::Fail,
             )
@@ -220,7 +221,7 @@ mod tests {
             assert_eq!(
                 resolve(
                     key,
-                    Some(&Secret::new(strong.as_str())),
+                    Some((&Secret::new(strong.as_str()), key.flag())),
                     None,
                     Missing::Fail
                 )

@@ -16,5 +16,7 @@ pub mod limits;
 pub mod logging;
 pub mod metrics;
 pub mod reference;
+pub mod secrets;
 pub mod settings;
+pub mod sources;
 pub mod vapid;

@@ -7,8 +7,9 @@ use std::time::Duration;
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode};
 use autopush_gateway::settings::{Settings, SettingsLayer};
+use autopush_gateway::sources::Sources;
 use autopush_gateway::{check, db, diagnose, logging};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use db::DbCommand;
 
 #[derive(Parser)]
@@ -83,7 +84,9 @@ enum Command {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.settings.sources = Sources::of_matches(&matches);
     let command = cli.command.unwrap_or(Command::All);
     if let Command::Keygen = command {
         println!("{}", autopush_common::endpoint::generate_key());

@@ -25,6 +25,8 @@ use clap::Args;
 
 use crate::bridges::BridgeSettings;
 use crate::metrics::{Statsd, parse_statsd};
+use crate::secrets::{self, SecretFiles};
+use crate::sources::{Source, Sources};
 use serde::{Deserialize, Serialize};
 
 /// One layer of settings; `None` means "not set here".
@@ -116,6 +118,10 @@ pub struct SettingsLayer {
         allow_hyphen_values = true
     )]
     pub router_key: Option<Secret>,
+    /// The `_file` forms of the settings that hold a secret.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub secret_files: SecretFiles,
     /// A client with more stored messages than this gets a new UAID [default: 100]
     #[arg(long, env = "AUTOPUSH_MSG_LIMIT", global = true)]
     pub msg_limit: Option<usize>,
@@ -265,20 +271,32 @@ pub struct SettingsLayer {
     #[command(flatten)]
     #[serde(flatten)]
     pub bridges: BridgeSettings,
+    /// Where each value came from, for errors (not a setting).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub sources: Sources,
 }
 
 impl SettingsLayer {
     /// The settings file's layer. An unknown key is an error: inside a
     /// table, by that table's own schema; at the top, here, as a key the
     /// layer does not read back.
-    fn from_file(text: &str) -> Result<SettingsLayer, String> {
-        let layer: SettingsLayer = toml::from_str(text).map_err(|e| e.to_string())?;
+    fn from_file(text: &str, path: &std::path::Path) -> Result<SettingsLayer, String> {
+        let mut layer: SettingsLayer = toml::from_str(text).map_err(|e| e.to_string())?;
         let given: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
         let read = toml::Table::try_from(&layer).map_err(|e| e.to_string())?;
-        match given.keys().find(|key| !read.contains_key(*key)) {
-            Some(key) => Err(format!("unknown key `{key}`")),
-            None => Ok(layer),
+        if let Some(key) = given.keys().find(|key| !read.contains_key(*key)) {
+            let args = settings_args();
+            let known = args.iter().map(|a| a.get_id().as_str());
+            return Err(match nearest(key, known.chain(["fcm", "gcm"])) {
+                Some(near) => format!("unknown key `{key}`: did you mean `{near}`?"),
+                None => format!("unknown key `{key}`"),
+            });
         }
+        for key in given.keys() {
+            layer.sources.set(key, Source::File(path.to_owned()));
+        }
+        Ok(layer)
     }
 
     /// This layer over `lower`: every setting left unset here comes from
@@ -310,14 +328,21 @@ impl SettingsLayer {
                 .ok()
                 .filter(|k| !k.is_empty())
                 .map(Secret::from);
+            if flags.crypto_key.is_some() {
+                let env = Source::Env("CRYPTO_KEY".into());
+                flags.sources.set("crypto_key", env);
+            }
         }
         match config {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let file = SettingsLayer::from_file(&text)
+                let file = SettingsLayer::from_file(&text, path)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
-                flags.over(file)
+                let sources = flags.sources.clone().under_lower(file.sources.clone());
+                let mut merged = flags.over(file)?;
+                merged.sources = sources;
+                Ok(merged)
             }
             None => Ok(flags),
         }
@@ -401,20 +426,32 @@ impl SettingsLayer {
 
     /// One line per setting, in the order `--help` lists them: `key = value`
     /// in TOML, or a comment naming a setting that is not set. Secrets
-    /// (the settings whose environment values `--help` hides) show as
-    /// `[redacted]` unless `show_secrets`; so does key material written
-    /// inline in a bridge's tables.
+    /// (the settings whose environment values `--help` hides) are left
+    /// out unless `show_secrets`, with a comment saying where they go; key
+    /// material written inline in a bridge's tables shows as `[redacted]`.
     pub fn lines(&self, show_secrets: bool) -> Result<Vec<String>, String> {
         let mut table = toml::Table::try_from(self).map_err(|e| e.to_string())?;
         let mut lines = Vec::new();
         for arg in settings_args() {
             let key = arg.get_id().as_str();
+            let long = arg.get_long().unwrap_or(key).replace('-', "_");
+            let credential = || secrets::credential_path(&long);
             match table.remove(key) {
+                Some(toml::Value::String(_)) if arg.is_hide_env_values_set() && !show_secrets => {
+                    lines.push(format!(
+                        "# {key}: set, and left out here: a secret goes in the systemd \
+                         credential {long} or in the file {long}_file names"
+                    ));
+                }
                 Some(mut value) => {
                     if arg.is_hide_env_values_set() && !show_secrets {
                         redact(&mut value);
                     }
                     lines.push(format!("{key} = {value}"));
+                }
+                None if arg.is_hide_env_values_set() && credential().is_some() => {
+                    let path = credential().unwrap_or_default();
+                    lines.push(format!("# {key}: from the credential {}", path.display()));
                 }
                 None => lines.push(format!("# {key}: not set")),
             }
@@ -458,6 +495,33 @@ fn redact(value: &mut toml::Value) {
     }
 }
 
+/// The candidate nearest to `word` in edit distance, if near enough to be
+/// what was meant (a third of its letters, at least two, may differ).
+fn nearest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let distance = |a: &str, b: &str| {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut diagonal = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let above = row[j + 1];
+                row[j + 1] = (diagonal + usize::from(ca != *cb))
+                    .min(row[j] + 1)
+                    .min(above + 1);
+                diagonal = above;
+            }
+        }
+        row[b.len()]
+    };
+    let most = (word.chars().count() / 3).max(2);
+    candidates
+        .map(|c| (distance(word, c), c))
+        .filter(|(d, _)| *d <= most)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
 /// `host` as the host of a URL: an IPv6 address in brackets.
 fn url_host(host: &str) -> String {
     match host.parse::<std::net::Ipv6Addr>() {
@@ -468,12 +532,28 @@ fn url_host(host: &str) -> String {
 
 /// Every problem found in the settings, reported together in one error:
 /// an operator fixes them all in one go, not one per run.
+/// Settings found wrong are noted too, so that what follows from one
+/// (keys in a store that cannot be used) is not named as another problem.
 #[derive(Debug, Default)]
-pub struct Problems(Vec<String>);
+pub struct Problems(Vec<String>, Vec<&'static str>);
 
 impl Problems {
     pub fn add(&mut self, problem: String) {
         self.0.push(problem);
+    }
+
+    /// `result`'s value, as [`Problems::take`]; an error is also noted as
+    /// the setting `key`'s.
+    pub fn take_for<T>(&mut self, key: &'static str, result: Result<T, String>, stand_in: T) -> T {
+        if result.is_err() {
+            self.1.push(key);
+        }
+        self.take(result, stand_in)
+    }
+
+    /// Whether the setting `key` was found wrong.
+    pub fn failed(&self, key: &str) -> bool {
+        self.1.contains(&key)
     }
 
     /// `result`'s value; or, its error noted, `stand_in`.
@@ -512,15 +592,26 @@ pub enum Db {
 
 pub use autopush_storage::bigtable::BigtableSettings;
 
+/// The stores `--db` names, for the error that refuses another.
+const STORES_SERVED: &str = "a directory (the embedded store), `dynamodb`, or Bigtable as \
+     `grpc://HOST:PORT` or `bigtable`";
+
 /// `--db` and `--db-settings`: a Bigtable DSN in autopush-rs's shape
 /// (`grpc://HOST:PORT`) or `bigtable`, with `BIGTABLE_EMULATOR_HOST`
-/// honoured; `dynamodb`; or a directory.
-fn db_from(db: Option<&str>, db_settings: Option<&str>) -> Result<Db, String> {
+/// honoured; `dynamodb`; or a directory. Any other URL is refused (never
+/// a directory), naming its scheme only: it may hold a password.
+fn db_from(db: Option<&str>, db_settings: Option<&str>, setting: &str) -> Result<Db, String> {
     let db = match db {
         Some(dsn) if dsn == "bigtable" || dsn.starts_with("grpc://") => {
             let emulator = std::env::var("BIGTABLE_EMULATOR_HOST").ok();
             return BigtableSettings::parse(dsn, db_settings, emulator.as_deref())
                 .map(Db::Bigtable);
+        }
+        Some(url) if url.contains("://") => {
+            let scheme = url.split("://").next().unwrap_or_default();
+            return Err(format!(
+                "{setting}: a {scheme}:// store is not served here; --db takes {STORES_SERVED}"
+            ));
         }
         Some("dynamodb") => Db::DynamoDb,
         Some(dir) => Db::Embedded(PathBuf::from(dir)),
@@ -592,6 +683,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Each bridge's section, read when the bridges are built.
     pub bridges: BridgeSettings,
+    /// Where each value came from, to name it in errors.
+    pub sources: Sources,
 }
 
 /// An RFC 8030 urgency, as the `Urgency` header spells it.
@@ -699,10 +792,33 @@ impl Settings {
     pub fn checked(l: SettingsLayer) -> (Settings, Problems) {
         let l = l.with_defaults();
         let mut p = Problems::default();
+        let mut sources = l.sources.clone();
+        let files = l.secret_files.clone();
+        let mut key = |key: &str, given: Option<Secret>, file: &Option<String>| {
+            secrets::key(&mut p, &mut sources, key, given, file.as_deref())
+        };
+        let crypto_key = key("crypto_key", l.crypto_key, &files.crypto_key_file);
+        let auth_key = key("auth_key", l.auth_key, &files.auth_key_file);
+        let router_key = key("router_key", l.router_key, &files.router_key_file);
+        let mut bridges = l.bridges;
+        secrets::read_bridges(&mut p, &mut sources, &mut bridges, &files);
+        let sources = sources;
+        let name = |key: &str| sources.name(key);
         // Every setting with a default has it now (`with_defaults`); an
         // `unwrap_or_default` below reads a setting that has one.
         let tls = match (l.tls_cert, l.tls_key) {
-            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (Some(cert), Some(key)) => {
+                // Either may name a credential.
+                let mut file = |key: &str, value: PathBuf| {
+                    let found = secrets::path(&value.to_string_lossy());
+                    p.take(found.map_err(|e| format!("{}: {e}", name(key))), value)
+                };
+                let cert = file("tls_cert", cert);
+                Some(TlsFiles {
+                    cert,
+                    key: file("tls_key", key),
+                })
+            }
             (None, None) => None,
             _ => {
                 p.add(
@@ -715,21 +831,23 @@ impl Settings {
         let endpoint_url = endpoint_url.trim_end_matches('/').to_owned();
         if !(endpoint_url.starts_with("http://") || endpoint_url.starts_with("https://")) {
             p.add(format!(
-                "endpoint_url must start with http:// or https://, got {endpoint_url:?}"
+                "{} must start with http:// or https://, got {endpoint_url:?}",
+                name("endpoint_url")
             ));
         }
         // Standing in for a store whose settings are wrong: the same store,
         // or another shared one, so that no check after it is misled.
-        let stand_in = db_from(l.db.as_deref(), None).unwrap_or(Db::DynamoDb);
-        let db = p.take(db_from(l.db.as_deref(), l.db_settings.as_deref()), stand_in);
+        let stand_in = db_from(l.db.as_deref(), None, "").unwrap_or(Db::DynamoDb);
+        let db = db_from(l.db.as_deref(), l.db_settings.as_deref(), &name("db"));
+        let db = p.take_for("db", db, stand_in);
         if db != Db::DynamoDb {
-            for (name, given) in [
+            for (key, given) in [
                 ("router_table", l.router_table.is_some()),
                 ("message_table", l.message_table.is_some()),
                 ("message_table_rotation", l.message_table_rotation.is_some()),
             ] {
                 if given {
-                    p.add(format!("{name} applies to --db dynamodb only"));
+                    p.add(format!("{} applies to --db dynamodb only", name(key)));
                 }
             }
         }
@@ -754,7 +872,8 @@ impl Settings {
             Some("json") => LogFormat::Json,
             Some("human") | None => LogFormat::Human,
             Some(other) => {
-                p.add(format!("log_format must be human or json, got {other:?}"));
+                let log_format = name("log_format");
+                p.add(format!("{log_format} must be human or json, got {other:?}"));
                 LogFormat::Human
             }
         };
@@ -768,26 +887,30 @@ impl Settings {
         let mut secs = |name: &str, value: Option<f64>| {
             p.take(seconds(name, value.unwrap_or_default()), Duration::MAX)
         };
-        let hello_timeout = secs("hello_timeout", l.hello_timeout);
-        let auto_ping_interval = secs("auto_ping_interval", l.auto_ping_interval);
-        let auto_ping_timeout = secs("auto_ping_timeout", l.auto_ping_timeout);
-        let min_ping_interval = secs("min_ping_interval", l.min_ping_interval);
-        let wake_interval = secs("wake_interval", l.wake_interval);
+        let hello_timeout = secs(&name("hello_timeout"), l.hello_timeout);
+        let auto_ping_interval = secs(&name("auto_ping_interval"), l.auto_ping_interval);
+        let auto_ping_timeout = secs(&name("auto_ping_timeout"), l.auto_ping_timeout);
+        let min_ping_interval = secs(&name("min_ping_interval"), l.min_ping_interval);
+        let wake_interval = secs(&name("wake_interval"), l.wake_interval);
         let mut nonzero = |name: &str, value: Option<f64>| {
             p.take(timeout(name, value.unwrap_or_default()), Duration::MAX)
         };
-        let sweep_interval = nonzero("sweep_interval", l.sweep_interval);
-        let statsd_flush_interval = nonzero("statsd_flush_interval", l.statsd_flush_interval);
-        let ws_send_timeout = nonzero("ws_send_timeout", l.ws_send_timeout);
-        let http_header_timeout = nonzero("http_header_timeout", l.http_header_timeout);
-        let http_idle_timeout = nonzero("http_idle_timeout", l.http_idle_timeout);
-        let http_body_timeout = nonzero("http_body_timeout", l.http_body_timeout);
+        let sweep_interval = nonzero(&name("sweep_interval"), l.sweep_interval);
+        let statsd_flush_interval =
+            nonzero(&name("statsd_flush_interval"), l.statsd_flush_interval);
+        let ws_send_timeout = nonzero(&name("ws_send_timeout"), l.ws_send_timeout);
+        let http_header_timeout = nonzero(&name("http_header_timeout"), l.http_header_timeout);
+        let http_idle_timeout = nonzero(&name("http_idle_timeout"), l.http_idle_timeout);
+        let http_body_timeout = nonzero(&name("http_body_timeout"), l.http_body_timeout);
         let drop_idle_users_after = match l.drop_idle_users_after_days.unwrap_or_default() {
             0.0 => None,
             days => p
                 .take(
                     Duration::try_from_secs_f64(days * 86_400.0).map_err(|_| {
-                        "drop_idle_users_after_days must be a non-negative number".to_string()
+                        format!(
+                            "{} must be a non-negative number",
+                            name("drop_idle_users_after_days")
+                        )
                     }),
                     Duration::ZERO,
                 )
@@ -797,13 +920,13 @@ impl Settings {
             p.take(rate(name, &value.unwrap_or_default()), None)
         };
         let rates = [
-            rate_of("sender_limit", l.sender_limit),
-            rate_of("subscription_limit", l.subscription_limit),
-            rate_of("source_ip_limit", l.source_ip_limit),
-            rate_of("registration_limit", l.registration_limit),
-            rate_of("new_uaid_limit", l.new_uaid_limit),
-            rate_of("bridge_app_limit", l.bridge_app_limit),
-            rate_of("matrix_gateway_limit", l.matrix_gateway_limit),
+            rate_of(&name("sender_limit"), l.sender_limit),
+            rate_of(&name("subscription_limit"), l.subscription_limit),
+            rate_of(&name("source_ip_limit"), l.source_ip_limit),
+            rate_of(&name("registration_limit"), l.registration_limit),
+            rate_of(&name("new_uaid_limit"), l.new_uaid_limit),
+            rate_of(&name("bridge_app_limit"), l.bridge_app_limit),
+            rate_of(&name("matrix_gateway_limit"), l.matrix_gateway_limit),
         ];
         let [
             sender,
@@ -822,9 +945,9 @@ impl Settings {
             new_uaid,
             bridge_app,
             matrix_gateway,
-            max_keys: at_least_1(&mut p, "limiter_max_keys", l.limiter_max_keys),
+            max_keys: at_least_1(&mut p, &name("limiter_max_keys"), l.limiter_max_keys),
             trusted_proxies: p.take(
-                networks("trusted_proxies", l.trusted_proxies.as_deref()),
+                networks(&name("trusted_proxies"), l.trusted_proxies.as_deref()),
                 Vec::new(),
             ),
         };
@@ -832,7 +955,11 @@ impl Settings {
             header_timeout: http_header_timeout,
             idle_timeout: http_idle_timeout,
             body_timeout: http_body_timeout,
-            max_connections: at_least_1(&mut p, "max_http_connections", l.max_http_connections),
+            max_connections: at_least_1(
+                &mut p,
+                &name("max_http_connections"),
+                l.max_http_connections,
+            ),
         };
         let settings = Settings {
             host: l.host.unwrap_or_default(),
@@ -849,13 +976,13 @@ impl Settings {
             tls,
             db,
             tables,
-            crypto_key: l.crypto_key,
-            auth_key: l.auth_key,
-            router_key: l.router_key,
+            crypto_key,
+            auth_key,
+            router_key,
             msg_limit: l.msg_limit.unwrap_or_default(),
             durable_direct: l.durable_direct.unwrap_or_default(),
             receipt_retention: l.receipt_retention.unwrap_or_default(),
-            max_channels: at_least_1(&mut p, "max_channels", l.max_channels),
+            max_channels: at_least_1(&mut p, &name("max_channels"), l.max_channels),
             sweep_interval,
             drop_idle_users_after,
             max_data_bytes: l.max_data_bytes.unwrap_or_default(),
@@ -865,7 +992,7 @@ impl Settings {
             min_ping_interval,
             max_connections: match l.max_connections {
                 Some(0) => {
-                    p.add("max_connections must be at least 1".into());
+                    p.add(format!("{} must be at least 1", name("max_connections")));
                     None
                 }
                 other => other,
@@ -873,7 +1000,7 @@ impl Settings {
             ws_send_timeout,
             wake: WakeSettings {
                 threshold: p.take(
-                    urgency("wake_threshold", l.wake_threshold.as_deref()),
+                    urgency(&name("wake_threshold"), l.wake_threshold.as_deref()),
                     Urgency::Normal,
                 ),
                 interval: wake_interval,
@@ -882,7 +1009,7 @@ impl Settings {
             http,
             unsigned_node_calls_from: p.take(
                 networks(
-                    "unsigned_node_calls_from",
+                    &name("unsigned_node_calls_from"),
                     l.unsigned_node_calls_from.as_deref(),
                 ),
                 Vec::new(),
@@ -897,7 +1024,8 @@ impl Settings {
             statsd_flush_interval,
             statsd_label: l.statsd_label.unwrap_or_default(),
             log_format,
-            bridges: l.bridges,
+            bridges,
+            sources: sources.clone(),
         };
         (settings, p)
     }
@@ -973,7 +1101,7 @@ mod tests {
         assert_eq!(s.tables.message, "message");
         let e = Settings::from_layer(layer("./data", "push_router")).unwrap_err();
         assert!(
-            e.contains("router_table applies to --db dynamodb only"),
+            e.contains("--router-table applies to --db dynamodb only"),
             "{e}"
         );
         let e = Settings::from_layer(layer("dynamodb", "no spaces")).unwrap_err();
@@ -1008,7 +1136,7 @@ mod tests {
         };
         let e = Settings::from_layer(embedded).unwrap_err();
         assert!(
-            e.contains("message_table_rotation applies to --db dynamodb only"),
+            e.contains("--message-table-rotation applies to --db dynamodb only"),
             "{e}"
         );
     }
@@ -1066,7 +1194,12 @@ mod tests {
         };
         let err = Settings::from_layer(layer).unwrap_err();
         assert!(err.starts_with("4 problems with the settings:"), "{err}");
-        for name in ["log_format", "max_channels", "sender_limit", "table_name"] {
+        for name in [
+            "--log-format",
+            "--max-channels",
+            "--sender-limit",
+            "table_name",
+        ] {
             assert!(err.contains(name), "{name}: {err}");
         }
     }
@@ -1085,7 +1218,10 @@ mod tests {
             .unwrap(),
         );
         let lines = layer.with_defaults().lines(false).unwrap().join("\n");
-        assert!(lines.contains("auth_key = \"[redacted]\""), "{lines}");
+        assert!(
+            lines.contains("# auth_key: set, and left out here: a secret goes in the systemd credential auth_key or in the file auth_key_file names"),
+            "{lines}"
+        );
         assert!(lines.contains("/etc/apns/b.p8"), "{lines}");
         assert!(lines.contains("# crypto_key: not set"), "{lines}");
         assert!(lines.contains("port = 8080"), "{lines}");
@@ -1153,10 +1289,37 @@ mod tests {
         })
         .unwrap_err();
         assert!(
-            err.contains("wake_threshold must be very-low, low, normal or high"),
+            err.contains("--wake-threshold must be very-low, low, normal or high"),
             "{err}"
         );
-        assert!(err.contains("wake_interval"), "{err}");
+        assert!(err.contains("--wake-interval"), "{err}");
+    }
+
+    #[test]
+    fn a_store_url_not_served_is_refused_never_a_directory() {
+        for url in ["postgres://u:pw@127.0.0.1:5999/autopush", "redis://h:6379"] {
+            let layer = SettingsLayer {
+                db: Some(url.into()),
+                ..Default::default()
+            };
+            let err = Settings::from_layer(layer).unwrap_err();
+            let scheme = url.split("://").next().unwrap();
+            assert!(err.contains(&format!("--db: a {scheme}:// store")), "{err}");
+            assert!(
+                err.contains("`dynamodb`") && err.contains("grpc://"),
+                "{err}"
+            );
+            assert!(!err.contains("pw"), "the URL's password in {err}");
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_with_the_nearest_known_one() {
+        let known = ["port", "router_port", "crypto_key", "log_format"];
+        assert_eq!(nearest("prot", known.into_iter()), Some("port"));
+        assert_eq!(nearest("cryptokey", known.into_iter()), Some("crypto_key"));
+        assert_eq!(nearest("log_fromat", known.into_iter()), Some("log_format"));
+        assert_eq!(nearest("colour", known.into_iter()), None);
     }
 
     #[test]

@@ -231,7 +231,7 @@ fn lock_env() -> MutexGuard<'static, ()> {
     let guard = ENV.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
-        if key.starts_with("AUTOPUSH_") || key == "CRYPTO_KEY" {
+        if key.starts_with("AUTOPUSH_") || key == "CRYPTO_KEY" || key == "CREDENTIALS_DIRECTORY" {
             // SAFETY: every test in this process holds ENV, and nothing else
             // in it reads the environment.
             unsafe { std::env::remove_var(&*key) };
@@ -278,6 +278,16 @@ const NEEDS_DYNAMODB: &[&str] = &[
 /// `tls_key` go together), so a row setting one alone cannot stand; the
 /// settings module's own tests read them.
 const NEEDS_ITS_PAIR: &[&str] = &["tls_cert", "tls_key"];
+
+/// The `_file` forms of the secrets: their own test reads each.
+const SECRET_FILES: &[&str] = &[
+    "crypto_key_file",
+    "auth_key_file",
+    "router_key_file",
+    "apns_channels_file",
+    "fcm_credentials_file",
+    "gcm_credentials_file",
+];
 
 fn declared() -> Vec<(String, String, String)> {
     SettingsLayer::augment_args(Command::new("autopush"))
@@ -376,6 +386,7 @@ fn every_setting_has_a_case_a_flag_and_an_env_var() {
         if !CASES.iter().any(|c| c.name == *name)
             && !NEEDS_DYNAMODB.contains(&name.as_str())
             && !NEEDS_ITS_PAIR.contains(&name.as_str())
+            && !SECRET_FILES.contains(&name.as_str())
         {
             problems.push(format!("{name}: no row in CASES"));
         }
@@ -506,4 +517,160 @@ fn unknown_and_mistyped_file_keys_are_errors_naming_them() {
         let err = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap_err();
         assert!(err.contains(named), "{text}: {err}");
     }
+}
+
+/// Each secret's `_file` form, from each source, gives the secret without
+/// its trailing newline; a secret and its `_file` form together are an
+/// error naming both.
+#[test]
+fn secrets_are_read_from_the_files_their_file_settings_name() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("crypto.key");
+    std::fs::write(&file, "from-a-file\n").unwrap();
+    let path = file.display().to_string();
+    let crypto_key = |s: Settings| s.crypto_key.map(|k| k.expose().to_owned());
+    for source in [Source::Flag, Source::Env, Source::File] {
+        let s = resolve(dir.path(), &[(source, "crypto_key_file", &path)]).unwrap();
+        assert_eq!(crypto_key(s).as_deref(), Some("from-a-file"), "{source:?}");
+    }
+    for (key, read) in [
+        (
+            "auth_key",
+            (|s: &Settings| s.auth_key.clone()) as fn(&Settings) -> _,
+        ),
+        ("router_key", |s: &Settings| s.router_key.clone()),
+    ] {
+        let s = resolve(dir.path(), &[(Source::Flag, &format!("{key}_file"), &path)]).unwrap();
+        assert_eq!(
+            read(&s).map(|k| k.expose().to_owned()).as_deref(),
+            Some("from-a-file")
+        );
+    }
+    let json = dir.path().join("fcm.json");
+    std::fs::write(
+        &json,
+        r#"{"app": {"project_id": "p", "credential": "/sa.json"}}"#,
+    )
+    .unwrap();
+    let json = json.display().to_string();
+    let s = resolve(dir.path(), &[(Source::Env, "fcm_credentials_file", &json)]).unwrap();
+    assert_eq!(s.bridges.fcm.apps().unwrap()["app"].project_id, "p");
+
+    let err = resolve(
+        dir.path(),
+        &[
+            (Source::File, "crypto_key", "inline"),
+            (Source::Flag, "crypto_key_file", &path),
+        ],
+    )
+    .unwrap_err();
+    let settings_file = dir.path().join("autopush.toml").display().to_string();
+    assert!(
+        err.contains(&format!(
+            "crypto_key in {settings_file} and --crypto-key-file both give crypto_key"
+        )),
+        "{err}"
+    );
+    let missing = dir.path().join("missing").display().to_string();
+    let err = resolve(dir.path(), &[(Source::Env, "router_key_file", &missing)]).unwrap_err();
+    assert!(
+        err.contains("--router-key-file") && err.contains(&missing),
+        "{err}"
+    );
+}
+
+/// systemd credentials: a secret by its setting's name, below every
+/// explicit setting; `credential:NAME` wherever a setting names a file.
+#[test]
+fn secrets_come_from_systemd_credentials_below_every_setting() {
+    let _env = lock_env();
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = dir.path().join("credentials");
+    std::fs::create_dir(&credentials).unwrap();
+    for (name, text) in [
+        ("crypto_key", "credential-crypto\n"),
+        ("router_key", "credential-router"),
+        ("cert.pem", "not read here"),
+        ("key.pem", "not read here"),
+        ("apns-firefox.p8", "not read here"),
+        (
+            "apns_channels",
+            r#"{"firefox": {"topic": "t", "key": "credential:apns-firefox.p8", "key_id": "K", "team_id": "T"}}"#,
+        ),
+        ("fcm-app.json", "not read here"),
+        // As the package ships it: empty, so none.
+        ("auth_key", "\n"),
+    ] {
+        std::fs::write(credentials.join(name), text).unwrap();
+    }
+    set_env("CREDENTIALS_DIRECTORY", &credentials.display().to_string());
+    let secret = |k: &Option<autopush_common::Secret>| k.as_ref().map(|k| k.expose().to_owned());
+
+    let s = resolve(dir.path(), &[]).unwrap();
+    assert_eq!(secret(&s.crypto_key).as_deref(), Some("credential-crypto"));
+    assert_eq!(secret(&s.router_key).as_deref(), Some("credential-router"));
+    assert_eq!(secret(&s.auth_key), None);
+    let apns = s.bridges.apns.settings();
+    let key = format!("{:?}", apns.channels["firefox"].key);
+    assert!(
+        key.contains(&credentials.join("apns-firefox.p8").display().to_string()),
+        "{key}"
+    );
+    // Below every explicit setting.
+    for source in [Source::Flag, Source::Env, Source::File] {
+        let s = resolve(dir.path(), &[(source, "crypto_key", "given")]).unwrap();
+        assert_eq!(
+            secret(&s.crypto_key).as_deref(),
+            Some("given"),
+            "{source:?}"
+        );
+    }
+    // A file named as a credential.
+    let s = resolve(
+        dir.path(),
+        &[
+            (Source::File, "tls_cert", "credential:cert.pem"),
+            (Source::Env, "tls_key", "credential:key.pem"),
+        ],
+    )
+    .unwrap();
+    let tls = s.tls.unwrap();
+    assert_eq!(tls.cert, credentials.join("cert.pem"));
+    assert_eq!(tls.key, credentials.join("key.pem"));
+    let path = dir.path().join("autopush.toml");
+    std::fs::write(
+        &path,
+        "[fcm.apps.app]\nproject_id = \"p\"\ncredential = \"credential:fcm-app.json\"\n",
+    )
+    .unwrap();
+    let s = Settings::resolve(SettingsLayer::default(), Some(&path)).unwrap();
+    let credential = credentials.join("fcm-app.json").display().to_string();
+    assert_eq!(s.bridges.fcm.apps().unwrap()["app"].credential, credential);
+    // A credential that is not there, and none at all.
+    let err = resolve(
+        dir.path(),
+        &[(Source::Flag, "crypto_key_file", "credential:nope")],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("--crypto-key-file") && err.contains("no credential nope"),
+        "{err}"
+    );
+    // SAFETY: as in lock_env; this test holds ENV.
+    unsafe { std::env::remove_var("CREDENTIALS_DIRECTORY") };
+    let s = resolve(dir.path(), &[]).unwrap();
+    assert_eq!(secret(&s.crypto_key), None);
+    let err = resolve(
+        dir.path(),
+        &[
+            (Source::Flag, "tls_cert", "credential:cert.pem"),
+            (Source::Flag, "tls_key", "k.pem"),
+        ],
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("--tls-cert") && err.contains("CREDENTIALS_DIRECTORY is not set"),
+        "{err}"
+    );
 }

@@ -156,6 +156,31 @@ async fn diagnose_names_the_directory_it_looked_in() {
     );
 }
 
+/// Given the settings file alone, `diagnose` says the data directory came
+/// from it, and does not ask for the `--config` it was given.
+#[tokio::test]
+async fn diagnose_with_config_alone_names_the_files_data_directory() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("autopush.toml");
+    let missing = dir.path().join("no-such-dir");
+    std::fs::write(
+        &config,
+        format!("db = {:?}\n", missing.display().to_string()),
+    )
+    .expect("write");
+    let config = config.display().to_string();
+    let url = "http://localhost:8082/wpush/v1/gAAAAtoken";
+    let out = server::run_autopush(&["diagnose", url, "--config", &config]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let expected = format!(
+        "no data directory at {} (the data directory is db in {config})",
+        missing.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+    assert!(!stderr.contains("--config FILE"), "{stderr}");
+}
+
 /// A base64url key may start with `-` (one in 64 from `autopush keygen`):
 /// `--crypto-key KEY` and `--auth-key KEY` take it as written, not as a flag.
 #[tokio::test]

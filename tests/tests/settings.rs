@@ -63,6 +63,80 @@ async fn auth_key_from_the_config_file_signs_registration_secrets() {
     assert_eq!(reply.status, 200, "{reply:?}");
 }
 
+/// Keys from systemd credentials and from `_file` settings: the service
+/// signs with them and generates none; the settings file holds none.
+#[tokio::test]
+async fn keys_come_from_systemd_credentials_and_key_files() {
+    let secrets = tempfile::tempdir().expect("temp dir");
+    let credentials = secrets.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("mkdir");
+    let auth_key = "auth-key-from-a-credential";
+    std::fs::write(credentials.join("auth_key"), format!("{auth_key}\n")).expect("write");
+    // As the package ships it: empty, so none.
+    std::fs::write(credentials.join("router_key"), "").expect("write");
+    let crypto_file = secrets.path().join("crypto.key");
+    let crypto_key = "Jr2pJ8uOEBwYuSvC2WV8I3SrSZ81nXGeJ7qi5CAjCUA=";
+    std::fs::write(&crypto_file, format!("{crypto_key}\n")).expect("write");
+    let directory = credentials.display().to_string();
+    let server = Server::start_with_env(
+        &["--crypto-key-file", &crypto_file.display().to_string()],
+        &[("CREDENTIALS_DIRECTORY", &directory)],
+    )
+    .await;
+    let url = format!("{}/v1/webpush/app/registration", server.endpoint_base());
+    let body = json!({"token": "t", "channelID": new_channel_id()}).to_string();
+    let reply = http::request(
+        Method::POST,
+        &url,
+        &[("content-type", "application/json")],
+        Some(body.into_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let uaid = reply.json["uaid"].as_str().expect("uaid");
+    let secret = reply.json["secret"].as_str().expect("secret");
+    assert_eq!(secret, registration_secret(auth_key, uaid));
+    let kept: Vec<_> = ["crypto_key", "auth_key", "router_key"]
+        .into_iter()
+        .filter(|key| server.data_dir().join(key).exists())
+        .collect();
+    // The empty router_key credential is none: that key is generated.
+    assert_eq!(kept, ["router_key"]);
+    let log = server.stderr();
+    assert!(
+        !log.contains(auth_key) && !log.contains(crypto_key),
+        "{log}"
+    );
+}
+
+/// A bad key from a credential is refused naming the credential, never
+/// the flag it was not given as.
+#[tokio::test]
+async fn a_short_key_from_a_credential_is_named_as_the_credential() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let credentials = dir.path().join("credentials");
+    std::fs::create_dir(&credentials).expect("mkdir");
+    std::fs::write(credentials.join("router_key"), "short\n").expect("write");
+    let db = dir.path().join("db").display().to_string();
+    let directory = credentials.display().to_string();
+    let out = server::run_autopush_with_env(
+        &[&["all", "--db", &db][..], &strs(&server::port_flags())].concat(),
+        &[("CREDENTIALS_DIRECTORY", &directory)],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let named = format!(
+        "the credential {}",
+        credentials.join("router_key").display()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    assert!(
+        !stderr.contains("--router-key") && !stderr.contains("short"),
+        "{stderr}"
+    );
+}
+
 /// Run `autopush ARGS` expecting a start-up refusal; returns its stderr.
 async fn refused(args: &[&str]) -> String {
     let out = server::run_autopush(args).await;

@@ -77,7 +77,7 @@ async fn every_bad_setting_is_named_in_one_message() {
     let cases: [(&[&str], &[&str]); 2] = [
         (
             &["--log-format", "xml", "--max-channels", "0"],
-            &["log_format", "max_channels"],
+            &["--log-format", "--max-channels"],
         ),
         (
             &[
@@ -223,7 +223,7 @@ async fn the_log_opens_with_the_effective_settings() {
     at(&format!("setting port = {port}"));
     at("setting msg_limit = 7");
     at("setting max_channels = 1000");
-    let key = at("setting crypto_key = \"[redacted]\"");
+    let key = at("setting crypto_key: set, and left out here");
     assert!(
         key < at("listening on"),
         "settings after the listeners:\n{log}"
@@ -240,7 +240,7 @@ async fn config(args: &[&str], env: &[(&str, &str)]) -> String {
 
 /// `autopush config` prints flags over environment over file over
 /// defaults, as a file `--config` reads back to the same settings; keys
-/// redacted unless `--show-secrets`.
+/// left out, with a comment saying where they go, unless `--show-secrets`.
 #[tokio::test]
 async fn config_prints_the_effective_settings_as_a_file_it_reads_back() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -256,7 +256,7 @@ async fn config_prints_the_effective_settings_as_a_file_it_reads_back() {
         "msg_limit = 7",
         "max_channels = 5",
         "endpoint_port = 8082",
-        "auth_key = \"[redacted]\"",
+        "# auth_key: set, and left out here: a secret goes in the systemd credential auth_key or in the file auth_key_file names",
     ] {
         assert!(
             printed.lines().any(|l| l == line),
@@ -270,8 +270,16 @@ async fn config_prints_the_effective_settings_as_a_file_it_reads_back() {
         std::fs::write(&path, text).unwrap();
         path.display().to_string()
     };
+    // Read back, it gives the same settings but the secret it leaves out.
     let printed_file = round_trip(&printed, "printed.toml");
-    assert_eq!(config(&["--config", &printed_file], &[]).await, printed);
+    let left_out = printed
+        .lines()
+        .find(|l| l.starts_with("# auth_key: set"))
+        .expect("the auth_key comment");
+    assert_eq!(
+        config(&["--config", &printed_file], &[]).await,
+        printed.replace(left_out, "# auth_key: not set")
+    );
 
     let shown = config(&[&args[..], &["--show-secrets"]].concat(), &env).await;
     assert!(
@@ -283,14 +291,136 @@ async fn config_prints_the_effective_settings_as_a_file_it_reads_back() {
     assert_eq!(again, shown);
 }
 
-/// The packaged example file (every setting commented out) parses, and
-/// changes nothing.
+/// The packaged example file (every setting commented out but the data
+/// directory) parses, and changes nothing else.
 #[tokio::test]
 async fn the_example_config_file_is_read() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/autopush.toml");
     let example = example.display().to_string();
     assert_eq!(
         config(&["--config", &example], &[]).await,
-        config(&[], &[]).await
+        config(&["--db", "/var/lib/autopush"], &[]).await
+    );
+}
+
+/// A port another process holds is found before anything is made, and
+/// named with the other problems in one error (exit 2).
+#[tokio::test]
+async fn a_busy_port_is_named_with_the_other_problems_before_anything_is_made() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("fresh");
+    let db_arg = db.display().to_string();
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = holder.local_addr().expect("address").port().to_string();
+    let [port, router_port] = server::free_ports::<2>().map(|p| p.to_string());
+    let args = [
+        "all",
+        "--db",
+        &db_arg,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--router-port",
+        &router_port,
+        "--endpoint-port",
+        &busy,
+        "--log-format",
+        "xml",
+    ];
+    let stderr = refused(&args).await;
+    assert!(stderr.contains("2 problems"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "--endpoint-port {busy}: cannot listen on 127.0.0.1:{busy}"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--log-format"), "{stderr}");
+    assert!(!db.exists(), "the data directory was made: {stderr}");
+    assert!(!stderr.contains("generated a new one"), "{stderr}");
+}
+
+/// A `--db` URL of a store not served here is refused, naming the stores
+/// served and not the URL (it may hold a password); nothing is made.
+#[tokio::test]
+async fn a_store_url_not_served_is_refused_never_a_directory() {
+    let cwd = tempfile::tempdir().expect("temp dir");
+    for url in [
+        "postgres://u:pw@127.0.0.1:5999/autopush",
+        "redis://127.0.0.1:6379",
+    ] {
+        let mut command = tokio::process::Command::from(server::autopush_command());
+        command
+            .args(["all", "--db", url])
+            .args(server::port_flags())
+            .current_dir(cwd.path())
+            .kill_on_drop(true);
+        // Taken as a directory, the store would start a service: a hang.
+        let out = tokio::time::timeout(Duration::from_secs(60), command.output())
+            .await
+            .expect("autopush did not exit within 60 s: the URL was taken as a directory")
+            .expect("run autopush");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        let scheme = url.split("://").next().unwrap_or_default();
+        assert!(
+            stderr.contains(&format!("a {scheme}:// store is not served")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("`dynamodb`"), "{stderr}");
+        assert!(!stderr.contains("pw@"), "{stderr}");
+        // One problem: no key is asked for a store that is refused.
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let made: Vec<_> = std::fs::read_dir(cwd.path()).expect("read cwd").collect();
+    assert!(made.is_empty(), "made {made:?}");
+}
+
+/// A data directory that cannot be used is one problem, not one more for
+/// each key it would hold.
+#[tokio::test]
+async fn an_unusable_data_directory_is_one_problem() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("write");
+    let db = file.display().to_string();
+    let stderr = refused(&[&["all", "--db", &db][..], &strs(&server::port_flags())].concat()).await;
+    assert!(stderr.contains("not a directory"), "{stderr}");
+    assert!(!stderr.contains("problems"), "{stderr}");
+}
+
+/// An error names where the value was given: the settings file's key and
+/// path, the environment variable, or the flag; an unknown key in the file
+/// comes with the nearest known one.
+#[tokio::test]
+async fn errors_name_where_each_value_was_given() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("autopush.toml");
+    std::fs::write(&file, "log_format = \"xml\"\nsweep_interval = 0\n").expect("write");
+    let file = file.display().to_string();
+    let out = server::run_autopush_with_env(
+        &["config", "--config", &file, "--max-channels", "0"],
+        &[("AUTOPUSH_HELLO_TIMEOUT", "-1")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for named in [
+        format!("log_format in {file} must be human or json"),
+        format!("sweep_interval in {file} must be more than 0"),
+        "AUTOPUSH_HELLO_TIMEOUT must be".to_owned(),
+        "--max-channels must be at least 1".to_owned(),
+    ] {
+        assert!(stderr.contains(&named), "no {named:?} in {stderr}");
+    }
+
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "prot = 9000\n").expect("write");
+    let typo = typo.display().to_string();
+    let stderr = refused(&["config", "--config", &typo]).await;
+    assert!(
+        stderr.contains("unknown key `prot`: did you mean `port`?"),
+        "{stderr}"
     );
 }
