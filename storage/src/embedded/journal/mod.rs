@@ -169,8 +169,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn io(what: &str, e: std::io::Error) -> StorageError {
-    StorageError::Backend(format!("direct journal: {what}: {e}"))
+/// A failed read or write of the journal file at `path`, named.
+fn io(path: &Path, what: &str, e: std::io::Error) -> StorageError {
+    StorageError::Backend(format!("direct journal {}: {what}: {e}", path.display()))
 }
 
 impl Journal {
@@ -184,12 +185,13 @@ impl Journal {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| io("cannot open", e))?;
+            .map_err(|e| io(&path, "cannot open", e))?;
         let epoch = replay(&mut file, &path, db)?;
         let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {
             file,
+            path: path.clone(),
             state: state.clone(),
             work: work.clone(),
             writer,
@@ -202,7 +204,7 @@ impl Journal {
         let thread = std::thread::Builder::new()
             .name("direct-journal".into())
             .spawn(move || thread.run())
-            .map_err(|e| io("cannot start its thread", e))?;
+            .map_err(|e| io(&path, "cannot start its thread", e))?;
         Ok(Journal {
             shared: Arc::new(Shared {
                 state,

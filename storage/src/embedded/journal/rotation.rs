@@ -57,7 +57,7 @@ pub(super) fn move_message(
 pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32> {
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)
-        .map_err(|e| io("cannot read", e))?;
+        .map_err(|e| io(path, "cannot read", e))?;
     let epoch = epoch_of(&bytes).map_err(|first| {
         refuse(
             path,
@@ -93,16 +93,16 @@ pub(super) fn replay(file: &mut File, path: &Path, db: &Database) -> Result<u32>
     }
     let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
     file.write_all_at(&header(epoch), 0)
-        .map_err(|e| io("cannot write", e))?;
+        .map_err(|e| io(path, "cannot write", e))?;
     let zeros = vec![0u8; 1 << 20];
     let mut len = bytes.len().max(16) as u64;
     while len < PREALLOCATE {
         let n = zeros.len().min((PREALLOCATE - len) as usize);
         file.write_all_at(&zeros[..n], len)
-            .map_err(|e| io("cannot write", e))?;
+            .map_err(|e| io(path, "cannot write", e))?;
         len += n as u64;
     }
-    file.sync_all().map_err(|e| io("cannot sync", e))?;
+    file.sync_all().map_err(|e| io(path, "cannot sync", e))?;
     Ok(epoch)
 }
 
@@ -113,8 +113,8 @@ fn refuse(path: &Path, what: &str) -> StorageError {
     StorageError::Corrupt(format!(
         "direct journal {path}: {what}. Refusing to start rather than drop what it holds. \
          Move the file aside (mv {path} {path}.unreadable), run `autopush db replay-journal \
-         {path}.unreadable` with the same --db, then start again (docs/operations.md: \"A journal the \
-         node refuses to read\")"
+         {path}.unreadable` with the same --db, then start again (\"A journal the node refuses to \
+         read\" in /usr/share/doc/autopush/docs/operations.md, docs/operations.md in the source)"
     ))
 }
 
@@ -136,8 +136,7 @@ pub struct JournalReplay {
 /// `path` into `db`, stepping over what cannot be read (what the node
 /// refused to do by itself). The moves are conditional, as at start-up.
 pub(super) fn replay_file(path: &Path, db: &Database) -> Result<JournalReplay> {
-    let bytes =
-        std::fs::read(path).map_err(|e| io(&format!("cannot read {}", path.display()), e))?;
+    let bytes = std::fs::read(path).map_err(|e| io(path, "cannot read", e))?;
     let epoch = match epoch_of(&bytes) {
         Ok(Some(epoch)) => Some(epoch),
         Ok(None) | Err(_) => latest_epoch(&bytes),
@@ -362,7 +361,7 @@ impl JournalThread {
         let written = self
             .write_at(&header(epoch), 0, Part::Header)
             .and_then(|()| self.sync(Part::Header))
-            .map_err(|e| io("cannot start over", e));
+            .map_err(|e| io(&self.path, "cannot start over", e));
         match written {
             Ok(()) => {
                 self.epoch = epoch;

@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -19,6 +20,8 @@ use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
     pub(super) file: File,
+    /// The file's path, for errors.
+    pub(super) path: PathBuf,
     pub(super) state: Arc<Mutex<State>>,
     pub(super) work: Arc<Condvar>,
     pub(super) writer: Writer,
@@ -291,7 +294,7 @@ impl JournalThread {
         bytes.clear();
         bytes.shrink_to(BUFFER_KEPT);
         self.buffer = bytes;
-        let written = written.map_err(|e| io("cannot append", e));
+        let written = written.map_err(|e| io(&self.path, "cannot append", e));
         if let Err(e) = &written {
             self.fail(e);
             // Not durable: out of the index, and the senders hear it.
