@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode};
+use autopush_gateway::owner::Owner;
 use autopush_gateway::settings::{Settings, SettingsLayer};
 use autopush_gateway::{check, db, diagnose, logging};
 use clap::{Parser, Subcommand};
@@ -140,6 +141,16 @@ fn main() -> ExitCode {
             .block_on(async { checked.start(RouterRegistry::default()).await?.wait().await });
         return finish(result);
     }
+    // As root on the service's data directory, what a tool writes stays
+    // the service's (`owner`).
+    let owner = match &settings.db {
+        autopush_gateway::settings::Db::Embedded(dir) => Owner::of(dir),
+        _ => Ok(None),
+    };
+    let owner = match owner {
+        Ok(owner) => owner,
+        Err(e) => return finish(Err(e)),
+    };
     let result = runtime.block_on(async {
         match command {
             Command::Diagnose { url } => {
@@ -157,7 +168,8 @@ fn main() -> ExitCode {
             _ => Ok(()),
         }
     });
-    finish(result)
+    let handed = owner.map_or(Ok(()), Owner::hand_over);
+    finish(result.and(handed))
 }
 
 /// A setting (or several) that cannot work: exit code 2, as for clap's
