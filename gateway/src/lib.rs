@@ -15,6 +15,7 @@ pub mod keys;
 pub mod limits;
 pub mod logging;
 pub mod metrics;
+pub mod owner;
 pub mod reference;
 pub mod secrets;
 pub mod settings;

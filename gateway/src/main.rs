@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use autopush_common::router::RouterRegistry;
 use autopush_gateway::app::{self, Mode};
+use autopush_gateway::owner::Owner;
 use autopush_gateway::settings::{Settings, SettingsLayer};
 use autopush_gateway::sources::Sources;
 use autopush_gateway::{check, db, diagnose, logging};
@@ -72,6 +73,10 @@ enum Command {
         #[command(subcommand)]
         action: DbCommand,
     },
+    /// Write the manual pages, autopush(8) and one per command, into DIR
+    /// (the package installs them)
+    #[command(hide = true)]
+    Man { dir: PathBuf },
 }
 
 /// mimalloc, not glibc's malloc: what a task allocates on one worker thread
@@ -91,6 +96,9 @@ fn main() -> ExitCode {
     if let Command::Keygen = command {
         println!("{}", autopush_common::endpoint::generate_key());
         return ExitCode::SUCCESS;
+    }
+    if let Command::Man { dir } = command {
+        return finish(write_man_pages(&dir));
     }
     if let Command::Check {
         url,
@@ -143,6 +151,16 @@ fn main() -> ExitCode {
             .block_on(async { checked.start(RouterRegistry::default()).await?.wait().await });
         return finish(result);
     }
+    // As root on the service's data directory, what a tool writes stays
+    // the service's (`owner`).
+    let owner = match &settings.db {
+        autopush_gateway::settings::Db::Embedded(dir) => Owner::of(dir),
+        _ => Ok(None),
+    };
+    let owner = match owner {
+        Ok(owner) => owner,
+        Err(e) => return finish(Err(e)),
+    };
     let result = runtime.block_on(async {
         match command {
             Command::Diagnose { url } => {
@@ -160,7 +178,8 @@ fn main() -> ExitCode {
             _ => Ok(()),
         }
     });
-    finish(result)
+    let handed = owner.map_or(Ok(()), Owner::hand_over);
+    finish(result.and(handed))
 }
 
 /// A setting (or several) that cannot work: exit code 2, as for clap's
@@ -241,3 +260,57 @@ fn run_check(url: String, timeout: f64, vapid_sub: String, ca: Option<PathBuf>) 
         ExitCode::FAILURE
     }
 }
+
+/// `autopush man DIR`: the manual pages in roff, from the command line's
+/// definitions: autopush(8), with where the package puts things, and
+/// autopush-COMMAND(8) for each command it lists.
+fn write_man_pages(dir: &std::path::Path) -> Result<(), String> {
+    fn write(dir: &std::path::Path, command: clap::Command, top: bool) -> std::io::Result<()> {
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+            write(dir, sub.clone(), false)?;
+        }
+        let man = clap_mangen::Man::new(command)
+            .section("8")
+            .manual("autopush");
+        let mut page = Vec::new();
+        man.render(&mut page)?;
+        if top {
+            page.extend_from_slice(MAN_FILES.as_bytes());
+        }
+        std::fs::write(dir.join(man.get_filename()), page)
+    }
+    // Built first, so that each command's page has its name (autopush-db)
+    // and the options it takes from autopush (the settings).
+    let mut command = Cli::command().disable_help_subcommand(true);
+    command.build();
+    std::fs::create_dir_all(dir)
+        .and_then(|()| write(dir, command, true))
+        .map_err(|e| format!("cannot write the manual pages into {}: {e}", dir.display()))
+}
+
+/// autopush(8)'s sections beyond the command line: where the package puts
+/// things, and its documents.
+const MAN_FILES: &str = r#".SH FILES
+.TP
+/etc/autopush/autopush.toml
+The settings: keys as the options, with underscores. It holds no secret.
+.TP
+/etc/autopush/credentials/
+Keys and bridge credentials, readable by root only; the unit passes them to
+the service with LoadCredential=.
+.TP
+/etc/autopush/tls/
+The TLS certificate and key, readable by the group autopush, which the
+service joins.
+.TP
+/var/lib/autopush
+The embedded store and the keys the service generates (a link to
+/var/lib/private/autopush).
+.TP
+/usr/lib/systemd/system/autopush.service
+The systemd unit.
+.SH SEE ALSO
+The documents in /usr/share/doc/autopush/: README.md, and in docs/ settings.md
+(every setting), package.md (the service), operations.md (the commands, and a
+journal the service refuses to read), tls.md and the rest.
+"#;

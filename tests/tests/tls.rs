@@ -348,3 +348,47 @@ async fn a_client_that_stalls_the_handshake_is_closed() {
     );
     wss_client(&server).await.close().await;
 }
+
+/// docs/tls.md's private CA, its openssl commands as written but for
+/// 127.0.0.1 rather than push.internal: the service serves the pair they
+/// make, and `autopush check --ca ca.pem` passes.
+#[tokio::test]
+async fn the_private_ca_of_the_tls_docs_serves_and_checks() {
+    let doc = std::fs::read_to_string(workspace_root().join("docs/tls.md")).unwrap();
+    let section = doc
+        .split("### A private CA in five commands")
+        .nth(1)
+        .expect("docs/tls.md has its private CA");
+    let commands = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
+        .expect("the private CA's commands");
+    let openssl: String = commands
+        .lines()
+        .take_while(|line| !line.starts_with("sudo "))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("DNS:push.internal", "IP:127.0.0.1");
+    assert_eq!(openssl.matches("openssl req").count(), 2, "{openssl}");
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("bash")
+        .args(["-ec", &openssl])
+        .current_dir(dir.path())
+        .output()
+        .expect("run bash");
+    assert!(
+        out.status.success(),
+        "{openssl}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = |name: &str| path(&dir.path().join(name));
+    let (cert, key) = (file("fullchain.pem"), file("privkey.pem"));
+    let server = Server::start_with(&["--tls-cert", &cert, "--tls-key", &key]).await;
+    let out = run_autopush(&["check", &server.wss_url(), "--ca", &file("ca.pem")]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "check with the private CA failed:\n{stdout}"
+    );
+}

@@ -96,7 +96,7 @@ impl EmbeddedStore {
             redb::DatabaseError::DatabaseAlreadyOpen => {
                 StorageError::InUse(path.display().to_string())
             }
-            e => backend(e),
+            e => StorageError::Backend(format!("{}: {}", path.display(), redb::Error::from(e))),
         })?;
         let txn = db.begin_write().map_err(backend)?;
         txn.open_table(USERS).map_err(backend)?;

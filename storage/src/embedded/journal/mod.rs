@@ -176,8 +176,9 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn io(what: &str, e: std::io::Error) -> StorageError {
-    StorageError::Backend(format!("direct journal: {what}: {e}"))
+/// A failed read or write of the journal file at `path`, named.
+fn io(path: &Path, what: &str, e: std::io::Error) -> StorageError {
+    StorageError::Backend(format!("direct journal {}: {what}: {e}", path.display()))
 }
 
 impl Journal {
@@ -198,18 +199,19 @@ impl Journal {
             .create(true)
             .truncate(false)
             .open(&path)
-            .map_err(|e| io("cannot open", e))?;
+            .map_err(|e| io(&path, "cannot open", e))?;
         let mut file = wrap(file);
         let epoch = replay(&mut *file, &path, db)?;
         // A file just made (this one, the store's) is lost to a power loss
         // until its directory is synced as well.
         File::open(dir)
             .and_then(|dir| dir.sync_all())
-            .map_err(|e| io("cannot sync its directory", e))?;
+            .map_err(|e| io(dir, "cannot sync its directory", e))?;
         let state = Arc::new(Mutex::new(State::default()));
         let work = Arc::new(Condvar::new());
         let thread = JournalThread {
             file,
+            path: path.clone(),
             state: state.clone(),
             work: work.clone(),
             writer,
@@ -223,7 +225,7 @@ impl Journal {
         let thread = std::thread::Builder::new()
             .name("direct-journal".into())
             .spawn(move || thread.run())
-            .map_err(|e| io("cannot start its thread", e))?;
+            .map_err(|e| io(&path, "cannot start its thread", e))?;
         Ok(Journal {
             shared: Arc::new(Shared {
                 state,

@@ -54,7 +54,7 @@ pub(super) fn move_message(
 ///
 /// A file it cannot read whole stops it: see [`unreadable`].
 pub(super) fn replay(file: &mut dyn JournalFile, path: &Path, db: &Database) -> Result<u32> {
-    let bytes = file.read_all().map_err(|e| io("cannot read", e))?;
+    let bytes = file.read_all().map_err(|e| io(path, "cannot read", e))?;
     let current = first_page(&bytes).map_err(|first| {
         refuse(
             path,
@@ -108,16 +108,16 @@ pub(super) fn replay(file: &mut dyn JournalFile, path: &Path, db: &Database) -> 
     let epoch = current.map(|(epoch, _)| epoch);
     let epoch = epoch.map_or(1, |epoch| epoch.wrapping_add(1));
     file.write_at(&header(epoch), 0)
-        .map_err(|e| io("cannot write", e))?;
+        .map_err(|e| io(path, "cannot write", e))?;
     let zeros = vec![0u8; 1 << 20];
     let mut len = bytes.len().max(16) as u64;
     while len < PREALLOCATE {
         let n = zeros.len().min((PREALLOCATE - len) as usize);
         file.write_at(&zeros[..n], len)
-            .map_err(|e| io("cannot write", e))?;
+            .map_err(|e| io(path, "cannot write", e))?;
         len += n as u64;
     }
-    file.sync().map_err(|e| io("cannot sync", e))?;
+    file.sync().map_err(|e| io(path, "cannot sync", e))?;
     Ok(epoch)
 }
 
@@ -128,8 +128,8 @@ fn refuse(path: &Path, what: &str) -> StorageError {
     StorageError::Corrupt(format!(
         "direct journal {path}: {what}. Refusing to start rather than drop what it holds. \
          Move the file aside (mv {path} {path}.unreadable), run `autopush db replay-journal \
-         {path}.unreadable` with the same --db, then start again (docs/operations.md: \"A journal the \
-         node refuses to read\")"
+         {path}.unreadable` with the same --db, then start again (\"A journal the node refuses to \
+         read\" in /usr/share/doc/autopush/docs/operations.md, docs/operations.md in the source)"
     ))
 }
 
@@ -151,8 +151,7 @@ pub struct JournalReplay {
 /// `path` into `db`, stepping over what cannot be read (what the node
 /// refused to do by itself). The moves are conditional, as at start-up.
 pub(super) fn replay_file(path: &Path, db: &Database) -> Result<JournalReplay> {
-    let bytes =
-        std::fs::read(path).map_err(|e| io(&format!("cannot read {}", path.display()), e))?;
+    let bytes = std::fs::read(path).map_err(|e| io(path, "cannot read", e))?;
     let epoch = match epoch_of(&bytes) {
         Ok(Some(epoch)) => Some(epoch),
         Ok(None) | Err(_) => latest_epoch(&bytes),
@@ -378,7 +377,7 @@ impl JournalThread {
         let written = self
             .write_at(&header(epoch), 0, Part::Header)
             .and_then(|()| self.sync(Part::Header))
-            .map_err(|e| io("cannot start over", e));
+            .map_err(|e| io(&self.path, "cannot start over", e));
         match written {
             Ok(()) => {
                 self.epoch = epoch;

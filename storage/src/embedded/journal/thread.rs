@@ -2,6 +2,7 @@
 //! messages whose grace has ended and waiting settle records into one
 //! `write`, syncs the batch if it holds messages, and answers their senders.
 
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -18,6 +19,8 @@ use crate::{Result, StorageError};
 
 pub(super) struct JournalThread {
     pub(super) file: Box<dyn JournalFile>,
+    /// The file's path, for errors.
+    pub(super) path: PathBuf,
     pub(super) state: Arc<Mutex<State>>,
     pub(super) work: Arc<Condvar>,
     pub(super) writer: Writer,
@@ -305,7 +308,7 @@ impl JournalThread {
         bytes.clear();
         bytes.shrink_to(BUFFER_KEPT);
         self.buffer = bytes;
-        let written = written.map_err(|e| io("cannot append", e));
+        let written = written.map_err(|e| io(&self.path, "cannot append", e));
         if let Err(e) = &written {
             self.fail(e);
             // Not durable: out of the index, and the senders hear it.
