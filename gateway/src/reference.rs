@@ -35,6 +35,7 @@ fn example(key: &str) -> Option<&'static str> {
         "max_connections" => "100000",
         "trusted_proxies" => r#""10.0.0.0/8""#,
         "unsigned_node_calls_from" => r#""10.0.2.0/24""#,
+        "autopush_rs_nodes" => r#""10.0.3.0/24""#,
         "metrics_port" => "9100",
         "statsd_host" => r#""127.0.0.1:8125""#,
         "apns" => {

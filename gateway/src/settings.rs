@@ -1015,7 +1015,7 @@ impl Settings {
                 Vec::new(),
             ),
             autopush_rs_nodes: p.take(
-                networks("autopush_rs_nodes", l.autopush_rs_nodes.as_deref()),
+                networks(&name("autopush_rs_nodes"), l.autopush_rs_nodes.as_deref()),
                 Vec::new(),
             ),
             vapid_cache_size: l.vapid_cache_size.unwrap_or_default(),
