@@ -9,6 +9,7 @@
 
 use std::net::IpAddr;
 
+use autopush_serving::http::in_networks;
 use http::HeaderMap;
 
 /// On every request and answer of ours since protocol 3: the router API
@@ -59,17 +60,7 @@ pub fn answerer(
     if headers.contains_key(SETTLES_DURABLE_COPY) {
         return Answerer::Ours;
     }
-    let declared = peer.is_some_and(|peer| {
-        // An IPv4 peer in either form, against networks in either form.
-        let peer = peer.to_canonical();
-        let mapped = match peer {
-            IpAddr::V4(v4) => IpAddr::V6(v4.to_ipv6_mapped()),
-            v6 => v6,
-        };
-        autopush_rs
-            .iter()
-            .any(|net| net.contains(&peer) || net.contains(&mapped))
-    });
+    let declared = peer.is_some_and(|peer| in_networks(peer, autopush_rs));
     match declared {
         true => Answerer::AutopushRs,
         false => Answerer::Unknown,
