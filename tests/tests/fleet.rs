@@ -157,7 +157,7 @@ async fn autopush_rs_nodes_are_known_only_by_declaration() {
 }
 
 /// A declaration that is not one of addresses or networks, or that names
-/// every address, stops the start naming the setting.
+/// every address, stops the start naming the setting as it was given.
 #[tokio::test]
 async fn a_wrong_autopush_rs_nodes_setting_stops_the_start() {
     for value in ["10.0.2.0/33", "autoconnect-1", "0.0.0.0/0"] {
@@ -166,7 +166,7 @@ async fn a_wrong_autopush_rs_nodes_setting_stops_the_start() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{value}: {stderr}");
         assert!(
-            stderr.contains(&format!("autopush_rs_nodes: {value:?}")),
+            stderr.contains(&format!("--autopush-rs-nodes: {value:?}")),
             "{value}: {stderr}"
         );
     }
