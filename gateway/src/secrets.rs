@@ -193,28 +193,48 @@ pub fn read_bridges(
         }
     }
     let fcm = &mut bridges.fcm;
-    let given = fcm.fcm_credentials.is_some() || fcm.fcm.is_some();
     let file = files.fcm_credentials_file.as_deref();
-    if let Some(json) = p.take(read_secret(sources, "fcm_credentials", given, file), None) {
-        fcm.fcm_credentials = Some(json);
-    }
-    if let Ok(apps) = fcm.apps()
-        && let Some(section) = google_apps(p, apps)
-    {
-        fcm.fcm = Some(section);
-        fcm.fcm_credentials = None;
-    }
+    read_google(
+        p,
+        sources,
+        "fcm_credentials",
+        file,
+        &mut fcm.fcm_credentials,
+        &mut fcm.fcm,
+    );
     let gcm = &mut bridges.gcm;
-    let given = gcm.gcm_credentials.is_some() || gcm.gcm.is_some();
     let file = files.gcm_credentials_file.as_deref();
-    if let Some(json) = p.take(read_secret(sources, "gcm_credentials", given, file), None) {
-        gcm.gcm_credentials = Some(json);
+    read_google(
+        p,
+        sources,
+        "gcm_credentials",
+        file,
+        &mut gcm.gcm_credentials,
+        &mut gcm.gcm,
+    );
+}
+
+/// An FCM or GCM bridge's apps, as `json` (the secret `key`) or the
+/// settings file's `section`: the JSON read from `key`'s `_file` form or
+/// credential, and each app's `credential:NAME` service account found.
+fn read_google(
+    p: &mut Problems,
+    sources: &mut Sources,
+    key: &str,
+    file: Option<&str>,
+    json: &mut Option<String>,
+    section: &mut Option<autopush_fcm::BridgeSection>,
+) {
+    let given = json.is_some() || section.is_some();
+    if let Some(text) = p.take(read_secret(sources, key, given, file), None) {
+        *json = Some(text);
     }
-    if let Ok(apps) = gcm.apps()
-        && let Some(section) = google_apps(p, apps)
+    let variable = format!("AUTOPUSH_{}", key.to_uppercase());
+    if let Ok(apps) = autopush_fcm::settings::apps_of(&variable, json.as_deref(), section.as_ref())
+        && let Some(found) = google_apps(p, apps)
     {
-        gcm.gcm = Some(section);
-        gcm.gcm_credentials = None;
+        *section = Some(found);
+        *json = None;
     }
 }
 
