@@ -608,19 +608,12 @@ fn start_connection(
             .map(|rate| AddressLimiter::new(rate, settings.limits.max_keys)),
         wake_bridges: bridges.clone(),
     });
-    if !settings.unsigned_node_calls_from.is_empty() {
-        let from: Vec<String> = settings
-            .unsigned_node_calls_from
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        warn!(
-            from = %from.join(","),
-            "MIGRATION: unsigned PUT /push and PUT /notif are taken from these peers \
-             (autopush-rs's endpoints), counted in node.unsigned_call; turn \
-             --unsigned-node-calls-from off once no autopush-rs endpoint is left"
-        );
-    }
+    warn_migration(
+        "unsigned PUT /push and PUT /notif are taken from these peers (autopush-rs's \
+         endpoints), counted in node.unsigned_call; turn --unsigned-node-calls-from off \
+         once no autopush-rs endpoint is left",
+        &settings.unsigned_node_calls_from,
+    );
     listening("websocket", &websockets);
     listening("internal router API", &router_apis);
     for websocket in websockets {
@@ -641,6 +634,16 @@ fn start_connection(
         ));
     }
     registry
+}
+
+/// Say at every start, loudly, that a migration setting names `networks`
+/// and `what` that changes, so that it is not left on once done.
+fn warn_migration(what: &str, networks: &[ipnet::IpNet]) {
+    if networks.is_empty() {
+        return;
+    }
+    let networks: Vec<String> = networks.iter().map(ToString::to_string).collect();
+    warn!(networks = %networks.join(","), "MIGRATION: {what}");
 }
 
 /// The endpoint role: the public HTTP API (push, registration, health),
@@ -667,19 +670,12 @@ fn start_endpoint(
             .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone())
             .with_hold_limit(settings.msg_limit),
     );
-    if !settings.autopush_rs_nodes.is_empty() {
-        let nodes: Vec<String> = settings
-            .autopush_rs_nodes
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        warn!(
-            nodes = %nodes.join(","),
-            "MIGRATION: answers naming no router API version from these addresses are \
-             autopush-rs's connection nodes': a push they take leaves no durable copy; \
-             turn --autopush-rs-nodes off once no autopush-rs node is left"
-        );
-    }
+    warn_migration(
+        "answers naming no router API version from these addresses are autopush-rs's \
+         connection nodes': a push they take leaves no durable copy; turn \
+         --autopush-rs-nodes off once no autopush-rs node is left",
+        &settings.autopush_rs_nodes,
+    );
     let routers = RouterRegistry::default()
         .with(RouterType::WebPush, webpush)
         .extend(bridges);
