@@ -16,15 +16,8 @@ fn registration_secret(key: &str, uaid: &str) -> String {
     hex_encode(&mac.finalize().into_bytes())
 }
 
-#[tokio::test]
-async fn auth_key_from_the_config_file_signs_registration_secrets() {
-    let config_dir = tempfile::tempdir().expect("temp dir");
-    let config = config_dir.path().join("autopush.toml");
-    let key = "auth-key-from-the-file";
-    std::fs::write(&config, format!("auth_key = \"{key}\"\nmsg_limit = 50\n"))
-        .expect("write config");
-    let server = Server::start_with(&["--config", &config.display().to_string()]).await;
-
+/// A `/v1` webpush registration on `server`: its UAID and secret.
+async fn register_v1(server: &Server) -> (String, String) {
     let url = format!("{}/v1/webpush/app/registration", server.endpoint_base());
     let body = json!({"token": "t", "channelID": new_channel_id()}).to_string();
     let reply = http::request(
@@ -35,11 +28,23 @@ async fn auth_key_from_the_config_file_signs_registration_secrets() {
     )
     .await;
     assert_eq!(reply.status, 200, "{reply:?}");
-    let uaid = reply.json["uaid"].as_str().expect("uaid");
-    let secret = reply.json["secret"].as_str().expect("secret");
+    let field = |name: &str| reply.json[name].as_str().expect(name).to_owned();
+    (field("uaid"), field("secret"))
+}
+
+#[tokio::test]
+async fn auth_key_from_the_config_file_signs_registration_secrets() {
+    let config_dir = tempfile::tempdir().expect("temp dir");
+    let config = config_dir.path().join("autopush.toml");
+    let key = "auth-key-from-the-file";
+    std::fs::write(&config, format!("auth_key = \"{key}\"\nmsg_limit = 50\n"))
+        .expect("write config");
+    let server = Server::start_with(&["--config", &config.display().to_string()]).await;
+
+    let (uaid, secret) = register_v1(&server).await;
     assert_eq!(
         secret,
-        registration_secret(key, uaid),
+        registration_secret(key, &uaid),
         "the secret is not signed with the auth_key of the config file"
     );
     assert!(
@@ -83,19 +88,8 @@ async fn keys_come_from_systemd_credentials_and_key_files() {
         &[("CREDENTIALS_DIRECTORY", &directory)],
     )
     .await;
-    let url = format!("{}/v1/webpush/app/registration", server.endpoint_base());
-    let body = json!({"token": "t", "channelID": new_channel_id()}).to_string();
-    let reply = http::request(
-        Method::POST,
-        &url,
-        &[("content-type", "application/json")],
-        Some(body.into_bytes()),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "{reply:?}");
-    let uaid = reply.json["uaid"].as_str().expect("uaid");
-    let secret = reply.json["secret"].as_str().expect("secret");
-    assert_eq!(secret, registration_secret(auth_key, uaid));
+    let (uaid, secret) = register_v1(&server).await;
+    assert_eq!(secret, registration_secret(auth_key, &uaid));
     let kept: Vec<_> = ["crypto_key", "auth_key", "router_key"]
         .into_iter()
         .filter(|key| server.data_dir().join(key).exists())
