@@ -290,7 +290,8 @@ impl CredentialAlarm {
 /// The fields every bridged Web Push notification carries to the app:
 /// `body` (the ciphertext, base64url) with the encryption headers it needs,
 /// `con` (`Content-Encoding`), `enc` (`Encryption`) and `cryptokey`
-/// (`Crypto-Key`), when the notification has a body. Bridges add their own
+/// (`Crypto-Key`), or `content_type` (`application/webpush-message`, a body
+/// that says how it is encrypted itself), when the notification has a body. Bridges add their own
 /// identification keys (`chid`, `ver`...); the mailbox lists the same.
 /// Borrowed: the body is kilobytes, written once, where the bridge's
 /// request is made.
@@ -305,6 +306,7 @@ pub fn web_push_fields(notification: &Notification) -> BTreeMap<&'static str, &s
         ("con", "encoding"),
         ("enc", "encryption"),
         ("cryptokey", "crypto_key"),
+        ("content_type", "content_type"),
     ] {
         if let Some(value) = headers.and_then(|h| h.get(header_name)) {
             data.insert(key, value.as_str());

@@ -24,6 +24,10 @@ pub const PUSHES: &str = "notification.received";
 /// Accepted pushes by what became of them: `router_type`, `outcome`
 /// (`direct`, `stored`, `dropped`).
 pub const DELIVERIES: &str = "notification.delivery";
+/// Accepted pushes by how their body is encrypted: `encoding` (`aes128gcm`,
+/// `aesgcm`, `webpush-message` for a body of that media type, `none` without
+/// a body), so an operator sees when the old `aesgcm` is no longer sent.
+pub const ENCODINGS: &str = "notification.encoding";
 /// Messages that reached a final state where this service settled them:
 /// `router_type`, `state` (`delivered`, `deleted`, `bridged`, `dropped`...;
 /// see [`crate::receipt::MessageState`]).
@@ -101,6 +105,7 @@ pub fn rate_limit_keys(limit: &'static str, keys: usize) {
 enum Series {
     Pushes(Option<RouterType>, u16, Option<u16>),
     Delivery(RouterType, &'static str),
+    Encoding(&'static str),
     Final(RouterType, MessageState),
     Ack(&'static str),
     Vapid(&'static str),
@@ -171,6 +176,14 @@ pub fn delivery(router_type: RouterType, outcome: &'static str) {
     increment(
         Series::Delivery(router_type, outcome),
         || counter!(DELIVERIES, "router_type" => router_type.as_str(), "outcome" => outcome),
+    );
+}
+
+/// An accepted push's body was encrypted as `encoding` (see [`ENCODINGS`]).
+pub fn encoding(encoding: &'static str) {
+    increment(
+        Series::Encoding(encoding),
+        || counter!(ENCODINGS, "encoding" => encoding),
     );
 }
 

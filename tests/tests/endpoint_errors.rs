@@ -328,3 +328,59 @@ async fn unknown_paths_are_404_and_wrong_methods_405() {
         assert!(message.contains(allowed), "{method} {path}: {message}");
     }
 }
+
+/// A body of `Content-Type: application/webpush-message` (the HPKE and
+/// symmetric-key drafts replacing RFC 8291) says how it is encrypted
+/// itself: taken without `Content-Encoding`, its bytes reach the client as
+/// sent, named by `content_type` and no `encoding`. Both at once is 400;
+/// each encoding is counted.
+#[tokio::test]
+async fn a_webpush_message_body_reaches_the_client_named_by_its_media_type() {
+    let server = Server::start().await;
+    let (mut ws, endpoint) = registered(&server).await;
+    let message = [
+        ("TTL", "60"),
+        ("Content-Type", "application/webpush-message"),
+    ];
+    // What the HPKE draft adds to each message, and more.
+    let sent = opaque_body(1_300);
+    http::post_push(&endpoint, &message, Some(sent.clone()))
+        .await
+        .assert_created();
+    let notification = ws.recv_notification().await;
+    assert_eq!(
+        notification["headers"],
+        serde_json::json!({"content_type": "application/webpush-message"}),
+        "{notification}"
+    );
+    let data = notification["data"].as_str().expect("data");
+    let got = base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, data)
+        .expect("base64url data");
+    assert!(got == sent, "the body changed on its way");
+
+    let both = [
+        ("TTL", "60"),
+        ("Content-Type", "application/webpush-message"),
+        ("Content-Encoding", "aes128gcm"),
+    ];
+    let reply = http::post_push(&endpoint, &both, body()).await;
+    reply.assert_error(400, 110);
+    assert!(
+        reply.text.contains("without Content-Encoding"),
+        "{}",
+        reply.text
+    );
+
+    http::post_push(&endpoint, &AES128GCM, body())
+        .await
+        .assert_created();
+    let metrics = http::get(&format!("{}/metrics", server.router_base())).await;
+    let scrape = prometheus::Scrape::parse(&metrics.text);
+    for encoding in ["webpush-message", "aes128gcm"] {
+        assert_eq!(
+            scrape.value("notification_encoding", &[("encoding", encoding)]),
+            1.0,
+            "{encoding}"
+        );
+    }
+}

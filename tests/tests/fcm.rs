@@ -325,6 +325,34 @@ async fn fcm_pushes_reach_google_as_data_messages_the_app_can_decrypt() {
 /// The README's Urgency table, as Google receives it: `very-low` and `low`
 /// are `normal` priority, `normal` and `high` are `high`. The app still gets
 /// the message to decrypt, whatever its urgency.
+/// A body of `Content-Type: application/webpush-message` reaches the app as
+/// sent, named by `content_type` instead of `con`.
+#[tokio::test]
+async fn a_webpush_message_body_reaches_the_app_named_by_its_media_type() {
+    let bridge = Bridge::start().await;
+    let token = "fcm-token-pq:APA91bExample";
+    let r = bridge.register("fcm", "app1", token).await;
+    let body: Vec<u8> = (0..1_300u32).map(|i| (i * 7 + 3) as u8).collect();
+    let headers = [
+        ("TTL", "60"),
+        ("Content-Type", "application/webpush-message"),
+    ];
+    let sent = http::post_push(&r.endpoint, &headers, Some(body.clone())).await;
+    sent.assert_created();
+    let got = bridge.google.wait_for(token, 1).await;
+    let data = got[0].data();
+    assert_eq!(
+        data["content_type"], "application/webpush-message",
+        "{data}"
+    );
+    assert!(data.get("con").is_none(), "{data}");
+    let carried = data["body"].as_str().expect("a body");
+    let carried =
+        base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, carried)
+            .expect("base64url body");
+    assert!(carried == body, "the body changed on its way");
+}
+
 #[tokio::test]
 async fn every_urgency_maps_onto_android_priority() {
     let bridge = Bridge::start().await;

@@ -1,5 +1,7 @@
-//! Validation of a push request's headers (RFC 8030 §5, RFC 8188/8291, and
-//! the older `aesgcm` draft Firefox still understands).
+//! Validation of a push request's headers (RFC 8030 §5, RFC 8188/8291, the
+//! older `aesgcm` draft Firefox still understands, and the
+//! `application/webpush-message` bodies of draft-thomson-webpush-hpke and
+//! draft-thomson-webpush-sym, which carry their encryption inside).
 
 use std::collections::BTreeMap;
 
@@ -12,6 +14,12 @@ pub const MAX_TTL: u64 = 30 * 24 * 60 * 60;
 /// Longest Topic (RFC 8030 §5.4: at most 32 base64url characters).
 const MAX_TOPIC_LEN: usize = 32;
 
+/// The media type of a push message that says how it is encrypted in its
+/// own bytes (the HPKE and symmetric-key drafts replacing RFC 8291): it
+/// comes without `Content-Encoding`, and the user agent gets it as
+/// `content_type` instead of `encoding`.
+pub const WEBPUSH_MESSAGE: &str = "application/webpush-message";
+
 /// What a valid push request's headers say.
 #[derive(Debug, PartialEq)]
 pub struct PushHeaders {
@@ -19,7 +27,8 @@ pub struct PushHeaders {
     pub topic: Option<String>,
     pub urgency: Option<Urgency>,
     /// Headers forwarded to the user agent so it can decrypt: `encoding`,
-    /// and for `aesgcm` also `encryption` and `crypto_key`.
+    /// and for `aesgcm` also `encryption` and `crypto_key`; or, for an
+    /// [`WEBPUSH_MESSAGE`] body, `content_type` alone.
     pub forward: Option<BTreeMap<String, String>>,
 }
 
@@ -81,13 +90,51 @@ pub fn parse(headers: &HeaderMap, has_body: bool) -> ApiResult<PushHeaders> {
     })
 }
 
+/// How a push's body is encrypted, for metrics
+/// ([`autopush_common::metrics::ENCODINGS`]), from its forwarded headers.
+pub fn encoding_label(forward: Option<&BTreeMap<String, String>>) -> &'static str {
+    let Some(forward) = forward else {
+        return "none";
+    };
+    if forward.contains_key("content_type") {
+        return "webpush-message";
+    }
+    match forward.get("encoding").map(String::as_str) {
+        Some("aesgcm") => "aesgcm",
+        _ => "aes128gcm",
+    }
+}
+
+/// Whether the request's `Content-Type` is [`WEBPUSH_MESSAGE`] (any
+/// parameters aside).
+fn is_webpush_message(headers: &HeaderMap) -> ApiResult<bool> {
+    let media_type = header(headers, "content-type", ApiError::InvalidEncryption)?
+        .and_then(|value| value.split(';').next())
+        .map(str::trim);
+    Ok(media_type.is_some_and(|t| t.eq_ignore_ascii_case(WEBPUSH_MESSAGE)))
+}
+
 /// A body is encrypted; say how, in a way the user agent can undo.
 fn encryption_headers(headers: &HeaderMap) -> ApiResult<BTreeMap<String, String>> {
-    let encoding = header(headers, "content-encoding", ApiError::InvalidEncryption)?
+    let encoding = header(headers, "content-encoding", ApiError::InvalidEncryption)?;
+    if is_webpush_message(headers)? {
+        if encoding.is_some() {
+            return Err(ApiError::InvalidEncryption(format!(
+                "a {WEBPUSH_MESSAGE} body says how it is encrypted itself: send it without \
+                 Content-Encoding"
+            )));
+        }
+        return Ok(BTreeMap::from([(
+            "content_type".into(),
+            WEBPUSH_MESSAGE.into(),
+        )]));
+    }
+    let encoding = encoding
         .ok_or_else(|| {
-            ApiError::InvalidEncryption(
-                "a body needs Content-Encoding: aes128gcm (or aesgcm)".into(),
-            )
+            ApiError::InvalidEncryption(format!(
+                "a body needs Content-Encoding: aes128gcm (or aesgcm), or Content-Type: \
+                 {WEBPUSH_MESSAGE}"
+            ))
         })?
         .to_ascii_lowercase();
     let mut forward = BTreeMap::new();
@@ -208,6 +255,42 @@ mod tests {
             ]);
             assert_eq!(parse(&h, false).unwrap_err().errno(), 113, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_webpush_message_body_needs_no_encoding_and_takes_none() {
+        let ok = parse(
+            &headers(&[
+                ("ttl", "1"),
+                ("content-type", "Application/WebPush-Message; x=1"),
+            ]),
+            true,
+        )
+        .unwrap();
+        let forward = ok.forward.unwrap();
+        assert_eq!(forward.len(), 1, "{forward:?}");
+        assert_eq!(forward["content_type"], WEBPUSH_MESSAGE);
+        let both = parse(
+            &headers(&[
+                ("ttl", "1"),
+                ("content-type", WEBPUSH_MESSAGE),
+                ("content-encoding", "aes128gcm"),
+            ]),
+            true,
+        );
+        assert!(
+            matches!(&both, Err(ApiError::InvalidEncryption(m)) if m.contains("without Content-Encoding")),
+            "{both:?}"
+        );
+        // Another media type is no encoding either.
+        let other = parse(
+            &headers(&[("ttl", "1"), ("content-type", "application/octet-stream")]),
+            true,
+        );
+        assert!(
+            matches!(&other, Err(ApiError::InvalidEncryption(_))),
+            "{other:?}"
+        );
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub async fn deliver(
     if !subscribed {
         return Err(ApiError::NoSubscription);
     }
+    let encoding = headers::encoding_label(push.forward.as_ref());
 
     let mailbox = user.has_mailbox();
     // A bridge without a mailbox keeps nothing: once the upstream takes the
@@ -123,6 +124,7 @@ pub async fn deliver(
             return Err(e);
         }
     };
+    metrics::encoding(encoding);
     metrics::delivery(
         user.router_type,
         match delivery {
