@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
 use autopush_bench::server::{ServerUnderTest, Target};
+use autopush_bench::tls::KeyKind;
 use autopush_bench::{stand_in, try_bridges};
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,10 @@ struct Cli {
     /// CPU are measured)
     #[arg(long, global = true, value_delimiter = ',', requires = "target_ws")]
     target_pids: Vec<u32>,
+    /// Serve TLS on the public ports of the server we start (a P-256
+    /// certificate made for the run): clients use `wss://` and `https://`
+    #[arg(long, global = true, conflicts_with = "target_ws")]
+    tls: bool,
     /// Seconds to wait for any answer from the server before failing the scenario
     #[arg(long, default_value_t = 30.0, global = true)]
     timeout: f64,
@@ -172,6 +177,9 @@ enum Scenario {
         source: IpAddr,
         #[arg(long)]
         count: usize,
+        /// The CA to trust for `wss://`
+        #[arg(long)]
+        ca: Option<PathBuf>,
     },
 }
 
@@ -183,6 +191,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    raise_open_files();
     autopush_bench::client::set_wait(Duration::from_secs_f64(cli.timeout));
     let under_test = match (cli.target_ws, cli.target_endpoint) {
         (Some(ws_url), Some(endpoint_url)) => ServerUnderTest::Target(Target {
@@ -190,7 +199,10 @@ async fn main() {
             endpoint_url,
             pids: cli.target_pids,
         }),
-        _ => ServerUnderTest::Start(cli.server_log.clone()),
+        _ => ServerUnderTest::Start {
+            log: cli.server_log.clone(),
+            tls: cli.tls.then_some(KeyKind::P256),
+        },
     };
     match cli.scenario {
         Scenario::Idle { mut levels } => {
@@ -307,7 +319,17 @@ async fn main() {
             max_in_flight,
             max_http_connections,
         } => apns::serve(&apple, max_in_flight, max_http_connections).await,
-        Scenario::IdleWorker { url, source, count } => idle::worker(url, source, count).await,
+        Scenario::IdleWorker {
+            url,
+            source,
+            count,
+            ca,
+        } => {
+            if let Some(ca) = ca {
+                autopush_bench::client::trust(&ca);
+            }
+            idle::worker(url, source, count).await
+        }
     }
 }
 
@@ -323,6 +345,23 @@ fn parse_rates(rates: &[String]) -> Vec<u64> {
             }),
         })
         .collect()
+}
+
+/// Raise the soft open-file limit to the hard one, for this process and the
+/// server and workers it starts (a soft limit of 1 024 is common).
+fn raise_open_files() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `limit`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// As many clients as the server process may hold sockets for: its hard
