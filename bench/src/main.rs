@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
+use autopush_bench::scenario::{apns, direct, drain, fcm, handshakes, idle};
 use autopush_bench::server::{ServerUnderTest, Target};
 use autopush_bench::tls::KeyKind;
 use autopush_bench::{stand_in, try_bridges};
@@ -83,6 +83,16 @@ enum Scenario {
         /// (a client across a real network acks a round trip later)
         #[arg(long, default_value_t = 0)]
         ack_delay_ms: u64,
+    },
+    /// TLS handshakes per second per core of the server, with a P-256 and
+    /// an RSA-2048 certificate (made for the run)
+    Handshakes {
+        /// Clients handshaking at once
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Seconds per certificate
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
@@ -249,6 +259,10 @@ async fn main() {
                 std::process::exit(1);
             }
         }
+        Scenario::Handshakes {
+            concurrency,
+            seconds,
+        } => handshakes::run(concurrency, seconds, &under_test).await,
         Scenario::Drain {
             clients,
             per_client,
