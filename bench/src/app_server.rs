@@ -93,16 +93,17 @@ pub struct Connection {
 }
 
 impl Connection {
-    /// Connect to the origin of `url` (`http://host:port/...`).
+    /// Connect to the origin of `url` (`http://host:port/...`, or
+    /// `https://` trusting the run's CA).
     pub async fn open(url: &str) -> Result<Connection, BenchError> {
-        let authority = url
-            .trim_start_matches("http://")
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let (tls, rest) = match url.strip_prefix("https://") {
+            Some(rest) => (true, rest),
+            None => (false, url.trim_start_matches("http://")),
+        };
+        let authority = rest.split('/').next().unwrap_or_default().to_owned();
         let stream = within("the TCP connect", TcpStream::connect(&authority)).await?;
         stream.set_nodelay(true)?;
+        let stream = crate::client::secure(stream, tls).await?;
         let (sender, connection) = within(
             "the HTTP handshake",
             hyper::client::conn::http1::handshake(TokioIo::new(stream)),
@@ -138,6 +139,7 @@ impl Connection {
     ) -> Result<u16, BenchError> {
         let path = endpoint
             .trim_start_matches("http://")
+            .trim_start_matches("https://")
             .trim_start_matches(&self.authority);
         let request = hyper::Request::post(path)
             .header("host", &self.authority)

@@ -1,19 +1,23 @@
 //! A user agent as the load generator plays it: one websocket speaking the
 //! push protocol (hello, register, receive, ack), from a chosen loopback
 //! source address so that tens of thousands of clients do not run out of
-//! ephemeral ports.
+//! ephemeral ports, over TLS (`wss://`) when the server speaks it.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::OnceLock;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::{WebSocketStream, client_async_with_config};
+use tokio_util::either::Either;
 
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -29,6 +33,40 @@ pub fn set_wait(wait: Duration) {
 
 pub fn wait() -> Duration {
     *WAIT.get_or_init(|| Duration::from_secs(30))
+}
+
+/// The CA `wss://` and `https://` connections trust (the run's, or `--ca`
+/// of an idle worker), and the file it came from.
+static TRUST: OnceLock<(PathBuf, Arc<rustls::ClientConfig>)> = OnceLock::new();
+
+/// Trust the CA certificate in `ca` (once, before any TLS connection).
+pub fn trust(ca: &Path) {
+    TRUST.get_or_init(|| (ca.to_owned(), crate::tls::client_config(ca)));
+}
+
+/// The CA file trusted, if any.
+pub fn trusted() -> Option<&'static Path> {
+    TRUST.get().map(|(ca, _)| ca.as_path())
+}
+
+/// A TCP or TLS connection.
+pub type Socket = Either<TcpStream, TlsStream<TcpStream>>;
+
+/// `stream`, over TLS with the trusted CA when `tls`.
+pub async fn secure(stream: TcpStream, tls: bool) -> Result<Socket, BenchError> {
+    if !tls {
+        return Ok(Either::Left(stream));
+    }
+    let (_, config) = TRUST
+        .get()
+        .ok_or("a TLS server, but no CA to trust (the run's or --ca)")?;
+    let name = rustls::pki_types::ServerName::IpAddress(stream.peer_addr()?.ip().into());
+    let tls = within(
+        "the TLS handshake",
+        TlsConnector::from(config.clone()).connect(name, stream),
+    )
+    .await?;
+    Ok(Either::Right(tls))
 }
 
 /// `step`, or an error naming `what` was not answered within [`wait`].
@@ -49,7 +87,7 @@ pub fn source_address(i: usize) -> IpAddr {
 }
 
 pub struct PushClient {
-    ws: WebSocketStream<TcpStream>,
+    ws: WebSocketStream<Socket>,
     pub uaid: String,
 }
 
@@ -68,14 +106,16 @@ impl PushClient {
         source: IpAddr,
         uaid: Option<&str>,
     ) -> Result<PushClient, BenchError> {
-        let server: SocketAddr = url
-            .trim_start_matches("ws://")
-            .trim_end_matches('/')
-            .parse()?;
+        let (tls, address) = match url.strip_prefix("wss://") {
+            Some(address) => (true, address),
+            None => (false, url.trim_start_matches("ws://")),
+        };
+        let server: SocketAddr = address.trim_end_matches('/').parse()?;
         let socket = TcpSocket::new_v4()?;
         socket.bind(SocketAddr::new(source, 0))?;
         let stream = within("the TCP connect", socket.connect(server)).await?;
         stream.set_nodelay(true)?;
+        let stream = secure(stream, tls).await?;
         // The generator holds thousands of sockets: keep its own buffers small.
         let config = WebSocketConfig::default()
             .read_buffer_size(8 * 1024)

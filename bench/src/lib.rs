@@ -6,8 +6,10 @@ pub mod client;
 pub mod open_loop;
 pub mod scenario;
 pub mod server;
+pub mod slab;
 pub mod stand_in;
 pub mod stats;
+pub mod tls;
 pub mod try_bridges;
 
 /// The micro-benchmarks' one optional argument: a count above zero, or

@@ -5,8 +5,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_bench::scenario::{apns, direct, drain, fcm, idle};
+use autopush_bench::scenario::{apns, direct, drain, fcm, handshakes, idle};
 use autopush_bench::server::{ServerUnderTest, Target};
+use autopush_bench::tls::KeyKind;
 use autopush_bench::{stand_in, try_bridges};
 use clap::{Parser, Subcommand};
 
@@ -27,6 +28,10 @@ struct Cli {
     /// CPU are measured)
     #[arg(long, global = true, value_delimiter = ',', requires = "target_ws")]
     target_pids: Vec<u32>,
+    /// Serve TLS on the public ports of the server we start (a P-256
+    /// certificate made for the run): clients use `wss://` and `https://`
+    #[arg(long, global = true, conflicts_with = "target_ws")]
+    tls: bool,
     /// Seconds to wait for any answer from the server before failing the scenario
     #[arg(long, default_value_t = 30.0, global = true)]
     timeout: f64,
@@ -78,6 +83,16 @@ enum Scenario {
         /// (a client across a real network acks a round trip later)
         #[arg(long, default_value_t = 0)]
         ack_delay_ms: u64,
+    },
+    /// TLS handshakes per second per core of the server, with a P-256 and
+    /// an RSA-2048 certificate (made for the run)
+    Handshakes {
+        /// Clients handshaking at once
+        #[arg(long, default_value_t = 32)]
+        concurrency: usize,
+        /// Seconds per certificate
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
     },
     /// Store for offline clients, then drain when they reconnect
     Drain {
@@ -172,6 +187,9 @@ enum Scenario {
         source: IpAddr,
         #[arg(long)]
         count: usize,
+        /// The CA to trust for `wss://`
+        #[arg(long)]
+        ca: Option<PathBuf>,
     },
 }
 
@@ -183,6 +201,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() {
     let cli = Cli::parse();
+    raise_open_files();
     autopush_bench::client::set_wait(Duration::from_secs_f64(cli.timeout));
     let under_test = match (cli.target_ws, cli.target_endpoint) {
         (Some(ws_url), Some(endpoint_url)) => ServerUnderTest::Target(Target {
@@ -190,7 +209,10 @@ async fn main() {
             endpoint_url,
             pids: cli.target_pids,
         }),
-        _ => ServerUnderTest::Start(cli.server_log.clone()),
+        _ => ServerUnderTest::Start {
+            log: cli.server_log.clone(),
+            tls: cli.tls.then_some(KeyKind::P256),
+        },
     };
     match cli.scenario {
         Scenario::Idle { mut levels } => {
@@ -237,6 +259,10 @@ async fn main() {
                 std::process::exit(1);
             }
         }
+        Scenario::Handshakes {
+            concurrency,
+            seconds,
+        } => handshakes::run(concurrency, seconds, &under_test).await,
         Scenario::Drain {
             clients,
             per_client,
@@ -307,7 +333,17 @@ async fn main() {
             max_in_flight,
             max_http_connections,
         } => apns::serve(&apple, max_in_flight, max_http_connections).await,
-        Scenario::IdleWorker { url, source, count } => idle::worker(url, source, count).await,
+        Scenario::IdleWorker {
+            url,
+            source,
+            count,
+            ca,
+        } => {
+            if let Some(ca) = ca {
+                autopush_bench::client::trust(&ca);
+            }
+            idle::worker(url, source, count).await
+        }
     }
 }
 
@@ -323,6 +359,23 @@ fn parse_rates(rates: &[String]) -> Vec<u64> {
             }),
         })
         .collect()
+}
+
+/// Raise the soft open-file limit to the hard one, for this process and the
+/// server and workers it starts (a soft limit of 1 024 is common).
+fn raise_open_files() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write `limit`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// As many clients as the server process may hold sockets for: its hard

@@ -1,6 +1,6 @@
 //! The service under test, and what `/proc` says about it: either the
 //! release `autopush` binary, all-in-one, on loopback, with a fresh embedded
-//! store, or any running server speaking the push websocket protocol and the
+//! store (and its built-in TLS if asked), or any running server speaking the push websocket protocol and the
 //! Web Push HTTP API (target mode), named by its URLs and process ids.
 
 use std::net::TcpListener;
@@ -9,6 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use tempfile::TempDir;
+
+use crate::tls::KeyKind;
 
 pub struct Server {
     /// The process started here, with its data directory (none in target mode).
@@ -30,8 +32,12 @@ pub struct Target {
 /// Which server a scenario loads.
 #[derive(Clone, Debug)]
 pub enum ServerUnderTest {
-    /// Start our binary, logging to this file.
-    Start(PathBuf),
+    /// Start our binary, logging to `log`, serving TLS on its public ports
+    /// with a certificate of this kind if `tls` (clients trust the run's CA).
+    Start {
+        log: PathBuf,
+        tls: Option<KeyKind>,
+    },
     Target(Target),
 }
 
@@ -40,7 +46,7 @@ impl Server {
     /// settings of our binary, cannot apply: they are named on stderr).
     pub async fn open(under_test: &ServerUnderTest, flags: &[&str]) -> Server {
         match under_test {
-            ServerUnderTest::Start(log) => Server::start(flags, log).await,
+            ServerUnderTest::Start { log, tls } => Server::launch(flags, log, *tls).await,
             ServerUnderTest::Target(target) => {
                 if !flags.is_empty() {
                     eprintln!(
@@ -67,9 +73,29 @@ impl Server {
     /// Its log goes to `log` (per-connection info lines at 20k clients would
     /// otherwise flood the terminal).
     pub async fn start(extra: &[&str], log: &Path) -> Server {
+        Server::launch(extra, log, None).await
+    }
+
+    /// [`Server::start`], over TLS with a new `tls` certificate if given.
+    pub async fn launch(extra: &[&str], log: &Path, tls: Option<KeyKind>) -> Server {
         let data = TempDir::new().expect("a temporary data directory");
         let [ws, router, endpoint] = free_ports();
-        let endpoint_url = format!("http://127.0.0.1:{endpoint}");
+        let (ws_scheme, http_scheme) = if tls.is_some() {
+            ("wss", "https")
+        } else {
+            ("ws", "http")
+        };
+        let endpoint_url = format!("{http_scheme}://127.0.0.1:{endpoint}");
+        let tls_flags = tls.map(|kind| {
+            crate::client::trust(&crate::tls::ca_file());
+            let certificate = crate::tls::issue(kind);
+            [
+                "--tls-cert".into(),
+                certificate.cert.into_os_string(),
+                "--tls-key".into(),
+                certificate.key.into_os_string(),
+            ]
+        });
         let log_file = std::fs::File::create(log).expect("the server log file");
         let child = Command::new(server_binary())
             .arg("all")
@@ -82,6 +108,7 @@ impl Server {
             .arg(data.path())
             .args(limit_flags(extra))
             .args(extra)
+            .args(tls_flags.into_iter().flatten())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -90,7 +117,7 @@ impl Server {
         let server = Server {
             pids: vec![child.id()],
             owned: Some((child, data)),
-            ws_url: format!("ws://127.0.0.1:{ws}/"),
+            ws_url: format!("{ws_scheme}://127.0.0.1:{ws}/"),
             endpoint_url,
         };
         server.wait_ready(ws).await;

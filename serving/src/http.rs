@@ -37,9 +37,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep, sleep_until};
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tracing::{debug, warn};
+
+use crate::tls_stream::{TlsAcceptor, TlsStream};
 
 /// The limits of one port.
 #[derive(Clone, Copy, Debug)]
@@ -382,7 +382,7 @@ pub(crate) fn unwrap_upgraded(
         }
         Err(upgraded) => upgraded,
     };
-    let parts = upgraded.downcast::<TokioIo<Watched<TlsStream<TcpStream>>>>()?;
+    let parts = upgraded.downcast::<TokioIo<Watched<TlsStream>>>()?;
     Ok(Parts {
         stream: UpgradedStream::Tls(Box::new(parts.io.into_inner().io)),
         read_ahead: parts.read_buf,

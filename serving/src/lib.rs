@@ -11,4 +11,5 @@
 pub mod health;
 pub mod http;
 pub mod tls;
+pub mod tls_stream;
 pub mod upgraded;

@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+pub use crate::tls_stream::TlsAcceptor;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-pub use tokio_rustls::TlsAcceptor;
 use tracing::{error, info};
 
 /// The PEM files of a certificate chain (leaf first) and its private key

@@ -16,14 +16,15 @@ use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
+
+use crate::tls_stream::TlsStream;
 
 /// The socket under an upgraded connection.
 pub enum UpgradedStream {
     Tcp(TcpStream),
     /// Boxed: rustls's state is kilobytes, and most nodes sit behind a
     /// balancer that ends TLS.
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream>),
     /// A connection not accepted by [`crate::http::serve_with`], left as
     /// hyper gave it (boxed, so it does not make the others larger).
     Other(Box<TokioIo<Upgraded>>),

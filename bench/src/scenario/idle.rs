@@ -4,6 +4,12 @@
 //! A process may hold only `ulimit -Hn` open files (20 000 on the CI machine),
 //! so the clients live in several worker processes (this binary, subcommand
 //! `idle-worker`), each on its own loopback source address.
+//!
+//! Beside the server's RSS, the kernel's share: the growth of its slab
+//! caches ([`crate::slab`]). Both ends of each loopback connection are on
+//! this machine and hold the same kernel objects (a socket, its inode,
+//! dentry, file and epoll entry), so half of the growth is the server's.
+//! "All in" is the RSS and that half.
 
 use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
@@ -15,6 +21,7 @@ use tokio::sync::Semaphore;
 
 use crate::client::PushClient;
 use crate::server::{Server, ServerUnderTest};
+use crate::slab::Slabs;
 
 /// Clients per worker process: well under its own open-file limit.
 const CLIENTS_PER_WORKER: usize = 5_000;
@@ -32,11 +39,20 @@ pub async fn run(levels: &[usize], under_test: &ServerUnderTest) {
     warm.close().await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline = server.rss_kib();
-    println!("server RSS with no clients: {baseline} KiB\n");
+    let slab_baseline = Slabs::read();
     println!(
-        "| clients | server RSS (MiB) | RSS per client (KiB) | connect+hello+register rate (clients/s) |"
+        "server RSS with no clients: {baseline} KiB{}\n",
+        if slab_baseline.is_none() {
+            " (kernel slab: /proc/slabinfo is not readable, run as root)"
+        } else {
+            ""
+        }
     );
-    println!("|---:|---:|---:|---:|");
+    println!(
+        "| clients | server RSS (MiB) | RSS per client (KiB) | kernel slab per client (KiB) | all in per client (KiB) | clients per GiB, all in | connect+hello+register rate (clients/s) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut slab_growth = Vec::new();
 
     let mut workers: Vec<Worker> = Vec::new();
     let mut connected = 0;
@@ -60,10 +76,39 @@ pub async fn run(levels: &[usize], under_test: &ServerUnderTest) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let rss = server.rss_kib();
         let per_client = (rss.saturating_sub(baseline)) as f64 / connected as f64;
+        // The server's end: half of what both ends grew.
+        let kernel = match (&slab_baseline, Slabs::read()) {
+            (Some(before), Some(now)) => {
+                slab_growth = now.growth_since(before);
+                Some(now.total_growth_since(before) as f64 / 2.0 / 1024.0 / connected as f64)
+            }
+            _ => None,
+        };
+        let (kernel_cell, all_in_cell, per_gib_cell) = match kernel {
+            Some(kernel) => {
+                let all_in = per_client + kernel;
+                (
+                    format!("{kernel:.2}"),
+                    format!("{all_in:.2}"),
+                    format!("{:.0}", 1024.0 * 1024.0 / all_in),
+                )
+            }
+            None => ("?".into(), "?".into(), "?".into()),
+        };
         println!(
-            "| {connected} | {:.1} | {per_client:.2} | {connect_rate:.0} |",
+            "| {connected} | {:.1} | {per_client:.2} | {kernel_cell} | {all_in_cell} | {per_gib_cell} | {connect_rate:.0} |",
             rss as f64 / 1024.0
         );
+    }
+    if !slab_growth.is_empty() {
+        println!(
+            "\nkernel slab growth per client at {connected} clients (both ends of each connection; the server's is half), largest caches:\n"
+        );
+        println!("| cache | bytes per client |");
+        println!("|---|---:|");
+        for (cache, grew) in slab_growth.iter().take(8) {
+            println!("| {cache} | {:.0} |", *grew as f64 / connected as f64);
+        }
     }
     drop(workers);
 }
@@ -85,6 +130,12 @@ impl Worker {
                 "--timeout",
                 &crate::client::wait().as_secs_f64().to_string(),
             ])
+            .args(
+                crate::client::trusted()
+                    .map(|ca| ["--ca".as_ref(), ca.as_os_str()])
+                    .into_iter()
+                    .flatten(),
+            )
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -5,4 +5,5 @@ pub mod apns;
 pub mod direct;
 pub mod drain;
 pub mod fcm;
+pub mod handshakes;
 pub mod idle;
