@@ -17,6 +17,10 @@ use crate::{ApiError, ApiResult, Notification, RouterType, Urgency, User};
 pub enum Delivery {
     /// Handed to the client (or to the bridge) right away.
     Direct,
+    /// Handed to a connected client, which acked it before the sender was
+    /// answered: `delivered` for good, so its receipt is sealed into the
+    /// message's id and nothing of it is stored.
+    Acked,
     /// Kept until the client comes back.
     Stored,
     /// TTL 0 and the client was not reachable now: dropped, as the sender asked.

@@ -38,7 +38,7 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
 use autopush_serving::http::Peer;
 pub use autopush_webpush::SETTLES_DURABLE_COPY;
-use autopush_webpush::protocol::VERSION;
+use autopush_webpush::protocol::{SEALS_ACKS, VERSION, version_of};
 use autopush_webpush::{DURABLE_COPY, HOLD, ROUTER_API};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -169,11 +169,20 @@ fn push_answer(outcome: PushOutcome) -> Response {
 /// A push whose durable copy the endpoint asks this node to hold: answered
 /// once the client acked it or the copy is written (see
 /// [`autopush_webpush::held`]), saying which in [`DURABLE_COPY`]. Without
-/// that header on a 200, the endpoint writes the copy itself.
-async fn push_holding_copy(ctx: &NodeContext, uaid: &Uuid, notification: Notification) -> Response {
+/// that header on a 200, the endpoint writes the copy itself. An endpoint
+/// of router API 4 or later (`caller`) seals an ack within the grace into
+/// the message's id: its receipt is not written here.
+async fn push_holding_copy(
+    ctx: &NodeContext,
+    uaid: &Uuid,
+    notification: Notification,
+    caller: Option<u32>,
+) -> Response {
     let node = ctx.registry.clone();
+    let seals = caller.is_some_and(|version| version >= SEALS_ACKS);
     let (outcome, fate) =
-        autopush_webpush::push_holding_copy(node, ctx.storage.clone(), *uaid, notification).await;
+        autopush_webpush::push_holding_copy(node, ctx.storage.clone(), *uaid, notification, seals)
+            .await;
     let mut answer = push_answer(outcome);
     if let Some(fate) = fate {
         answer.headers_mut().insert(
@@ -193,8 +202,9 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let push = warp::put()
         .and(warp::path!("push" / String))
         .and(warp::header::optional::<String>(DURABLE_COPY))
+        .and(warp::header::optional::<String>(ROUTER_API))
         .and(signed(ctx.clone(), Some("push")))
-        .then(move |uaid: String, copy: Option<String>, body: Bytes| {
+        .then(move |uaid: String, copy: Option<String>, caller: Option<String>, body: Bytes| {
             let ctx = push_ctx.clone();
             async move {
                 let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
@@ -206,7 +216,8 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
                     return status(StatusCode::NOT_FOUND);
                 };
                 if copy.as_deref() == Some(HOLD) {
-                    return push_holding_copy(&ctx, &uaid, notification).await;
+                    let caller = caller.and_then(|v| version_of(v.as_bytes()));
+                    return push_holding_copy(&ctx, &uaid, notification, caller).await;
                 }
                 push_answer(ctx.registry.push(&uaid, notification))
             }

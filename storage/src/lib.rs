@@ -49,6 +49,19 @@ impl From<StorageError> for ApiError {
     }
 }
 
+/// How the wait for a durable direct copy ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyEnd {
+    /// The copy is durable, or no longer needed and its message settled
+    /// with its receipt kept as usual.
+    Saved,
+    /// The client acked the message before any of it was written, and
+    /// nothing was: not the copy, not a receipt. The caller, which has
+    /// not answered the sender yet, seals `delivered` into the message's
+    /// id instead (with receipts on).
+    Acked,
+}
+
 /// A durable direct copy on its way (see [`Storage::stage_direct`]).
 ///
 /// Made on every durable direct push, so it holds no boxes: a receiver the
@@ -57,7 +70,7 @@ pub struct DirectCopy {
     /// `None`: durable already. Else what answers once the copy is durable
     /// or no longer needed, and what asks for it to be written without
     /// waiting further.
-    pending: Option<(oneshot::Receiver<Result<()>>, Hurry)>,
+    pending: Option<(oneshot::Receiver<Result<CopyEnd>>, Hurry)>,
 }
 
 /// Asks a backend to write a staged copy now: made once, shared by every copy.
@@ -71,23 +84,23 @@ impl DirectCopy {
 
     /// A copy that is durable (or no longer needed) once `done` answers;
     /// `hurry` asks for it to be written without waiting further.
-    pub fn new(done: oneshot::Receiver<Result<()>>, hurry: Hurry) -> DirectCopy {
+    pub fn new(done: oneshot::Receiver<Result<CopyEnd>>, hurry: Hurry) -> DirectCopy {
         DirectCopy {
             pending: Some((done, hurry)),
         }
     }
 
     /// Wait until the copy is durable or its message settled.
-    pub async fn saved_or_settled(self) -> Result<()> {
+    pub async fn saved_or_settled(self) -> Result<CopyEnd> {
         match self.pending {
             Some((done, _)) => copy_written(done).await,
-            None => Ok(()),
+            None => Ok(CopyEnd::Saved),
         }
     }
 
     /// The client did not take the message: wait until the copy is
     /// durable, asking for it to be written now.
-    pub async fn saved_now(self) -> Result<()> {
+    pub async fn saved_now(self) -> Result<CopyEnd> {
         if let Some((_, hurry)) = &self.pending {
             hurry();
         }
@@ -97,7 +110,7 @@ impl DirectCopy {
 
 /// What the writer of a durable copy answers, as a storage result: a
 /// writer gone before answering has stopped.
-pub(crate) async fn copy_written(done: oneshot::Receiver<Result<()>>) -> Result<()> {
+pub(crate) async fn copy_written(done: oneshot::Receiver<Result<CopyEnd>>) -> Result<CopyEnd> {
     done.await
         .map_err(|_| StorageError::Backend("the durable copy's writer has stopped".into()))?
 }
@@ -236,7 +249,9 @@ pub trait Storage: Send + Sync {
     /// the return on; the [`DirectCopy`] answers once the copy is durable,
     /// or once the message is settled (the client acked it: nothing is
     /// left to keep), whichever comes first. A backend may wait a moment
-    /// before it writes, so that a message acked at once is never written.
+    /// before it writes, so that a message acked at once is never written;
+    /// one acked before anything of it was written answers
+    /// [`CopyEnd::Acked`] and leaves no receipt: the caller seals it.
     async fn stage_direct(&self, uaid: &Uuid, message: Notification) -> Result<DirectCopy> {
         self.save_direct(uaid, message).await?;
         Ok(DirectCopy::saved())

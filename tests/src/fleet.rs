@@ -21,7 +21,7 @@ pub enum Answers {
     /// `x-autopush-settles-durable-copy: 1`; to a hold, `fate` in
     /// `x-autopush-durable-copy`.
     Protocol2 { fate: &'static str },
-    /// A node of the next protocol version, 4: it names its version (and
+    /// A node of the next protocol version, 5: it names its version (and
     /// not protocol 2's header), sends a header we do not know, and answers a hold with `fate`
     /// (which may be a value we do not know).
     Next { fate: &'static str },
@@ -116,8 +116,8 @@ fn answer(answers: Answers, hold: bool) -> Response {
         }
         Answers::Next { fate } => {
             // Not the version-2 header: what is ours is said by the version.
-            set("x-autopush-router-api", "4");
-            set("x-autopush-router-api-next", "a header of version 4");
+            set("x-autopush-router-api", "5");
+            set("x-autopush-router-api-next", "a header of version 5");
             if hold {
                 set("x-autopush-durable-copy", fate);
             }

@@ -90,29 +90,6 @@ pub fn assert_receipts_cost_no_request(off: &PathRequests, on: &PathRequests) {
     }
 }
 
-/// On a store where the connection node holds direct copies back (DynamoDB,
-/// Bigtable), a direct message acked within the grace has no row to settle:
-/// its receipt is one write of its own, `direct` writes with receipts on,
-/// and no other path costs a request more.
-pub fn assert_receipts_cost_one_write_per_direct_message(
-    off: &PathRequests,
-    on: &PathRequests,
-    direct: usize,
-) {
-    let total = |ops: &std::collections::BTreeMap<String, usize>| ops.values().sum::<usize>();
-    assert_eq!(
-        total(&on[0]),
-        total(&off[0]) + direct,
-        "direct: receipts off {:?}, on {:?}",
-        off[0],
-        on[0]
-    );
-    assert_receipts_cost_no_request(
-        &[Default::default(), off[1].clone(), off[2].clone()],
-        &[Default::default(), on[1].clone(), on[2].clone()],
-    );
-}
-
 /// The environment that makes a node hold direct copies back for a grace
 /// every ack of a test comes within (30 s instead of 10 ms), so that the
 /// path a test takes does not depend on how fast a loaded machine acks.

@@ -604,12 +604,11 @@ async fn requests_per_delivered_message(server: &LocalDynamo) {
     let off = requests_per_message(server, &["--receipt-retention", "0"]).await;
     let on = requests_per_message(server, &[]).await;
     // A direct message acked within the grace costs the seeds' two reads
-    // and no write; with receipts on, the write of its receipt.
+    // and no write, receipts on or off: its receipt is sealed into its id.
     let reads_only = BTreeMap::from([("GetItem".to_owned(), 20)]);
     assert_eq!(off[0], reads_only, "direct, receipts off");
-    let with_receipt = BTreeMap::from([("GetItem".to_owned(), 20), ("PutItem".to_owned(), 10)]);
-    assert_eq!(on[0], with_receipt, "direct, receipts on");
-    autopush_tests::receipt::assert_receipts_cost_one_write_per_direct_message(&off, &on, 10);
+    assert_eq!(on[0], reads_only, "direct, receipts on");
+    autopush_tests::receipt::assert_receipts_cost_no_request(&off, &on);
 }
 
 /// The DynamoDB requests of 10 messages delivered directly (push + ack),
@@ -1561,4 +1560,71 @@ async fn every_schedule_of_an_ack_and_a_look_against_the_held_write() {
     }
     assert_eq!(arrived, owed);
     ws.assert_nothing_arrives().await;
+}
+
+/// A node holding a copy writes nothing for an ack within the grace when
+/// the endpoint that asked says it seals the receipt into the message's
+/// id (router API 4 and later); for an endpoint of version 3, which does
+/// not, it writes the receipt as before, so that endpoint's sender still
+/// reads `delivered`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_writes_the_receipt_of_an_ack_within_the_grace_only_for_an_endpoint_that_does_not_seal()
+ {
+    let mut key = String::new();
+    let cluster = Cluster::start_with(dynamo::local().await, |a| {
+        // A grace no test run outlasts: the ack, not the clock, ends it.
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), "60000".into()));
+        key = a
+            .args
+            .iter()
+            .find_map(|arg| arg.strip_prefix("--router-key="))
+            .expect("the cluster's router key")
+            .to_owned();
+    })
+    .await;
+    let mut ws = cluster.a.client().await;
+    let uaid = uuid::Uuid::parse_str(ws.uaid()).unwrap();
+    let sub = Subscription::new(&mut ws).await;
+    let store = dynamo::connect(&cluster.server.endpoint, cluster.tables.clone()).await;
+    let path = format!("/push/{}", uaid.simple());
+    let base = cluster.a.router_base();
+    for (version, receipt_written) in [("3", true), ("4", false)] {
+        let text = autopush_tests::Payload::Text(version.into());
+        let enc = autopush_tests::py::encrypt(&sub.keys, &text, autopush_tests::Encoding::Aes128Gcm)
+            .await;
+        let mut body =
+            autopush_tests::http::router_notification(&sub.channel_id, &format!("v{version}"), &enc);
+        body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+        let sort_key: autopush_common::Notification = serde_json::from_value(body.clone()).unwrap();
+        let sort_key = sort_key.sort_key();
+        let headers = [
+            ("x-autopush-router-api", version),
+            ("x-autopush-durable-copy", "hold"),
+        ];
+        let body = Some(body.to_string().into_bytes());
+        let push = autopush_tests::http::signed_with(
+            reqwest::Method::PUT,
+            &base,
+            &path,
+            &key,
+            body,
+            &headers,
+        );
+        let receive = async {
+            let n = ws.recv_notification().await;
+            ws.ack_notification(&n).await;
+        };
+        let (reply, ()) = tokio::join!(push, receive);
+        assert_eq!(reply.status, 200, "version {version}: {reply:?}");
+        assert_eq!(reply.header("x-autopush-durable-copy"), Some("acked"));
+        let row = store.read_message(&uaid, &sort_key).await.unwrap();
+        let written = matches!(&row, Some(autopush_storage::StoredMessage::Settled(r))
+            if r.state == autopush_common::receipt::MessageState::Delivered);
+        assert_eq!(
+            (written, row.is_some()),
+            (receipt_written, receipt_written),
+            "an endpoint of version {version}: {row:?}"
+        );
+    }
 }

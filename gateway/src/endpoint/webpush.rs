@@ -128,7 +128,7 @@ pub async fn deliver(
     metrics::delivery(
         user.router_type,
         match delivery {
-            Delivery::Direct => "direct",
+            Delivery::Direct | Delivery::Acked => "direct",
             Delivery::Stored => "stored",
             Delivery::Dropped => "dropped",
         },
@@ -139,7 +139,8 @@ pub async fn deliver(
         false => settled_at_once(&state, user.router_type, delivery, ttl),
     };
     if let Some(settled) = settled {
-        if settled.is_final() {
+        // An acked one was counted where its ack was seen.
+        if settled.is_final() && delivery != Delivery::Acked {
             metrics::final_state(user.router_type, settled);
         }
         if state.receipt_retention > 0 && message.settled.is_none() {
@@ -170,9 +171,9 @@ pub async fn deliver(
 }
 
 /// The state a message is in for good once routed, when no stored copy
-/// will follow it: accepted by a bridge, dropped (TTL 0, no client), or
-/// handed to a client without a copy in storage (its ack is not recorded,
-/// so its receipt stays `sent`).
+/// will follow it: accepted by a bridge, dropped (TTL 0, no client),
+/// acked by its client already, or handed to a client without a copy in
+/// storage (its ack is not recorded, so its receipt stays `sent`).
 fn settled_at_once(
     state: &EndpointState,
     router_type: RouterType,
@@ -181,6 +182,7 @@ fn settled_at_once(
 ) -> Option<MessageState> {
     match (router_type, delivery) {
         (_, Delivery::Dropped) => Some(MessageState::Dropped),
+        (_, Delivery::Acked) => Some(MessageState::Delivered),
         (RouterType::WebPush, Delivery::Direct) => {
             (!stores_direct(state.durable_direct, ttl)).then_some(MessageState::Sent)
         }

@@ -7,7 +7,10 @@
 //! writes the copy only if none came; then it answers the endpoint, which
 //! answers 201. A 201 still means "on disk or acked": the endpoint writes
 //! the copy itself whenever the node did not say it was acked or written
-//! (no answer, a failed write, an older node).
+//! (no answer, a failed write, an older node). An endpoint that seals an
+//! acked message's receipt into its id (router API 4 and later, and the
+//! one in this process) needs nothing written for an ack within the grace:
+//! such a push costs no write at all.
 
 use std::sync::Arc;
 
@@ -57,6 +60,8 @@ impl CopyFate {
 /// Offer `notification` to the client `uaid` on `node`, holding its durable
 /// copy back for the grace. With [`PushOutcome::Delivered`], the copy's
 /// fate; `None` when it could not be written (the endpoint writes it).
+/// `seals`: the endpoint seals `delivered` into the id of a message acked
+/// within the grace, so its receipt is not written.
 ///
 /// The hold runs on a task of its own, to its end, even if the caller stops
 /// waiting (the endpoint timed out, hung up or was killed): a message its
@@ -67,9 +72,11 @@ pub async fn push_holding_copy(
     storage: Arc<dyn Storage>,
     uaid: Uuid,
     notification: Notification,
+    seals: bool,
 ) -> (PushOutcome, Option<CopyFate>) {
-    let holder =
-        tokio::spawn(async move { hold_copy(node.as_ref(), &storage, &uaid, notification).await });
+    let holder = tokio::spawn(async move {
+        hold_copy(node.as_ref(), &storage, &uaid, notification, seals).await
+    });
     // A holder that panicked said nothing: the endpoint writes the copy.
     holder.await.unwrap_or((PushOutcome::Busy, None))
 }
@@ -79,6 +86,7 @@ async fn hold_copy(
     storage: &Arc<dyn Storage>,
     uaid: &Uuid,
     mut notification: Notification,
+    seals: bool,
 ) -> (PushOutcome, Option<CopyFate>) {
     // Acks of durable messages are what the session offers to the holder.
     notification.durable = true;
@@ -99,6 +107,10 @@ async fn hold_copy(
     }
     if held.wait(&wake, uaid, &version).await == GraceEnd::Acked {
         holding.disarm();
+        if seals {
+            metrics::final_state(RouterType::WebPush, MessageState::Delivered);
+            return (outcome, Some(CopyFate::Acked));
+        }
         return (
             outcome,
             Some(acked(storage.as_ref(), uaid, &notification).await),

@@ -46,7 +46,7 @@ use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
-use autopush_storage::Storage;
+use autopush_storage::{CopyEnd, Storage};
 use http::Method;
 use tracing::{debug, warn};
 use uuid::Uuid;
@@ -214,8 +214,10 @@ impl WebPushRouter {
         notification: Notification,
     ) -> HeldAnswer {
         if let Some(local) = self.local_for(node_id) {
+            // The endpoint in this process seals an ack within the grace.
             let (outcome, fate) =
-                push_holding_copy(local.clone(), self.storage.clone(), *uaid, notification).await;
+                push_holding_copy(local.clone(), self.storage.clone(), *uaid, notification, true)
+                    .await;
             return HeldAnswer {
                 outcome,
                 answerer: Answerer::Ours,
@@ -271,7 +273,7 @@ impl WebPushRouter {
             .push_holding_copy(node_id, &uaid, notification.clone())
             .await;
         match (answer.outcome, answer.fate) {
-            (PushOutcome::Delivered, Some(CopyFate::Acked)) => Ok(Delivery::Direct),
+            (PushOutcome::Delivered, Some(CopyFate::Acked)) => Ok(Delivery::Acked),
             (PushOutcome::Delivered, Some(CopyFate::Written)) => {
                 // Unacked within the grace: the client may have left for
                 // another node, whose storage check came before the write.
@@ -468,7 +470,10 @@ impl Router for WebPushRouter {
             .await?;
         notification.durable = true;
         if let Some(taken) = self.pushed(node_id, user, notification).await? {
-            copy.saved_or_settled().await?;
+            if copy.saved_or_settled().await? == CopyEnd::Acked {
+                // Nothing of it was written, not even its receipt.
+                return Ok(Delivery::Acked);
+            }
             if let Some(notification) = taken.unsettled {
                 // autopush-rs's node: it keeps the message until the ack,
                 // and stores it itself if the client leaves without one.

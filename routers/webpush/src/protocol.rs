@@ -17,7 +17,12 @@ use http::HeaderMap;
 pub const ROUTER_API: &str = "x-autopush-router-api";
 
 /// The router API version this build speaks.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
+
+/// The first version whose endpoints seal a message their node says was
+/// acked within the grace into its id (`delivered`): the node writes no
+/// receipt for it.
+pub const SEALS_ACKS: u32 = 4;
 
 /// On every answer of ours since protocol 2 (which names no version): this
 /// node deletes a durable direct copy when its client acks it. Kept for

@@ -694,7 +694,7 @@ impl Storage for EmbeddedStore {
             return self.save_messages(uaid, vec![message]).await;
         }
         match self.journal.stage(uaid, message, false) {
-            Ok(done) => crate::copy_written(done).await,
+            Ok(done) => crate::copy_written(done).await.map(drop),
             // While the journal takes none (until it starts over), redb
             // takes the message.
             Err(NotStaged::Closed(message, _)) => self.save_messages(uaid, vec![*message]).await,
@@ -806,7 +806,7 @@ impl Storage for EmbeddedStore {
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         if let Settled::Here(removed) =
             self.journal
-                .settle(uaid.as_u128(), sort_key, version, None, None)?
+                .settle(uaid.as_u128(), sort_key, version, None, None, false)?
         {
             return Ok(removed);
         }
@@ -832,9 +832,10 @@ impl Storage for EmbeddedStore {
     ) -> Result<bool> {
         let (uaid, retention, now) = (uaid.as_u128(), self.retention, now_secs());
         let receipt = (retention > 0).then(|| Receipt::new(version, state, now, retention));
+        let ack = state == MessageState::Delivered;
         let journaled = self
             .journal
-            .settle(uaid, sort_key, version, receipt, Some(now))?;
+            .settle(uaid, sort_key, version, receipt, Some(now), ack)?;
         if let Settled::Here(settled) = journaled {
             return Ok(settled);
         }

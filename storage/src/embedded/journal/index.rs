@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::format::{RecordRef, SettledAs, frame_into};
 use super::{FLUSH_AT, GRACE, Journal, Settled, TOMBSTONES_WAIT, lock};
-use crate::{Receipt, Result, StorageError, StoredMessage};
+use crate::{CopyEnd, Receipt, Result, StorageError, StoredMessage};
 
 /// What the journal knows: unsettled messages and receipts not in redb yet.
 #[derive(Default)]
@@ -74,7 +74,12 @@ pub(super) struct Entry {
     /// Who waits for it to be durable, until the journal thread writes it
     /// or something else answers first: a settle (the message is acked,
     /// nothing is left to keep) or a checkpoint (it is in redb).
-    pub(super) waiter: Option<oneshot::Sender<Result<()>>>,
+    pub(super) waiter: Option<oneshot::Sender<Result<CopyEnd>>>,
+    /// Staged for a connected client, by a caller that answers its sender
+    /// only once the waiter answers: an ack that comes before the record
+    /// is written leaves nothing, not even a receipt, since the caller
+    /// seals `delivered` into the id it answers with ([`CopyEnd::Acked`]).
+    pub(super) seals: bool,
 }
 
 impl Entry {
@@ -85,14 +90,22 @@ impl Entry {
             moving: false,
             written: true,
             waiter: None,
+            seals: false,
         }
     }
 
     /// Tell whoever waits that the message needs nothing more from the file.
-    pub(super) fn answer(&mut self) {
+    pub(super) fn answer(&mut self, end: CopyEnd) {
         if let Some(waiter) = self.waiter.take() {
-            let _ = waiter.send(Ok(()));
+            let _ = waiter.send(Ok(end));
         }
+    }
+
+    /// Whether its client's ack now is sealed by whoever waits (see
+    /// [`Entry::seals`]): it comes before any of the message was written,
+    /// while its caller still waits (one that stopped answers no sender).
+    fn sealed_by_ack(&self) -> bool {
+        self.seals && !self.written && self.waiter.as_ref().is_some_and(|w| !w.is_closed())
     }
 }
 
@@ -191,7 +204,9 @@ impl Journal {
     /// `grace` once [`GRACE`] has passed. The receiver answers once the
     /// record is on disk, or before that if the message no longer needs
     /// it: settled (a client acked it within the grace, so it is never
-    /// written at all) or moved into redb by a checkpoint.
+    /// written at all) or moved into redb by a checkpoint. With `grace`,
+    /// the caller answers its sender only after the receiver, and seals an
+    /// ack that came first ([`CopyEnd::Acked`]): no receipt is kept for it.
     ///
     /// Fails with [`StorageError::KeyTaken`] if the index holds another
     /// message under its key, or this one not yet on disk; with the
@@ -202,7 +217,7 @@ impl Journal {
         uaid: &Uuid,
         message: Notification,
         grace: bool,
-    ) -> std::result::Result<oneshot::Receiver<Result<()>>, NotStaged> {
+    ) -> std::result::Result<oneshot::Receiver<Result<CopyEnd>>, NotStaged> {
         let (uaid, key) = (uaid.as_u128(), message.sort_key());
         let due_key = key.clone();
         let (waiter, done) = oneshot::channel();
@@ -225,7 +240,7 @@ impl Journal {
         if let Some(held) = keys.get(&key) {
             // The same message again, once on disk, is saved already.
             if held.message.version == message.version && held.written && !held.moving {
-                let _ = waiter.send(Ok(()));
+                let _ = waiter.send(Ok(CopyEnd::Saved));
                 return Ok(done);
             }
             return Err(NotStaged::Refused(StorageError::KeyTaken(key)));
@@ -237,6 +252,7 @@ impl Journal {
                 moving: false,
                 written: false,
                 waiter: Some(waiter),
+                seals: grace,
             },
         );
         let now = Instant::now();
@@ -269,7 +285,9 @@ impl Journal {
     /// (and, given `unexpired_at`, not past its TTL then: expired is
     /// final): drop it from the index, keep its receipt (if any) for the
     /// next checkpoint, and have a tombstone written with the next batch if
-    /// the file holds the message or the receipt needs one.
+    /// the file holds the message or the receipt needs one. An `ack` (its
+    /// client's) of a message whose sender is still waiting and that is
+    /// not written yet keeps nothing (see [`Entry::seals`]).
     pub(in crate::embedded) fn settle(
         &self,
         uaid: u128,
@@ -277,6 +295,7 @@ impl Journal {
         version: &str,
         receipt: Option<Receipt>,
         unexpired_at: Option<u64>,
+        ack: bool,
     ) -> Result<Settled> {
         let record = |receipt: Option<SettledAs>| RecordRef::Settle {
             uaid: Uuid::from_u128(uaid),
@@ -309,6 +328,10 @@ impl Journal {
         {
             return Ok(Settled::Here(false));
         }
+        // Acked before its sender was answered, which seals its receipt
+        // into the message's id: nothing of it goes to the file.
+        let sealed = ack && entry.sealed_by_ack();
+        let receipt = receipt.filter(|_| !sealed);
         // No tombstone for a message acked within its grace with receipts
         // off: nothing of it is in the file, nor needs to be.
         let tombstone = match &receipt {
@@ -335,7 +358,10 @@ impl Journal {
         // thread will not write it. Answered (a task to wake) and freed
         // once the lock is let go.
         if let Some(mut entry) = settled {
-            entry.answer();
+            entry.answer(match sealed {
+                true => CopyEnd::Acked,
+                false => CopyEnd::Saved,
+            });
         }
         Ok(Settled::Here(true))
     }

@@ -41,7 +41,7 @@ use super::format::HEADER;
 use super::lock;
 use crate::embedded::receipts::RECEIPTS;
 use crate::embedded::{EmbeddedStore, MESSAGES};
-use crate::{Storage, StoredMessage};
+use crate::{CopyEnd, Storage, StoredMessage};
 
 /// The disk keeps or loses what was written since the last sync in blocks
 /// of this size: a sector (a page is eight, and may be torn between them).
@@ -129,6 +129,9 @@ enum Event {
     Answered(usize),
     SettleStarted(usize),
     Settled(usize),
+    /// Acked before anything of it was written: its sender's id carries
+    /// its receipt, and the store keeps none.
+    Sealed(usize),
 }
 
 /// The instants a power loss is tried at: just before and just after each
@@ -290,7 +293,7 @@ impl Workload {
         }
         let answers = copies
             .into_iter()
-            .map(|(n, copy)| async move { copy.saved_now().await.map(|()| n) });
+            .map(|(n, copy)| async move { copy.saved_now().await.map(|_| n) });
         let mut answered = Vec::new();
         for answer in futures_util::future::join_all(answers).await {
             let n = answer.unwrap();
@@ -334,7 +337,10 @@ impl Workload {
                     let (uaid, message) = self.sent[n].clone();
                     let copy = store.stage_direct(&uaid, message).await.unwrap();
                     self.settle(&store, n).await;
-                    copy.saved_or_settled().await.unwrap();
+                    // Sealed, unless a rotation moved it into redb first.
+                    if copy.saved_or_settled().await.unwrap() == CopyEnd::Acked {
+                        self.log(Event::Sealed(n));
+                    }
                 }
                 6..=8 if !unsettled.is_empty() => {
                     let n = unsettled.swap_remove(rng.usize(..unsettled.len()));
@@ -516,6 +522,8 @@ struct Facts {
     /// until the new epoch is synced, a power loss brings the message
     /// back, as documented.)
     settle_durable: Option<usize>,
+    /// Its receipt was sealed into its id: nothing of it is ever stored.
+    sealed: bool,
 }
 
 fn facts(events: &[(usize, Event)], messages: usize) -> Vec<Facts> {
@@ -535,6 +543,7 @@ fn facts(events: &[(usize, Event)], messages: usize) -> Vec<Facts> {
             }
             Event::SettleStarted(n) => facts[n].settle_started = Some(*k),
             Event::Settled(n) => settled_at[n] = i,
+            Event::Sealed(n) => facts[n].sealed = true,
         }
     }
     facts
@@ -552,6 +561,12 @@ fn check(now: usize, seen: &Seen, facts: &[Facts], receipts: bool) -> Option<Str
         let before = |at: Option<usize>| at.is_some_and(|at| at <= now);
         if before(fact.answered) && !before(fact.settle_started) && !pending {
             return Some(format!("v{n} was answered and is lost: {row:?}"));
+        }
+        if fact.sealed {
+            if row.is_some() {
+                return Some(format!("v{n} was sealed, yet stored: {row:?}"));
+            }
+            continue;
         }
         if receipts && before(fact.settle_durable) {
             if pending {

@@ -19,7 +19,7 @@ use super::format::{
 use super::index::{Entry, State};
 use super::thread::{JournalThread, Part};
 use super::{ROTATE_AT, io, lock};
-use crate::{Receipt, Result, StorageError};
+use crate::{CopyEnd, Receipt, Result, StorageError};
 
 /// Bytes of zeros the file is given once, so that records overwrite
 /// blocks it has (see the module's notes); past it (a burst before a
@@ -339,7 +339,7 @@ impl JournalThread {
                 state.live.retain(|_, keys| {
                     keys.retain(|_, entry| {
                         if entry.moving {
-                            entry.answer();
+                            entry.answer(CopyEnd::Saved);
                         }
                         !entry.moving
                     });

@@ -6,7 +6,7 @@ use crate::embedded::EmbeddedStore;
 use crate::embedded::backend;
 use crate::embedded::receipts::RECEIPTS;
 use crate::embedded::tests::store_with_receipts;
-use crate::{Receipt, StorageError, StoredMessage};
+use crate::{CopyEnd, Receipt, StorageError, StoredMessage};
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use serde::Serialize;
@@ -344,9 +344,9 @@ fn puts_in(path: &Path) -> Vec<String> {
 }
 
 /// A message staged for a connected client is seen at once; acked
-/// within its grace it is never written, its sender waits no longer,
-/// and its receipt is in the file; one not acked is written when its
-/// sender asks for it.
+/// within its grace it is never written, its sender waits no longer and
+/// hears it was acked (its receipt is sealed into the id it gets, so
+/// none is kept); one not acked is written when its sender asks for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_acked_within_its_grace_is_never_written() {
     use futures_util::FutureExt;
@@ -367,13 +367,16 @@ async fn a_message_acked_within_its_grace_is_never_written() {
             .unwrap()
     );
     let answered = first.saved_or_settled().now_or_never();
-    assert!(matches!(answered, Some(Ok(()))), "the ack did not answer");
+    assert!(
+        matches!(answered, Some(Ok(CopyEnd::Acked))),
+        "the ack did not answer: {answered:?}"
+    );
     second.saved_now().await.unwrap();
     let path = dir.path().join("direct.journal");
     assert_eq!(puts_in(&path), [kept.version]);
 
-    // What a node killed now leaves: start-up finds the receipt and
-    // the message still pending.
+    // What a node killed now leaves: start-up finds the message still
+    // pending, and nothing of the acked one.
     let left = std::fs::read(&path).unwrap();
     let other = tempfile::tempdir().unwrap();
     std::fs::write(other.path().join("direct.journal"), left).unwrap();
@@ -385,10 +388,7 @@ async fn a_message_acked_within_its_grace_is_never_written() {
         ["kept"]
     );
     let receipt = restarted.read_message(&uaid, &key).await.unwrap();
-    assert!(
-        matches!(&receipt, Some(StoredMessage::Settled(r)) if r.state == delivered),
-        "{receipt:?}"
-    );
+    assert!(receipt.is_none(), "{receipt:?}");
 }
 
 /// The receipt of a message acked within its grace reaches the file on
@@ -398,7 +398,8 @@ async fn a_message_acked_within_its_grace_is_never_written() {
 async fn a_receipt_is_written_without_its_message() {
     let (dir, uaid, store) = store_with_receipts();
     let (acked, waiting) = (message(1, "acked"), message(2, "waiting"));
-    let _first = store.stage_direct(&uaid, acked.clone()).await.unwrap();
+    // Its sender stopped waiting (hung up): no id seals its receipt.
+    drop(store.stage_direct(&uaid, acked.clone()).await.unwrap());
     let _second = store.stage_direct(&uaid, waiting.clone()).await.unwrap();
     let (key, delivered) = (acked.sort_key(), MessageState::Delivered);
     let settle = store.settle_message(&uaid, &key, &acked.version, delivered);
@@ -483,7 +484,8 @@ async fn assert_receipts(store: &EmbeddedStore, uaid: &Uuid, settled: &[Notifica
 /// whose copy answered and that no settle took stays readable, before
 /// and after the store is closed and opened again; every settled one
 /// is gone, its receipt kept, and reads as its receipt all along, also
-/// while a checkpoint moves it.
+/// while a checkpoint moves it; every one acked while its sender waited
+/// leaves nothing (its sender seals it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn staged_messages_survive_rotations() {
     let (dir, uaid, store) = store_with_receipts();
@@ -506,16 +508,27 @@ async fn staged_messages_survive_rotations() {
             let (store, clock) = (store.clone(), clock.clone());
             let settled_so_far = settled_so_far.clone();
             tokio::spawn(async move {
-                let (mut kept, mut settled) = (Vec::new(), Vec::new());
+                let (mut kept, mut settled, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
                 for i in 0..60u64 {
                     let ts = clock.fetch_add(1, Ordering::Relaxed);
                     let m = message(ts, &format!("m{ts:04}"));
-                    match (task * 7 + i * 13) % 3 {
+                    match (task * 7 + i * 13) % 4 {
                         0 => store.save_direct(&uaid, m.clone()).await.unwrap(),
                         1 => {
                             let copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
                             tokio::task::yield_now().await;
                             copy.saved_now().await.unwrap();
+                        }
+                        2 => {
+                            // Its sender stopped waiting: the ack keeps a receipt.
+                            drop(store.stage_direct(&uaid, m.clone()).await.unwrap());
+                            tokio::task::yield_now().await;
+                            let (key, delivered) = (m.sort_key(), MessageState::Delivered);
+                            let settle = store.settle_message(&uaid, &key, &m.version, delivered);
+                            assert!(settle.await.unwrap(), "{} did not settle", m.version);
+                            lock(&settled_so_far).push(m.clone());
+                            settled.push(m);
+                            continue;
                         }
                         _ => {
                             let copy = store.stage_direct(&uaid, m.clone()).await.unwrap();
@@ -523,23 +536,30 @@ async fn staged_messages_survive_rotations() {
                             let (key, delivered) = (m.sort_key(), MessageState::Delivered);
                             let settle = store.settle_message(&uaid, &key, &m.version, delivered);
                             assert!(settle.await.unwrap(), "{} did not settle", m.version);
-                            copy.saved_or_settled().await.unwrap();
-                            lock(&settled_so_far).push(m.clone());
-                            settled.push(m);
+                            // Sealed, unless a rotation moved it into redb
+                            // first: then its receipt is kept there.
+                            match copy.saved_or_settled().await.unwrap() {
+                                CopyEnd::Acked => sealed.push(m),
+                                CopyEnd::Saved => {
+                                    lock(&settled_so_far).push(m.clone());
+                                    settled.push(m);
+                                }
+                            }
                             continue;
                         }
                     }
                     kept.push(m);
                 }
-                (kept, settled)
+                (kept, settled, sealed)
             })
         })
         .collect();
-    let (mut kept, mut settled) = (Vec::new(), Vec::new());
+    let (mut kept, mut settled, mut sealed) = (Vec::new(), Vec::new(), Vec::new());
     for task in tasks {
-        let (k, s) = task.await.unwrap();
+        let (k, s, n) = task.await.unwrap();
         kept.extend(k);
         settled.extend(s);
+        sealed.extend(n);
     }
     done.store(true, Ordering::Relaxed);
     reader.await.unwrap();
@@ -559,6 +579,10 @@ async fn staged_messages_survive_rotations() {
         kept
     );
     assert_receipts(&store, &uaid, &settled, "after opening again").await;
+    for m in &sealed {
+        let row = store.read_message(&uaid, &m.sort_key()).await.unwrap();
+        assert!(row.is_none(), "{} was sealed, yet stored: {row:?}", m.version);
+    }
 }
 
 /// A rotation that fails (here: the receipts table is not one redb can
@@ -615,12 +639,13 @@ async fn a_failed_rotation_still_writes_what_it_skipped() {
     store.save_direct(&uaid, last).await.unwrap();
     assert_eq!(left(), tombstone - 8);
     let copy = store.stage_direct(&uaid, staged.clone()).await.unwrap();
-    let _acked_copy = store.stage_direct(&uaid, acked.clone()).await.unwrap();
+    // Its sender gone: the ack leaves a receipt, and so a tombstone.
+    drop(store.stage_direct(&uaid, acked.clone()).await.unwrap());
     let settle = store.settle_message(&uaid, &acked_key, &acked.version, delivered);
     assert!(settle.await.unwrap());
     let answered = tokio::time::timeout(Duration::from_secs(20), copy.saved_or_settled());
     assert!(
-        matches!(answered.await, Ok(Ok(()))),
+        matches!(answered.await, Ok(Ok(CopyEnd::Saved))),
         "the staged message was not written after the failed rotation"
     );
     assert!(puts_in(&dir.path().join("direct.journal")).contains(&staged.version));
@@ -634,7 +659,8 @@ async fn settle_for_a_checkpoint(store: &EmbeddedStore, uaid: &Uuid) -> Vec<Noti
         .map(|i| message(i + 1, &format!("m{i}")))
         .collect();
     for m in &settled {
-        let _copy = store.stage_direct(uaid, m.clone()).await.unwrap();
+        // Its sender gone: no id seals it, so its receipt is kept.
+        drop(store.stage_direct(uaid, m.clone()).await.unwrap());
         let (key, delivered) = (m.sort_key(), MessageState::Delivered);
         let settle = store.settle_message(uaid, &key, &m.version, delivered);
         assert!(settle.await.unwrap());
@@ -705,7 +731,7 @@ async fn a_checkpoint_does_not_hold_up_the_journal() {
     let answered = tokio::time::timeout(Duration::from_secs(20), copy.saved_now()).await;
     release.send(()).unwrap();
     assert!(
-        matches!(answered, Ok(Ok(()))),
+        matches!(answered, Ok(Ok(CopyEnd::Saved))),
         "the journal thread waited for its checkpoint"
     );
     busy.await.unwrap().unwrap();
@@ -1154,7 +1180,7 @@ async fn while_the_journal_takes_no_message_redb_takes_them() {
         panic!("a message for a client not connected was refused: {e}");
     }
     match store.stage_direct(&uaid, direct.clone()).await {
-        Ok(copy) => copy.saved_or_settled().await.unwrap(),
+        Ok(copy) => assert_eq!(copy.saved_or_settled().await.unwrap(), CopyEnd::Saved),
         Err(e) => panic!("a connected client's copy was refused: {e}"),
     }
     assert_eq!(

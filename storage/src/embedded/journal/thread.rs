@@ -15,7 +15,7 @@ use super::file::JournalFile;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
 use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, io, lock};
-use crate::{Result, StorageError};
+use crate::{CopyEnd, Result, StorageError};
 
 pub(super) struct JournalThread {
     pub(super) file: Box<dyn JournalFile>,
@@ -53,7 +53,7 @@ pub(super) struct Batch {
     /// The messages among them: uaid, key, version.
     pub(super) puts: Vec<(u128, String, String)>,
     /// Who waits for those messages.
-    pub(super) waiters: Vec<oneshot::Sender<Result<()>>>,
+    pub(super) waiters: Vec<oneshot::Sender<Result<CopyEnd>>>,
 }
 
 /// Marks the journal stopped when its thread ends, even by a panic: no
@@ -319,7 +319,7 @@ impl JournalThread {
         }
         for waiter in waiters {
             let _ = waiter.send(match &written {
-                Ok(()) => Ok(()),
+                Ok(()) => Ok(CopyEnd::Saved),
                 Err(e) => Err(StorageError::Backend(e.to_string())),
             });
         }
