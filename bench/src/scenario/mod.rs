@@ -6,3 +6,4 @@ pub mod direct;
 pub mod drain;
 pub mod fcm;
 pub mod idle;
+pub mod requests;
