@@ -133,6 +133,11 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
     let mut ceiling = 0.0;
     let mut all_delivered = true;
     let mut steps = Vec::new();
+    let pusher = Pusher {
+        app: sender,
+        bodies,
+        url: push_url,
+    };
     for &offered in &options.rates {
         let offered = if offered == u64::MAX {
             // "half": half the ceiling measured so far.
@@ -140,17 +145,7 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
         } else {
             offered
         };
-        let step = run_step(
-            &server,
-            &push_url,
-            &sender,
-            &bodies,
-            &endpoints,
-            &deliveries,
-            offered,
-            options,
-        )
-        .await;
+        let step = run_step(&server, &pusher, &endpoints, &deliveries, offered, options).await;
         if offered == 0 {
             ceiling = step.delivered_per_s;
         }
@@ -291,11 +286,17 @@ impl Step {
 
 /// Push at `offered` per second (0: closed loop) for `options.seconds`, then
 /// wait for every accepted push to arrive.
+/// The application server: its key, its bodies, and the URL its
+/// connections go to (the endpoint, or a latency stand-in in front of it).
+struct Pusher {
+    app: Arc<AppServer>,
+    bodies: Arc<Bodies>,
+    url: String,
+}
+
 async fn run_step(
     server: &Server,
-    push_url: &str,
-    sender: &Arc<AppServer>,
-    bodies: &Arc<Bodies>,
+    pusher: &Pusher,
     endpoints: &Arc<Vec<String>>,
     deliveries: &Arc<Deliveries>,
     offered: u64,
@@ -323,14 +324,14 @@ async fn run_step(
             + period.map_or(Duration::ZERO, |p| {
                 p.mul_f64(i as f64 / options.connections as f64)
             });
+        let url = pusher.url.clone();
         let (sender, bodies, endpoints, deliveries, next_client) = (
-            sender.clone(),
-            bodies.clone(),
+            pusher.app.clone(),
+            pusher.bodies.clone(),
             endpoints.clone(),
             deliveries.clone(),
             next_client.clone(),
         );
-        let url = push_url.to_owned();
         senders.push(tokio::spawn(async move {
             let mut statuses: BTreeMap<u16, usize> = BTreeMap::new();
             let mut answers = Latencies::default();
