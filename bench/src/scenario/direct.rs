@@ -24,7 +24,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tokio::time::sleep_until;
 
 use crate::app_server::{AppServer, Bodies, Connection, read_stamp};
-use crate::client::{PushClient, source_address};
+use crate::client::connect_many;
 use crate::delay::{DelayProxy, Latency};
 use crate::server::{Server, ServerUnderTest};
 use crate::stats::{Latencies, offered_cell, per_push_cell, rate, refused_cell};
@@ -183,12 +183,12 @@ async fn connect_clients(
     deliveries: &Arc<Deliveries>,
     ack_delay: Option<Duration>,
 ) -> Vec<String> {
+    let clients = connect_many(ws_url, count, public_key)
+        .await
+        .unwrap_or_else(|e| panic!("a client connects and registers: {e}"));
     let mut endpoints = Vec::with_capacity(count);
-    for i in 0..count {
-        let mut client = PushClient::connect(ws_url, source_address(i), None)
-            .await
-            .expect("a client connects");
-        endpoints.push(client.register(Some(public_key)).await.expect("register"));
+    for (mut client, endpoint) in clients {
+        endpoints.push(endpoint);
         let deliveries = deliveries.clone();
         tokio::spawn(async move {
             while let Ok(Some(received)) = client.next_notification().await {

@@ -10,7 +10,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::app_server::{AppServer, Bodies, Connection};
-use crate::client::{PushClient, source_address};
+use crate::client::{PushClient, connect_many, source_address};
 use crate::delay::{DelayProxy, Latency};
 use crate::server::{Server, ServerUnderTest};
 use crate::stats::rate;
@@ -39,11 +39,10 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) {
 
     // Clients subscribe, then go away.
     let mut subscribers = Vec::with_capacity(options.clients);
-    for i in 0..options.clients {
-        let mut client = PushClient::connect(&ws_url, source_address(i), None)
-            .await
-            .expect("a client connects");
-        let endpoint = client.register(Some(&public_key)).await.expect("register");
+    let clients = connect_many(&ws_url, options.clients, &public_key)
+        .await
+        .unwrap_or_else(|e| panic!("a client connects and registers: {e}"));
+    for (client, endpoint) in clients {
         subscribers.push((client.uaid.clone(), endpoint));
         client.close().await;
     }

@@ -23,7 +23,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::app_server::{AppServer, Bodies, Connection};
-use crate::client::{PushClient, source_address, wait};
+use crate::client::{PushClient, connect_many, source_address, wait};
 use crate::delay::{DelayProxy, Latency};
 use crate::server::{Server, ServerUnderTest};
 use crate::stats::{Latencies, per_push_cell};
@@ -163,9 +163,8 @@ impl Run<'_> {
         let received = Arc::new(AtomicUsize::new(0));
         let mut readers = tokio::task::JoinSet::new();
         let mut subscribers = Vec::with_capacity(options.clients);
-        for i in 0..options.clients {
-            let mut client = PushClient::connect(self.ws_url, source_address(i), None).await?;
-            let endpoint = client.register(Some(public_key)).await?;
+        for (mut client, endpoint) in connect_many(self.ws_url, options.clients, public_key).await?
+        {
             subscribers.push((client.uaid.clone(), endpoint));
             if kind == Kind::Stored {
                 client.close().await;
