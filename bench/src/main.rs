@@ -34,7 +34,7 @@ struct Cli {
     /// The store of the server started here (idle, direct, drain,
     /// requests): moto and the Bigtable emulator are started too, each
     /// behind a proxy that counts their requests
-    #[arg(long, value_enum, default_value_t = Store::Embedded, global = true)]
+    #[arg(long, value_enum, default_value_t = Store::Embedded, global = true, conflicts_with = "target_ws")]
     store: Store,
     #[command(subcommand)]
     scenario: Scenario,

@@ -180,8 +180,11 @@ impl Server {
     }
 
     /// Bytes on disk under the data directory of the server started here
-    /// (`None` in target mode).
+    /// on the embedded store (`None` otherwise).
     pub fn data_bytes(&self) -> Option<u64> {
+        if self.counter.is_some() {
+            return None; // the data is in moto or the emulator
+        }
         self.owned.as_ref().map(|(_, data)| disk_usage(data.path()))
     }
 
