@@ -86,7 +86,8 @@ enum Scenario {
         /// (on top of --rtt, which delays the ack on the wire instead)
         #[arg(long, default_value_t = 0)]
         ack_delay_ms: u64,
-        /// Clients never ack (every push stays unacknowledged)
+        /// Clients never ack (every push stays unacknowledged; what the
+        /// server then holds back is noted, not a failure)
         #[arg(long)]
         no_ack: bool,
         #[command(flatten)]
