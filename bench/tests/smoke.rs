@@ -100,7 +100,7 @@ fn direct_through_latency_stand_ins_reports_per_sender_connection() {
 }
 
 #[test]
-fn direct_with_clients_that_never_ack_delivers_every_push() {
+fn direct_with_clients_that_never_ack_runs_every_step() {
     let out = bench(&[
         "direct",
         "--clients",
