@@ -137,10 +137,12 @@ impl Connection {
         authorization: &str,
         body: Bytes,
     ) -> Result<u16, BenchError> {
-        let path = endpoint
+        // The path alone: the connection may go through a proxy, whose
+        // authority is not the endpoint's.
+        let after_scheme = endpoint
             .trim_start_matches("http://")
-            .trim_start_matches("https://")
-            .trim_start_matches(&self.authority);
+            .trim_start_matches("https://");
+        let path = &after_scheme[after_scheme.find('/').unwrap_or(after_scheme.len())..];
         let request = hyper::Request::post(path)
             .header("host", &self.authority)
             .header("ttl", "3600")

@@ -227,3 +227,37 @@ impl PushClient {
 fn text(value: &Value) -> String {
     value.as_str().unwrap_or_default().to_owned()
 }
+
+/// Handshakes in flight at once when connecting many clients: enough that
+/// clients a long round trip away connect in seconds, not minutes.
+const CONNECT_CONCURRENCY: usize = 64;
+
+/// Connect `count` clients to `url` (client `i` from [`source_address`]`(i)`),
+/// each registering one channel with the application server's `key`; in
+/// order, with their endpoints.
+pub async fn connect_many(
+    url: &str,
+    count: usize,
+    key: &str,
+) -> Result<Vec<(PushClient, String)>, BenchError> {
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECT_CONCURRENCY));
+    let mut connecting = tokio::task::JoinSet::new();
+    for i in 0..count {
+        let (url, key, permits) = (url.to_owned(), key.to_owned(), permits.clone());
+        connecting.spawn(async move {
+            let _permit = permits.acquire_owned().await?;
+            let mut client = PushClient::connect(&url, source_address(i), None).await?;
+            let endpoint = client.register(Some(&key)).await?;
+            Ok::<_, BenchError>((i, client, endpoint))
+        });
+    }
+    let mut clients = Vec::with_capacity(count);
+    while let Some(joined) = connecting.join_next().await {
+        clients.push(joined??);
+    }
+    clients.sort_by_key(|(i, _, _)| *i);
+    Ok(clients
+        .into_iter()
+        .map(|(_, client, endpoint)| (client, endpoint))
+        .collect())
+}

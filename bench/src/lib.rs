@@ -3,6 +3,7 @@
 
 pub mod app_server;
 pub mod client;
+pub mod delay;
 pub mod open_loop;
 pub mod scenario;
 pub mod server;
@@ -11,6 +12,7 @@ pub mod stand_in;
 pub mod stats;
 pub mod tls;
 pub mod try_bridges;
+pub mod wire;
 
 /// The micro-benchmarks' one optional argument: a count above zero, or
 /// `default` when none is given; anything else prints `usage` and exits 2.

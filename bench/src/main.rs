@@ -5,8 +5,9 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autopush_bench::scenario::{apns, direct, drain, fcm, handshakes, idle};
-use autopush_bench::server::{ServerUnderTest, Target};
+use autopush_bench::delay::{DelayProxy, Latency, parse_duration};
+use autopush_bench::scenario::{apns, direct, drain, fcm, handshakes, idle, requests};
+use autopush_bench::server::{ServerUnderTest, Store, Target};
 use autopush_bench::tls::KeyKind;
 use autopush_bench::{stand_in, try_bridges};
 use clap::{Parser, Subcommand};
@@ -35,6 +36,11 @@ struct Cli {
     /// Seconds to wait for any answer from the server before failing the scenario
     #[arg(long, default_value_t = 30.0, global = true)]
     timeout: f64,
+    /// The store of the server started here (idle, direct, drain,
+    /// requests): moto and the Bigtable emulator are started too, each
+    /// behind a proxy that counts their requests
+    #[arg(long, value_enum, default_value_t = Store::Embedded, global = true, conflicts_with = "target_ws")]
+    store: Store,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -47,6 +53,8 @@ enum Scenario {
         /// as many as the open-file limit allows]
         #[arg(long, value_delimiter = ',')]
         levels: Vec<usize>,
+        #[command(flatten)]
+        latency: ClientLatency,
     },
     /// Direct delivery to connected clients: throughput and latency
     Direct {
@@ -80,9 +88,19 @@ enum Scenario {
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         rate_limits: bool,
         /// Milliseconds each client waits before it acks a notification
-        /// (a client across a real network acks a round trip later)
+        /// (on top of --rtt, which delays the ack on the wire instead)
         #[arg(long, default_value_t = 0)]
         ack_delay_ms: u64,
+        /// Clients never ack (every push stays unacknowledged; what the
+        /// server then holds back is noted, not a failure)
+        #[arg(long)]
+        no_ack: bool,
+        #[command(flatten)]
+        latency: ClientLatency,
+        /// Round trip between the application server and the endpoint: its
+        /// HTTP connections go through a latency stand-in (e.g. 100ms; 0: none)
+        #[arg(long, value_parser = parse_duration, default_value = "0")]
+        sender_rtt: Duration,
     },
     /// TLS handshakes per second per core of the server, with a P-256 and
     /// an RSA-2048 certificate (made for the run)
@@ -103,6 +121,48 @@ enum Scenario {
         per_client: usize,
         #[arg(long, default_value_t = 32)]
         connections: usize,
+        #[command(flatten)]
+        latency: ClientLatency,
+    },
+    /// Requests to the shared store per push, counted at the wire (with
+    /// --store moto or bigtable), by operation: pushes to clients that ack
+    /// them, to clients that never ack, and to offline clients (stored),
+    /// then the drain of those, at each client round trip
+    Requests {
+        /// Client round trips, one run each (e.g. 0,20ms,100ms,300ms)
+        #[arg(long, value_delimiter = ',', value_parser = parse_duration, default_value = "0,20ms,100ms,300ms")]
+        rtts: Vec<Duration>,
+        /// Pushes per kind and round trip
+        #[arg(long, default_value_t = 200)]
+        pushes: usize,
+        /// Clients the pushes go to (each gets pushes/clients)
+        #[arg(long, default_value_t = 20)]
+        clients: usize,
+        /// HTTP/1.1 connections the application server pushes over
+        #[arg(long, default_value_t = 4)]
+        connections: usize,
+        /// Seconds to let the server finish its writes before counting
+        /// (a held copy's grace, an ack that arrives after the 201)
+        #[arg(long, default_value_t = 2.0)]
+        settle: f64,
+    },
+    /// A latency stand-in in front of any port: a TCP proxy that holds
+    /// every chunk for half the round trip (plus jitter) in each direction,
+    /// without limiting bandwidth. Runs until Ctrl-C
+    Delay {
+        /// Where to listen, IP:PORT
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// Where to carry each connection, IP:PORT
+        #[arg(long)]
+        to: std::net::SocketAddr,
+        /// The round trip it adds (e.g. 100ms)
+        #[arg(long, value_parser = parse_duration)]
+        rtt: Duration,
+        /// Up to this much more per chunk and direction, at random
+        /// (bytes keep their order)
+        #[arg(long, value_parser = parse_duration, default_value = "0")]
+        jitter: Duration,
     },
     /// Pushes through the APNs bridge to a stand-in for Apple (a process of
     /// its own) answering after a fixed delay, at fixed rates (open loop):
@@ -193,6 +253,27 @@ enum Scenario {
     },
 }
 
+/// How far the clients are from the server: their websockets go through a
+/// latency stand-in (`autopush-bench delay`) in this process.
+#[derive(clap::Args)]
+struct ClientLatency {
+    /// Round trip between each client and the server (e.g. 100ms; 0: none)
+    #[arg(long, value_parser = parse_duration, default_value = "0")]
+    rtt: Duration,
+    /// Up to this much more per chunk and direction, at random
+    #[arg(long, value_parser = parse_duration, default_value = "0")]
+    jitter: Duration,
+}
+
+impl ClientLatency {
+    fn latency(&self) -> Latency {
+        Latency {
+            rtt: self.rtt,
+            jitter: self.jitter,
+        }
+    }
+}
+
 /// The gateway's allocator: `apns-service` runs the gateway in this
 /// process, and its CPU per push is measured as the server's.
 #[global_allocator]
@@ -211,15 +292,19 @@ async fn main() {
         }),
         _ => ServerUnderTest::Start {
             log: cli.server_log.clone(),
+            store: cli.store,
             tls: cli.tls.then_some(KeyKind::P256),
         },
     };
     match cli.scenario {
-        Scenario::Idle { mut levels } => {
+        Scenario::Idle {
+            mut levels,
+            latency,
+        } => {
             if levels.is_empty() {
                 levels = vec![1_000, 5_000, 10_000, max_idle_clients()];
             }
-            idle::run(&levels, &under_test).await;
+            idle::run(&levels, latency.latency(), &under_test).await;
         }
         Scenario::Direct {
             clients,
@@ -231,6 +316,9 @@ async fn main() {
             receipt_retention,
             rate_limits,
             ack_delay_ms,
+            no_ack,
+            latency,
+            sender_rtt,
         } => {
             let rates = rates
                 .iter()
@@ -253,6 +341,9 @@ async fn main() {
                 receipt_retention,
                 rate_limits,
                 ack_delay: Duration::from_millis(ack_delay_ms),
+                ack: !no_ack,
+                client_latency: latency.latency(),
+                sender_latency: Latency::rtt(sender_rtt),
             };
             if !direct::run(&options, &under_test).await {
                 eprintln!("some pushes were refused or never delivered");
@@ -267,13 +358,52 @@ async fn main() {
             clients,
             per_client,
             connections,
+            latency,
         } => {
             let options = drain::Options {
                 clients,
                 per_client,
                 connections,
+                client_latency: latency.latency(),
             };
             drain::run(&options, &under_test).await;
+        }
+        Scenario::Requests {
+            rtts,
+            pushes,
+            clients,
+            connections,
+            settle,
+        } => {
+            let options = requests::Options {
+                rtts,
+                pushes,
+                clients: clients.max(1),
+                connections: connections.max(1),
+                settle: Duration::from_secs_f64(settle),
+            };
+            if !requests::run(&options, &under_test).await {
+                eprintln!("some pushes were refused or never delivered");
+                std::process::exit(1);
+            }
+        }
+        Scenario::Delay {
+            listen,
+            to,
+            rtt,
+            jitter,
+        } => {
+            let proxy = DelayProxy::start(listen, to, Latency { rtt, jitter })
+                .await
+                .unwrap_or_else(|e| {
+                    eprintln!("delay: cannot listen on {listen}: {e}");
+                    std::process::exit(1);
+                });
+            eprintln!(
+                "delay: {} -> {to}, round trip {rtt:?}, jitter up to {jitter:?} per direction",
+                proxy.addr
+            );
+            let _ = tokio::signal::ctrl_c().await;
         }
         Scenario::Apns {
             devices,

@@ -1,20 +1,39 @@
 //! The service under test, and what `/proc` says about it: either the
 //! release `autopush` binary, all-in-one, on loopback, with a fresh embedded
-//! store (and its built-in TLS if asked), or any running server speaking the push websocket protocol and the
-//! Web Push HTTP API (target mode), named by its URLs and process ids.
+//! store (and its built-in TLS if asked; or DynamoDB on moto, or the
+//! Bigtable emulator, each behind a proxy that counts its requests), or any
+//! running server speaking the push websocket protocol and the Web Push HTTP
+//! API (target mode), named by its URLs and process ids.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use autopush_tests::backend::{Db, node};
+use autopush_tests::dynamo::ThrottlingProxy;
 use tempfile::TempDir;
 
 use crate::tls::KeyKind;
+use crate::wire::{Counter, Counts, GrpcCounter};
+
+/// The store the server started here runs on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Store {
+    /// The embedded store in a fresh data directory.
+    #[default]
+    Embedded,
+    /// DynamoDB on moto (`scripts/test --setup-python`), fresh tables.
+    Moto,
+    /// Google's Bigtable emulator (`cbtemulator`), a fresh table.
+    Bigtable,
+}
 
 pub struct Server {
     /// The process started here, with its data directory (none in target mode).
     owned: Option<(Child, TempDir)>,
+    /// Counts the requests to a shared store (moto, Bigtable).
+    counter: Option<Counter>,
     /// The processes whose memory and CPU are measured.
     pids: Vec<u32>,
     pub ws_url: String,
@@ -32,10 +51,12 @@ pub struct Target {
 /// Which server a scenario loads.
 #[derive(Clone, Debug)]
 pub enum ServerUnderTest {
-    /// Start our binary, logging to `log`, serving TLS on its public ports
-    /// with a certificate of this kind if `tls` (clients trust the run's CA).
+    /// Start our binary on `store`, logging to `log`, serving TLS on its
+    /// public ports with a certificate of this kind if `tls` (clients trust
+    /// the run's CA).
     Start {
         log: PathBuf,
+        store: Store,
         tls: Option<KeyKind>,
     },
     Target(Target),
@@ -46,7 +67,9 @@ impl Server {
     /// settings of our binary, cannot apply: they are named on stderr).
     pub async fn open(under_test: &ServerUnderTest, flags: &[&str]) -> Server {
         match under_test {
-            ServerUnderTest::Start { log, tls } => Server::launch(flags, log, *tls).await,
+            ServerUnderTest::Start { log, store, tls } => {
+                Server::launch(*store, flags, log, *tls).await
+            }
             ServerUnderTest::Target(target) => {
                 if !flags.is_empty() {
                     eprintln!(
@@ -61,6 +84,7 @@ impl Server {
                 }
                 Server {
                     owned: None,
+                    counter: None,
                     pids: target.pids.clone(),
                     ws_url: target.ws_url.clone(),
                     endpoint_url: target.endpoint_url.trim_end_matches('/').to_owned(),
@@ -73,11 +97,12 @@ impl Server {
     /// Its log goes to `log` (per-connection info lines at 20k clients would
     /// otherwise flood the terminal).
     pub async fn start(extra: &[&str], log: &Path) -> Server {
-        Server::launch(extra, log, None).await
+        Server::launch(Store::Embedded, extra, log, None).await
     }
 
-    /// [`Server::start`], over TLS with a new `tls` certificate if given.
-    pub async fn launch(extra: &[&str], log: &Path, tls: Option<KeyKind>) -> Server {
+    /// [`Server::start`] on `store`, over TLS with a new `tls` certificate
+    /// if given.
+    pub async fn launch(store: Store, extra: &[&str], log: &Path, tls: Option<KeyKind>) -> Server {
         let data = TempDir::new().expect("a temporary data directory");
         let [ws, router, endpoint] = free_ports();
         let (ws_scheme, http_scheme) = if tls.is_some() {
@@ -97,6 +122,37 @@ impl Server {
             ]
         });
         let log_file = std::fs::File::create(log).expect("the server log file");
+        let mut args: Vec<String> = limit_flags(extra)
+            .into_iter()
+            .chain(extra.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        let mut env = Vec::new();
+        let (db, counter) = match store {
+            Store::Embedded => (data.path().display().to_string(), None),
+            Store::Moto => {
+                let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                let node = node(Db::Dynamo, &arg_refs).await;
+                let moto = &autopush_tests::dynamo::local().await.endpoint;
+                let proxy = ThrottlingProxy::start(moto).await;
+                env = node.env;
+                env.retain(|(key, _)| key != "AWS_ENDPOINT_URL_DYNAMODB");
+                env.push(("AWS_ENDPOINT_URL_DYNAMODB".into(), proxy.endpoint.clone()));
+                args = node.args;
+                (node.db.unwrap_or_default(), Some(Counter::Dynamo(proxy)))
+            }
+            Store::Bigtable => {
+                let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                let node = node(Db::Bigtable, &arg_refs).await;
+                let emulator = autopush_tests::bigtable::local().await;
+                let counter = GrpcCounter::start(&emulator.host).await;
+                args = node.args;
+                (
+                    format!("grpc://{}", counter.host),
+                    Some(Counter::Bigtable(counter)),
+                )
+            }
+        };
         let child = Command::new(server_binary())
             .arg("all")
             .args(["--host", "127.0.0.1"])
@@ -104,11 +160,10 @@ impl Server {
             .args(["--router-port", &router.to_string()])
             .args(["--endpoint-port", &endpoint.to_string()])
             .args(["--endpoint-url", &endpoint_url])
-            .arg("--db")
-            .arg(data.path())
-            .args(limit_flags(extra))
-            .args(extra)
+            .args(["--db", &db])
+            .args(&args)
             .args(tls_flags.into_iter().flatten())
+            .envs(env)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)
@@ -117,6 +172,7 @@ impl Server {
         let server = Server {
             pids: vec![child.id()],
             owned: Some((child, data)),
+            counter,
             ws_url: format!("{ws_scheme}://127.0.0.1:{ws}/"),
             endpoint_url,
         };
@@ -143,6 +199,21 @@ impl Server {
         self.pids.iter().map(|&pid| rss_kib(pid)).sum()
     }
 
+    /// Requests to the shared store since the last call, by operation
+    /// (`None` on the embedded store and in target mode).
+    pub fn take_requests(&self) -> Option<Counts> {
+        self.counter.as_ref().map(Counter::take)
+    }
+
+    /// Bytes on disk under the data directory of the server started here
+    /// on the embedded store (`None` otherwise).
+    pub fn data_bytes(&self) -> Option<u64> {
+        if self.counter.is_some() {
+            return None; // the data is in moto or the emulator
+        }
+        self.owned.as_ref().map(|(_, data)| disk_usage(data.path()))
+    }
+
     /// CPU time used so far by every server process (user + system), in
     /// clock ticks (1/100 s).
     pub fn cpu_ticks(&self) -> u64 {
@@ -157,6 +228,23 @@ impl Drop for Server {
             let _ = child.wait();
         }
     }
+}
+
+/// Bytes allocated on disk for the files under `dir` (what `du` counts:
+/// a sparse or preallocated file by its blocks, not its length).
+fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => disk_usage(&entry.path()),
+            Ok(meta) => meta.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 /// Resident set size of process `pid`, KiB.

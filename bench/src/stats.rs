@@ -58,3 +58,16 @@ pub fn refused_cell(refused: &std::collections::BTreeMap<u16, usize>) -> String 
 pub fn rate(count: usize, elapsed: Duration) -> f64 {
     count as f64 / elapsed.as_secs_f64().max(1e-9)
 }
+
+/// A table's cell for requests to a store per push: `GetItem 1.00, PutItem
+/// 0.50` (operations by name), `0` when there were none.
+pub fn per_push_cell(counts: &std::collections::BTreeMap<String, usize>, pushes: usize) -> String {
+    if counts.is_empty() {
+        return "0".to_owned();
+    }
+    counts
+        .iter()
+        .map(|(operation, n)| format!("{operation} {:.2}", *n as f64 / pushes.max(1) as f64))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

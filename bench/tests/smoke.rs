@@ -56,6 +56,117 @@ fn direct_delivers_every_push_at_a_fixed_rate_and_closed_loop() {
 }
 
 #[test]
+fn direct_through_latency_stand_ins_reports_per_sender_connection() {
+    let out = bench(&[
+        "direct",
+        "--clients",
+        "3",
+        "--connections",
+        "2",
+        "--rates",
+        "max",
+        "--seconds",
+        "1",
+        "--rtt",
+        "40ms",
+        "--jitter",
+        "2ms",
+        "--sender-rtt",
+        "20ms",
+    ]);
+    assert!(
+        out.contains(
+            "3 clients 40 ms away (round trip) acking after 0 ms, 2 HTTP connections 20 ms away"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("| per sender connection (/s) |"), "{out}");
+    // Every push crossed the sender's stand-in both ways: its POST → 201
+    // took at least that round trip.
+    let row = out
+        .lines()
+        .filter(|line| line.starts_with("| max |"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no per-connection row:\n{out}"));
+    let p50: f64 = row
+        .split('|')
+        .nth(4)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(0.0);
+    assert!(
+        p50 >= 20.0,
+        "POST → 201 p50 {p50} ms under the 20 ms round trip\n{out}"
+    );
+}
+
+#[test]
+fn direct_with_clients_that_never_ack_runs_every_step() {
+    let out = bench(&[
+        "direct",
+        "--clients",
+        "3",
+        "--connections",
+        "2",
+        "--rates",
+        "50",
+        "--seconds",
+        "1",
+        "--no-ack",
+    ]);
+    assert!(out.contains("never acking"), "{out}");
+}
+
+/// Requests per push on each shared store, counted at the wire: a row per
+/// kind and round trip, each with its store operations.
+fn requests_on(store: &str, reads: &str, writes: &str) {
+    let out = bench(&[
+        "--store",
+        store,
+        "requests",
+        "--rtts",
+        "0,20ms",
+        "--pushes",
+        "4",
+        "--clients",
+        "2",
+        "--connections",
+        "1",
+        "--settle",
+        "0.5",
+    ]);
+    for rtt in ["0", "20"] {
+        for kind in [
+            "acked",
+            "unacked",
+            "stored",
+            "stored, drained (reconnect, ack)",
+        ] {
+            let row = out
+                .lines()
+                .find(|line| line.starts_with(&format!("| {rtt} | {kind} |")))
+                .unwrap_or_else(|| panic!("no row for {kind} at {rtt} ms:\n{out}"));
+            assert!(
+                row.contains(reads),
+                "{kind} at {rtt} ms read nothing:\n{out}"
+            );
+            if kind == "stored" {
+                assert!(row.contains(writes), "a stored push wrote nothing:\n{out}");
+            }
+        }
+    }
+}
+
+#[test]
+fn requests_are_counted_per_push_on_moto() {
+    requests_on("moto", "GetItem", "PutItem");
+}
+
+#[test]
+fn requests_are_counted_per_push_on_the_bigtable_emulator() {
+    requests_on("bigtable", "ReadRows", "CheckAndMutateRow");
+}
+
+#[test]
 fn drain_stores_and_delivers_every_message() {
     let out = bench(&[
         "drain",
@@ -238,4 +349,56 @@ fn a_stalled_server_fails_the_scenario_with_the_reason() {
         stderr.contains("did not answer the websocket handshake"),
         "{stderr}"
     );
+}
+
+#[test]
+fn delay_carries_bytes_to_any_port_and_back() {
+    use std::io::{Read, Write};
+    let echo = TcpListener::bind("127.0.0.1:0").expect("a port");
+    let to = echo.local_addr().expect("bound");
+    std::thread::spawn(move || {
+        if let Ok((mut socket, _)) = echo.accept() {
+            let mut buffer = [0u8; 64];
+            while let Ok(n) = socket.read(&mut buffer) {
+                if n == 0 || socket.write_all(&buffer[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let listen = TcpListener::bind("127.0.0.1:0")
+        .expect("a port")
+        .local_addr()
+        .expect("bound");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_autopush-bench"))
+        .args([
+            "delay",
+            "--listen",
+            &listen.to_string(),
+            "--to",
+            &to.to_string(),
+        ])
+        .args(["--rtt", "10ms", "--jitter", "1ms"])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("autopush-bench delay starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut socket = loop {
+        if let Ok(socket) = TcpStream::connect(listen) {
+            break socket;
+        }
+        assert!(Instant::now() < deadline, "delay never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    socket
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("a hang guard");
+    socket.write_all(b"hello").expect("write");
+    let mut back = [0u8; 5];
+    let read = socket.read_exact(&mut back);
+    let _ = child.kill();
+    let _ = child.wait();
+    read.expect("the bytes came back");
+    assert_eq!(&back, b"hello");
 }

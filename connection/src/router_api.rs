@@ -204,24 +204,26 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
         .and(warp::header::optional::<String>(DURABLE_COPY))
         .and(warp::header::optional::<String>(ROUTER_API))
         .and(signed(ctx.clone(), Some("push")))
-        .then(move |uaid: String, copy: Option<String>, caller: Option<String>, body: Bytes| {
-            let ctx = push_ctx.clone();
-            async move {
-                let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
-                    return error(&ApiError::BadRequest(
-                        "the body is not a notification".into(),
-                    ));
-                };
-                let Some(uaid) = parse_uaid(&uaid) else {
-                    return status(StatusCode::NOT_FOUND);
-                };
-                if copy.as_deref() == Some(HOLD) {
-                    let caller = caller.and_then(|v| version_of(v.as_bytes()));
-                    return push_holding_copy(&ctx, &uaid, notification, caller).await;
+        .then(
+            move |uaid: String, copy: Option<String>, caller: Option<String>, body: Bytes| {
+                let ctx = push_ctx.clone();
+                async move {
+                    let Ok(notification) = serde_json::from_slice::<Notification>(&body) else {
+                        return error(&ApiError::BadRequest(
+                            "the body is not a notification".into(),
+                        ));
+                    };
+                    let Some(uaid) = parse_uaid(&uaid) else {
+                        return status(StatusCode::NOT_FOUND);
+                    };
+                    if copy.as_deref() == Some(HOLD) {
+                        let caller = caller.and_then(|v| version_of(v.as_bytes()));
+                        return push_holding_copy(&ctx, &uaid, notification, caller).await;
+                    }
+                    push_answer(ctx.registry.push(&uaid, notification))
                 }
-                push_answer(ctx.registry.push(&uaid, notification))
-            }
-        });
+            },
+        );
 
     let registry = ctx.registry.clone();
     let notify = warp::put()

@@ -1591,10 +1591,14 @@ async fn a_node_writes_the_receipt_of_an_ack_within_the_grace_only_for_an_endpoi
     let base = cluster.a.router_base();
     for (version, receipt_written) in [("3", true), ("4", false)] {
         let text = autopush_tests::Payload::Text(version.into());
-        let enc = autopush_tests::py::encrypt(&sub.keys, &text, autopush_tests::Encoding::Aes128Gcm)
-            .await;
-        let mut body =
-            autopush_tests::http::router_notification(&sub.channel_id, &format!("v{version}"), &enc);
+        let enc =
+            autopush_tests::py::encrypt(&sub.keys, &text, autopush_tests::Encoding::Aes128Gcm)
+                .await;
+        let mut body = autopush_tests::http::router_notification(
+            &sub.channel_id,
+            &format!("v{version}"),
+            &enc,
+        );
         body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
         let sort_key: autopush_common::Notification = serde_json::from_value(body.clone()).unwrap();
         let sort_key = sort_key.sort_key();

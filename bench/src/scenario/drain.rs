@@ -10,7 +10,8 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::app_server::{AppServer, Bodies, Connection};
-use crate::client::{PushClient, source_address};
+use crate::client::{PushClient, connect_many, source_address};
+use crate::delay::{DelayProxy, Latency};
 use crate::server::{Server, ServerUnderTest};
 use crate::stats::rate;
 
@@ -18,10 +19,18 @@ pub struct Options {
     pub clients: usize,
     pub per_client: usize,
     pub connections: usize,
+    /// How far the clients are from the server.
+    pub client_latency: Latency,
 }
 
 pub async fn run(options: &Options, under_test: &ServerUnderTest) {
     let server = Server::open(under_test, &[]).await;
+    let (_proxy, ws_url) = if options.client_latency.is_zero() {
+        (None, server.ws_url.clone())
+    } else {
+        let (proxy, url) = DelayProxy::in_front_of(&server.ws_url, options.client_latency).await;
+        (Some(proxy), url)
+    };
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
     let public_key = sender.public_key();
     let bodies = Arc::new(Bodies::new(
@@ -30,11 +39,10 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) {
 
     // Clients subscribe, then go away.
     let mut subscribers = Vec::with_capacity(options.clients);
-    for i in 0..options.clients {
-        let mut client = PushClient::connect(&server.ws_url, source_address(i), None)
-            .await
-            .expect("a client connects");
-        let endpoint = client.register(Some(&public_key)).await.expect("register");
+    let clients = connect_many(&ws_url, options.clients, &public_key)
+        .await
+        .unwrap_or_else(|e| panic!("a client connects and registers: {e}"));
+    for (client, endpoint) in clients {
         subscribers.push((client.uaid.clone(), endpoint));
         client.close().await;
     }
@@ -84,7 +92,7 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) {
     let started = Instant::now();
     let mut drainers = Vec::new();
     for (i, (uaid, _)) in subscribers.iter().enumerate() {
-        let url = server.ws_url.clone();
+        let url = ws_url.clone();
         let uaid = uaid.clone();
         let expected = options.per_client;
         drainers.push(tokio::spawn(async move {
@@ -125,8 +133,11 @@ pub async fn run(options: &Options, under_test: &ServerUnderTest) {
     assert_eq!(drained, total, "every stored message is delivered");
 
     println!(
-        "\n{} offline clients x {} messages = {total} messages of 2 KiB, {} HTTP connections\n",
-        options.clients, options.per_client, options.connections
+        "\n{} offline clients x {} messages = {total} messages of 2 KiB, {} HTTP connections, clients {} ms away\n",
+        options.clients,
+        options.per_client,
+        options.connections,
+        options.client_latency.rtt.as_millis()
     );
     println!("| phase | messages/s | seconds | server CPU (%) |");
     println!("|---|---:|---:|---:|");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpSocket;
 
 use crate::client::{secure, source_address};
-use crate::server::{Server, ServerUnderTest};
+use crate::server::{Server, ServerUnderTest, Store};
 use crate::tls::KeyKind;
 
 /// Measure `seconds` of handshakes from `concurrency` clients, with each key kind.
@@ -27,7 +27,7 @@ pub async fn run(concurrency: usize, seconds: u64, under_test: &ServerUnderTest)
     );
     println!("|---|---:|---:|---:|---:|");
     for kind in [KeyKind::P256, KeyKind::Rsa2048] {
-        let server = Server::launch(&[], log, Some(kind)).await;
+        let server = Server::launch(Store::Embedded, &[], log, Some(kind)).await;
         let address: SocketAddr = server
             .ws_url
             .trim_start_matches("wss://")

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 use crate::client::PushClient;
+use crate::delay::{DelayProxy, Latency};
 use crate::server::{Server, ServerUnderTest};
 use crate::slab::Slabs;
 
@@ -28,9 +29,18 @@ const CLIENTS_PER_WORKER: usize = 5_000;
 /// Handshakes a worker has in flight at once.
 const CONNECT_CONCURRENCY: usize = 64;
 
-/// Measure RSS at each client count in `levels` (ascending).
-pub async fn run(levels: &[usize], under_test: &ServerUnderTest) {
+/// Measure RSS at each client count in `levels` (ascending), with the
+/// clients `latency` away.
+pub async fn run(levels: &[usize], latency: Latency, under_test: &ServerUnderTest) {
     let server = Server::open(under_test, &[]).await;
+    // The workers connect through the latency stand-in, held in this process.
+    let (_proxy, ws_url) = if latency.is_zero() {
+        (None, server.ws_url.clone())
+    } else {
+        let (proxy, url) = DelayProxy::in_front_of(&server.ws_url, latency).await;
+        println!("clients {:?} away (round trip)", latency.rtt);
+        (Some(proxy), url)
+    };
     // Warm up: threads, pools and the store's first pages exist before the baseline.
     let mut warm = PushClient::connect(&server.ws_url, [127, 0, 0, 1].into(), None)
         .await
@@ -63,11 +73,12 @@ pub async fn run(levels: &[usize], under_test: &ServerUnderTest) {
             let count = (level - connected).min(CLIENTS_PER_WORKER);
             // Sources 127.0.0.2, .3, ...: each has its own ephemeral port range.
             let source: IpAddr = [127, 0, 0, 2 + workers.len() as u8 + added.len() as u8].into();
-            added.push(Worker::spawn(&server.ws_url, source, count));
+            added.push(Worker::spawn(&ws_url, source, count));
             connected += count;
         }
+        // Blocking reads; the latency stand-in's tasks run on the other threads.
         for worker in &mut added {
-            worker.wait_ready();
+            tokio::task::block_in_place(|| worker.wait_ready());
         }
         let connect_rate = (connected - workers.iter().map(|w| w.count).sum::<usize>()) as f64
             / started.elapsed().as_secs_f64();

@@ -7,3 +7,4 @@ pub mod drain;
 pub mod fcm;
 pub mod handshakes;
 pub mod idle;
+pub mod requests;

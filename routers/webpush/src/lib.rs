@@ -215,9 +215,14 @@ impl WebPushRouter {
     ) -> HeldAnswer {
         if let Some(local) = self.local_for(node_id) {
             // The endpoint in this process seals an ack within the grace.
-            let (outcome, fate) =
-                push_holding_copy(local.clone(), self.storage.clone(), *uaid, notification, true)
-                    .await;
+            let (outcome, fate) = push_holding_copy(
+                local.clone(),
+                self.storage.clone(),
+                *uaid,
+                notification,
+                true,
+            )
+            .await;
             return HeldAnswer {
                 outcome,
                 answerer: Answerer::Ours,

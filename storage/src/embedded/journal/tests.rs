@@ -581,7 +581,11 @@ async fn staged_messages_survive_rotations() {
     assert_receipts(&store, &uaid, &settled, "after opening again").await;
     for m in &sealed {
         let row = store.read_message(&uaid, &m.sort_key()).await.unwrap();
-        assert!(row.is_none(), "{} was sealed, yet stored: {row:?}", m.version);
+        assert!(
+            row.is_none(),
+            "{} was sealed, yet stored: {row:?}",
+            m.version
+        );
     }
 }
 
