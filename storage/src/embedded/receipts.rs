@@ -199,4 +199,51 @@ mod tests {
         assert_eq!(arrival(&sort_key(&chid, Some("topic"), Some(5))), 0);
         assert_eq!(arrival("02:garbage"), 0);
     }
+
+    /// Bytes the database file grows by per receipt kept, written as the
+    /// journal's checkpoints write them: batches of 1 024, in hash order,
+    /// of messages that arrived at 2 800 a second, each to its own user,
+    /// with ids as long as sealed ones. Run with
+    /// `cargo test -p autopush-storage --lib bytes_on_disk_per_receipt -- --ignored --nocapture`.
+    #[tokio::test(flavor = "multi_thread")]
+    #[ignore = "a measurement: writes 500 000 receipts"]
+    async fn bytes_on_disk_per_receipt() {
+        const RECEIPTS_WRITTEN: usize = 500_000;
+        const BATCH: usize = 1024;
+        let (dir, _, store) = super::super::tests::store_with_receipts();
+        let file = dir.path().join("autopush.redb");
+        let size = || std::fs::metadata(&file).unwrap().len();
+        let before = size();
+        let start = autopush_common::time::now_secs() * 1_000_000;
+        let id_chars: Vec<char> = ('a'..='z').chain('A'..='Z').chain('0'..='9').collect();
+        for batch in 0..RECEIPTS_WRITTEN / BATCH {
+            let mut rows: Vec<(u128, String, Receipt)> = (0..BATCH)
+                .map(|n| {
+                    let arrival = start + ((batch * BATCH + n) as u64) * 1_000_000 / 2_800;
+                    let key = sort_key(&Uuid::new_v4(), None, Some(arrival));
+                    // A sealed id is about 204 characters of base64url.
+                    let id: String = (0..204).map(|_| fastrand::choice(&id_chars).unwrap()).collect();
+                    let receipt =
+                        Receipt::new(&id, MessageState::Delivered, arrival / 1_000_000, 86_400);
+                    (fastrand::u128(..), key, receipt)
+                })
+                .collect();
+            fastrand::shuffle(&mut rows);
+            store
+                .write(move |txn| {
+                    let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
+                    for (uaid, key, receipt) in &rows {
+                        put(&mut table, *uaid, key, receipt)?;
+                    }
+                    Ok(())
+                })
+                .await
+                .unwrap();
+        }
+        let grown = size() - before;
+        println!(
+            "{RECEIPTS_WRITTEN} receipts: the file grew {grown} bytes, {:.1} bytes per receipt",
+            grown as f64 / RECEIPTS_WRITTEN as f64
+        );
+    }
 }
