@@ -170,12 +170,23 @@ impl Notification {
 /// the receipt's reader finds from the message id alone. `None` for any
 /// other message: its receipt stays in its row.
 pub fn receipt_key(sort_key: &str, version: &str) -> Option<String> {
-    use sha2::{Digest, Sha256};
     sort_key.starts_with("01:").then(|| {
-        let hash = Sha256::digest(version.as_bytes());
-        let hex: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
+        let hex: String = version_tag(version)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         format!("{sort_key}:{hex}")
     })
+}
+
+/// A message id's first 8 bytes of SHA-256: enough to tell it from the
+/// other ids of one key (ids are sealed, so no sender picks one to match).
+pub fn version_tag(version: &str) -> [u8; 8] {
+    use sha2::{Digest, Sha256};
+    let hash = Sha256::digest(version.as_bytes());
+    let mut tag = [0; 8];
+    tag.copy_from_slice(&hash[..8]);
+    tag
 }
 
 /// The sort key of a message; see [`Notification::sort_key`]:

@@ -59,7 +59,10 @@ impl Mode {
 pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, String> {
     let (backend, name): (Arc<dyn Storage>, _) = match &settings.db {
         Db::Embedded(dir) => (
-            Arc::new(open_embedded(dir)?.with_receipt_retention(settings.receipt_retention)),
+            Arc::new(
+                open_embedded(dir, settings.db_cache)?
+                    .with_receipt_retention(settings.receipt_retention),
+            ),
             "embedded",
         ),
         Db::DynamoDb => {
@@ -86,15 +89,17 @@ async fn answering<S: Storage + 'static>(store: S, db: &str) -> Result<Arc<dyn S
     Ok(Arc::new(store))
 }
 
-/// The embedded store in `dir`, created if missing; every refusal names
-/// the directory and says what is wrong with it.
-pub(crate) fn open_embedded(dir: &Path) -> Result<EmbeddedStore, String> {
+/// The embedded store in `dir`, created if missing, keeping up to `cache`
+/// bytes of its file in memory; every refusal names the directory and says
+/// what is wrong with it.
+pub(crate) fn open_embedded(dir: &Path, cache: usize) -> Result<EmbeddedStore, String> {
     let name = dir.display();
     if !check_data_dir(dir, "--db")? {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("--db {name}: cannot create the data directory: {e}"))?;
     }
-    let store = EmbeddedStore::open(dir).map_err(|e| format!("--db {name}: {e}"))?;
+    let store =
+        EmbeddedStore::open_with_cache(dir, cache).map_err(|e| format!("--db {name}: {e}"))?;
     // A relative --db depends on where the service was started from: say
     // where the data (and the keys every issued endpoint depends on) is.
     let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.to_owned());

@@ -53,7 +53,7 @@ const REPLAY_JOURNAL_ONLY_EMBEDDED: &str =
 pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> {
     if let DbCommand::ReplayJournal { file } = &command {
         return match &settings.db {
-            Db::Embedded(dir) => replay_journal(dir, file),
+            Db::Embedded(dir) => replay_journal(dir, settings.db_cache, file),
             _ => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
         };
     }
@@ -116,7 +116,7 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
 }
 
 /// `db replay-journal`: what can be read of `file` into the store at `dir`.
-fn replay_journal(dir: &Path, file: &Path) -> Result<(), String> {
+fn replay_journal(dir: &Path, cache: usize, file: &Path) -> Result<(), String> {
     let own = dir.join("direct.journal");
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -129,7 +129,7 @@ fn replay_journal(dir: &Path, file: &Path) -> Result<(), String> {
         ));
     }
     // Opening the store fails while a node runs on it.
-    let store = open_embedded(dir)?;
+    let store = open_embedded(dir, cache)?;
     let found = store.replay_journal(file).map_err(|e| e.to_string())?;
     let file = file.display();
     for at in &found.skipped {

@@ -75,6 +75,11 @@ pub struct SettingsLayer {
     /// `message_family`, `message_topic_family`; with a Bigtable --db
     #[arg(long, env = "AUTOPUSH_DB_SETTINGS", global = true)]
     pub db_settings: Option<String>,
+    /// MiB of the database file the embedded store keeps in memory, on top
+    /// of the OS's page cache; most of a busy node's memory. With a
+    /// directory --db [default: 64]
+    #[arg(long, env = "AUTOPUSH_DB_CACHE_MIB", global = true)]
+    pub db_cache_mib: Option<usize>,
     /// DynamoDB router (user) table, with --db dynamodb [default: router]
     #[arg(long, env = "AUTOPUSH_ROUTER_TABLE", global = true)]
     pub router_table: Option<String>,
@@ -380,6 +385,11 @@ impl SettingsLayer {
         or(&mut self.db, || "./autopush-data".into());
         let db = self.db.as_deref().unwrap_or_default();
         let bigtable = db == "bigtable" || db.starts_with("grpc://");
+        if db != "dynamodb" && !bigtable {
+            or(&mut self.db_cache_mib, || {
+                autopush_storage::embedded::DEFAULT_CACHE_MIB
+            });
+        }
         // The table settings are an error on any other store.
         if db == "dynamodb" {
             let tables = Tables::default();
@@ -644,6 +654,8 @@ pub struct Settings {
     /// TLS on the public ports; `None`: plain HTTP.
     pub tls: Option<TlsFiles>,
     pub db: Db,
+    /// Bytes of the embedded store's cache (with `Db::Embedded`).
+    pub db_cache: usize,
     /// DynamoDB table names (with `Db::DynamoDb`).
     pub tables: Tables,
     pub crypto_key: Option<Secret>,
@@ -851,6 +863,31 @@ impl Settings {
                 }
             }
         }
+        let db_cache = match (&db, l.db_cache_mib) {
+            (Db::Embedded(_), Some(mib)) => match mib.checked_mul(1 << 20) {
+                Some(0) => {
+                    p.add(format!("{} must be at least 1", name("db_cache_mib")));
+                    0
+                }
+                Some(bytes) => bytes,
+                None => {
+                    p.add(format!(
+                        "{} is more than this machine can address: {mib}",
+                        name("db_cache_mib")
+                    ));
+                    0
+                }
+            },
+            (Db::Embedded(_), None) => autopush_storage::embedded::DEFAULT_CACHE_MIB << 20,
+            (_, Some(_)) => {
+                p.add(format!(
+                    "{} applies to the embedded store only (a directory --db)",
+                    name("db_cache_mib")
+                ));
+                0
+            }
+            (_, None) => 0,
+        };
         let defaults = Tables::default();
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
@@ -975,6 +1012,7 @@ impl Settings {
             endpoint_url,
             tls,
             db,
+            db_cache,
             tables,
             crypto_key,
             auth_key,
@@ -1137,6 +1175,33 @@ mod tests {
         let e = Settings::from_layer(embedded).unwrap_err();
         assert!(
             e.contains("--message-table-rotation applies to --db dynamodb only"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_embedded_store_cache_is_64_mib_unless_asked() {
+        let s = Settings::from_layer(SettingsLayer::default()).unwrap();
+        assert_eq!(s.db_cache, 64 << 20);
+        let asked = SettingsLayer {
+            db_cache_mib: Some(8),
+            ..SettingsLayer::default()
+        };
+        assert_eq!(Settings::from_layer(asked).unwrap().db_cache, 8 << 20);
+        let none = SettingsLayer {
+            db_cache_mib: Some(0),
+            ..SettingsLayer::default()
+        };
+        let e = Settings::from_layer(none).unwrap_err();
+        assert!(e.contains("--db-cache-mib must be at least 1"), "{e}");
+        let dynamodb = SettingsLayer {
+            db: Some("dynamodb".into()),
+            db_cache_mib: Some(8),
+            ..SettingsLayer::default()
+        };
+        let e = Settings::from_layer(dynamodb).unwrap_err();
+        assert!(
+            e.contains("--db-cache-mib applies to the embedded store only"),
             "{e}"
         );
     }

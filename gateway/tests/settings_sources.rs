@@ -70,6 +70,9 @@ const CASES: &[Case] = &[
         Db::DynamoDb => "dynamodb".into(),
         Db::Bigtable(bigtable) => bigtable.table_name.clone(),
     }),
+    case("db_cache_mib", "16", "32", |s| {
+        (s.db_cache >> 20).to_string()
+    }),
     case("crypto_key", "crypto-a", "crypto-b", |s| {
         secret(&s.crypto_key)
     }),

@@ -10,6 +10,7 @@
 //! channel's pending messages become `gone` receipts.
 
 use autopush_common::Notification;
+use autopush_common::notification::version_tag;
 use autopush_common::receipt::MessageState;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
@@ -17,14 +18,17 @@ use uuid::Uuid;
 
 use crate::{Result, Storage};
 
-/// A settled message's row.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A settled message's row. Two are equal when their versions are (one may
+/// be the other's tag: see [`Receipt::is_for`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Receipt {
     /// The final state. Serialized first: the embedded store tells a
     /// receipt from a message by it (see [`Receipt::is_encoded`]).
     #[serde(rename = "settled")]
     pub state: MessageState,
-    /// The message id (version) the receipt is for.
+    /// The message id (version) the receipt is for; as read back from the
+    /// embedded store, which keeps only its tag, `#` and the tag's hex
+    /// (see [`Receipt::is_for`]).
     pub version: String,
     /// Unix seconds when the message reached `state`.
     pub updated: u64,
@@ -57,10 +61,43 @@ impl Receipt {
         }
     }
 
+    /// A receipt read from a store that kept only `tag` of its message id
+    /// ([`version_tag`]).
+    pub fn of_tag(state: MessageState, tag: [u8; 8], updated: u64, expiry: u64) -> Receipt {
+        Receipt {
+            state,
+            version: tagged(tag),
+            updated,
+            expiry,
+        }
+    }
+
+    /// Whether the receipt is message `version`'s: it holds that id, or its
+    /// tag.
+    pub fn is_for(&self, version: &str) -> bool {
+        self.version == version || self.version == tagged(version_tag(version))
+    }
+
     /// Whether a JSON row is a receipt rather than a [`Notification`].
     pub fn is_encoded(json: &[u8]) -> bool {
         json.starts_with(br#"{"settled":"#)
     }
+}
+
+impl PartialEq for Receipt {
+    fn eq(&self, other: &Receipt) -> bool {
+        (self.state, self.updated, self.expiry) == (other.state, other.updated, other.expiry)
+            && (self.is_for(&other.version) || other.is_for(&self.version))
+    }
+}
+
+impl Eq for Receipt {}
+
+/// A receipt's version when only its tag is known: `#` (which no id
+/// holds) and the tag's hex.
+fn tagged(tag: [u8; 8]) -> String {
+    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("#{hex}")
 }
 
 /// What a message's row holds.

@@ -377,6 +377,42 @@ async fn a_store_url_not_served_is_refused_never_a_directory() {
     assert!(made.is_empty(), "made {made:?}");
 }
 
+/// The embedded store's cache is at least 1 MiB, within what the machine
+/// can address, and set only for the embedded store: anything else stops
+/// start-up, naming the setting.
+#[tokio::test]
+async fn a_bad_db_cache_mib_stops_start_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().display().to_string();
+    let ports = server::port_flags();
+    for (store, mib, said) in [
+        (db.as_str(), "0", "--db-cache-mib must be at least 1"),
+        (
+            db.as_str(),
+            "18446744073709551615",
+            "--db-cache-mib is more than this machine can address",
+        ),
+        (
+            "dynamodb",
+            "64",
+            "--db-cache-mib applies to the embedded store only",
+        ),
+        (
+            db.as_str(),
+            "lots",
+            "invalid value 'lots' for '--db-cache-mib",
+        ),
+    ] {
+        let args = [
+            &["all", "--db", store, "--db-cache-mib", mib][..],
+            &strs(&ports),
+        ]
+        .concat();
+        let stderr = refused(&args).await;
+        assert!(stderr.contains(said), "{mib}: {stderr}");
+    }
+}
+
 /// A data directory that cannot be used is one problem, not one more for
 /// each key it would hold.
 #[tokio::test]

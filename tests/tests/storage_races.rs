@@ -324,7 +324,7 @@ impl World {
             let settled = o.settled.get(&m.version);
             match (row, settled) {
                 (Some(StoredMessage::Settled(r)), Some(state))
-                    if r.version == m.version && r.state != *state =>
+                    if r.is_for(&m.version) && r.state != *state =>
                 {
                     problems.push((
                         "a receipt is not in the state its settle wrote",
@@ -332,7 +332,7 @@ impl World {
                     ));
                 }
                 (Some(StoredMessage::Settled(r)), None)
-                    if r.version == m.version
+                    if r.is_for(&m.version)
                         && !matches!(
                             r.state,
                             MessageState::Gone | MessageState::Replaced | MessageState::Expired

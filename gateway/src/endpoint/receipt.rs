@@ -91,7 +91,7 @@ async fn look_up(
         .read_message(&message.uaid, &message.sort_key())
         .await?;
     Ok(match row {
-        Some(StoredMessage::Settled(receipt)) if receipt.version == message_id => {
+        Some(StoredMessage::Settled(receipt)) if receipt.is_for(message_id) => {
             (receipt.expiry > now).then_some((receipt.state, receipt.updated))
         }
         Some(StoredMessage::Pending(pending)) if pending.version == message_id => {
@@ -147,7 +147,7 @@ async fn own_receipt(
     };
     Ok(
         match state.storage.read_message(&message.uaid, &own).await? {
-            Some(StoredMessage::Settled(receipt)) if receipt.version == message_id => {
+            Some(StoredMessage::Settled(receipt)) if receipt.is_for(message_id) => {
                 (receipt.expiry > now).then_some((receipt.state, receipt.updated))
             }
             _ => None,

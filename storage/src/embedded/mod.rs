@@ -75,34 +75,55 @@ pub struct EmbeddedStore {
     user_cursor: Arc<Mutex<Option<u128>>>,
     /// Seconds a receipt is kept after its message's final state; 0: off.
     retention: u64,
+    /// Whether the store holds receipts an older store wrote (see
+    /// [`receipts::OLD_RECEIPTS`]), until a start-up finds them all swept.
+    old_receipts: bool,
 }
+
+/// MiB of the database file kept in memory unless asked otherwise: the
+/// users and channels of a few hundred thousand clients, and the newest
+/// messages and receipts. redb's own default, 1 GiB, filled up within
+/// minutes of a busy node's writes and stayed.
+pub const DEFAULT_CACHE_MIB: usize = 64;
 
 impl EmbeddedStore {
     /// Open (creating if needed) the store in directory `dir`.
     pub fn open(dir: &Path) -> Result<Self> {
-        Self::open_with(dir, |file, _| Box::new(file))
+        Self::open_with_cache(dir, DEFAULT_CACHE_MIB << 20)
     }
 
-    /// [`EmbeddedStore::open`], the journal writing its file through what
-    /// `wrap` makes of it and the database (a test's recorder).
+    /// [`EmbeddedStore::open`], keeping up to `cache` bytes of the database
+    /// file in memory.
+    pub fn open_with_cache(dir: &Path, cache: usize) -> Result<Self> {
+        Self::open_with(dir, cache, |file, _| Box::new(file))
+    }
+
+    /// [`EmbeddedStore::open_with_cache`], the journal writing its file
+    /// through what `wrap` makes of it and the database (a test's
+    /// recorder).
     fn open_with(
         dir: &Path,
+        cache: usize,
         wrap: impl FnOnce(std::fs::File, &Arc<Database>) -> Box<dyn JournalFile>,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StorageError::Backend(format!("cannot create {}: {e}", dir.display())))?;
         let path: PathBuf = dir.join("autopush.redb");
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => {
-                StorageError::InUse(path.display().to_string())
-            }
-            e => StorageError::Backend(format!("{}: {}", path.display(), redb::Error::from(e))),
-        })?;
+        let db = redb::Builder::new()
+            .set_cache_size(cache)
+            .create(&path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    StorageError::InUse(path.display().to_string())
+                }
+                e => StorageError::Backend(format!("{}: {}", path.display(), redb::Error::from(e))),
+            })?;
         let txn = db.begin_write().map_err(backend)?;
         txn.open_table(USERS).map_err(backend)?;
         txn.open_table(CHANNELS).map_err(backend)?;
         txn.open_table(MESSAGES).map_err(backend)?;
         txn.open_table(RECEIPTS).map_err(backend)?;
+        let old_receipts = receipts::old_held(&txn)?;
         txn.commit().map_err(backend)?;
         let db = Arc::new(db);
         let writer = Writer::start(db.clone())?;
@@ -119,6 +140,7 @@ impl EmbeddedStore {
             sweep_cursor: Default::default(),
             user_cursor: Default::default(),
             retention: 0,
+            old_receipts,
         })
     }
 
@@ -254,7 +276,7 @@ fn remove_user_rows(txn: &redb::WriteTransaction, uaid: u128, retention: u64) ->
 /// that the next message with that Topic cannot hide it.
 fn put_receipt(
     messages: &mut redb::Table<(u128, &str), &[u8]>,
-    receipts: &mut redb::Table<(u64, u128, &str), &[u8]>,
+    receipts: &mut redb::Table<receipts::Key, receipts::Row>,
     uaid: u128,
     key: &str,
     receipt: &Receipt,
@@ -628,11 +650,12 @@ impl Storage for EmbeddedStore {
         if messages.is_empty() {
             return Ok(());
         }
-        let (uaid, retention) = (uaid.as_u128(), self.retention);
+        let (uaid, retention, old) = (uaid.as_u128(), self.retention, self.old_receipts);
         let (taken, replaced) = self
             .write(move |txn| {
                 let mut table = txn.open_table(MESSAGES).map_err(backend)?;
                 let mut receipts = txn.open_table(RECEIPTS).map_err(backend)?;
+                let old = receipts::old_in_write(txn, old)?;
                 let (mut taken, mut replacements) = (Vec::new(), 0);
                 for message in &messages {
                     let key = message.sort_key();
@@ -640,8 +663,9 @@ impl Storage for EmbeddedStore {
                     // Another message's receipt under this key: it arrived at
                     // the same microsecond on another endpoint node.
                     if message.topic.is_none()
-                        && let Some(receipt) = receipts::get(&receipts, uaid, &key)?
-                        && receipt.version != message.version
+                        && let Some(receipt) =
+                            receipts::get(&receipts, old.as_ref(), uaid, &key, retention)?
+                        && !receipt.is_for(&message.version)
                     {
                         taken.push(key);
                         continue;
@@ -811,6 +835,7 @@ impl Storage for EmbeddedStore {
             return Ok(removed);
         }
         let (uaid, sort_key, version) = (uaid.as_u128(), sort_key.to_owned(), version.to_owned());
+        let old = self.old_receipts;
         self.write(move |txn| {
             let mut table = txn.open_table(MESSAGES).map_err(backend)?;
             if remove_version(&mut table, (uaid, &sort_key), &version)? {
@@ -818,7 +843,8 @@ impl Storage for EmbeddedStore {
             }
             // A settled message: its receipt goes, as its row would.
             let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
-            receipts::remove_version(&mut table, uaid, &sort_key, &version)
+            let mut old = receipts::old_in_write(txn, old)?;
+            receipts::remove_version(&mut table, old.as_mut(), uaid, &sort_key, &version)
         })
         .await
     }
@@ -869,7 +895,7 @@ impl Storage for EmbeddedStore {
         if let Some(row) = self.journal.read(uaid.as_u128(), sort_key) {
             return Ok(Some(row));
         }
-        let uaid = uaid.as_u128();
+        let (uaid, retention) = (uaid.as_u128(), self.retention);
         self.read(|db| {
             let txn = db.begin_read().map_err(backend)?;
             let table = txn.open_table(MESSAGES).map_err(backend)?;
@@ -877,7 +903,9 @@ impl Storage for EmbeddedStore {
                 return decode(row.value()).map(Some);
             }
             let receipts = txn.open_table(RECEIPTS).map_err(backend)?;
-            Ok(receipts::get(&receipts, uaid, sort_key)?.map(StoredMessage::Settled))
+            let old = receipts::old_in_read(&txn)?;
+            let receipt = receipts::get(&receipts, old.as_ref(), uaid, sort_key, retention)?;
+            Ok(receipt.map(StoredMessage::Settled))
         })
     }
 
@@ -906,8 +934,15 @@ impl Storage for EmbeddedStore {
                 let mut receipts = Vec::new();
                 if next.in_receipts && left > 0 {
                     let table = txn.open_table(RECEIPTS).map_err(backend)?;
-                    let (dead, _, after) =
-                        receipts::expired_after(&table, next.receipts.as_ref(), left, now)?;
+                    let old = receipts::old_in_read(&txn)?;
+                    let (dead, _, after) = receipts::expired_after(
+                        &table,
+                        old.as_ref(),
+                        next.receipts.as_ref(),
+                        left,
+                        now,
+                        retention,
+                    )?;
                     receipts = dead;
                     next = match after {
                         Some(after) => SweepCursor {
@@ -928,6 +963,7 @@ impl Storage for EmbeddedStore {
                 finished_pass,
             });
         }
+        let old = self.old_receipts;
         let removed = self
             .write(move |txn| {
                 let now = now_secs();
@@ -947,7 +983,10 @@ impl Storage for EmbeddedStore {
                     }
                 }
                 let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
-                Ok(removed + receipts::remove_expired(&mut table, &receipts, now)?)
+                let mut old = receipts::old_in_write(txn, old)?;
+                let gone =
+                    receipts::remove_expired(&mut table, old.as_mut(), &receipts, now, retention)?;
+                Ok(removed + gone)
             })
             .await?;
         Ok(SweepStep {
@@ -1125,7 +1164,7 @@ mod tests {
         ] {
             match store.read_message(&uaid, &key).await.unwrap() {
                 Some(StoredMessage::Settled(r)) => {
-                    assert_eq!((&r.version, r.state), (version, delivered));
+                    assert!(r.is_for(version) && r.state == delivered, "{r:?}");
                 }
                 other => panic!("{key}: {other:?}"),
             }

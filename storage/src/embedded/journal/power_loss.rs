@@ -40,7 +40,7 @@ use super::JournalFile;
 use super::format::HEADER;
 use super::lock;
 use crate::embedded::receipts::RECEIPTS;
-use crate::embedded::{EmbeddedStore, MESSAGES};
+use crate::embedded::{DEFAULT_CACHE_MIB, EmbeddedStore, MESSAGES};
 use crate::{CopyEnd, Storage, StoredMessage};
 
 /// The disk keeps or loses what was written since the last sync in blocks
@@ -70,7 +70,7 @@ enum Op {
 #[derive(PartialEq, Default)]
 struct Tables {
     messages: Vec<((u128, String), Vec<u8>)>,
-    receipts: Vec<((u64, u128, String), Vec<u8>)>,
+    receipts: Vec<([u8; 16], [u8; 13])>,
 }
 
 impl Tables {
@@ -93,8 +93,7 @@ impl Tables {
                 .unwrap()
                 .map(|row| {
                     let (k, v) = row.unwrap();
-                    let (at, uaid, key) = k.value();
-                    ((at, uaid, key.to_owned()), v.value().to_vec())
+                    (k.value(), v.value())
                 })
                 .collect(),
         }
@@ -112,10 +111,8 @@ impl Tables {
                     .unwrap();
             }
             let mut receipts = txn.open_table(RECEIPTS).unwrap();
-            for ((at, uaid, key), value) in &self.receipts {
-                receipts
-                    .insert((*at, *uaid, key.as_str()), value.as_slice())
-                    .unwrap();
+            for (key, value) in &self.receipts {
+                receipts.insert(key, value).unwrap();
             }
         }
         txn.commit().unwrap();
@@ -229,7 +226,7 @@ struct Workload {
 impl Workload {
     fn open(&self, dir: &Path) -> EmbeddedStore {
         let recording = self.recording.clone();
-        let store = EmbeddedStore::open_with(dir, |file, db| {
+        let store = EmbeddedStore::open_with(dir, DEFAULT_CACHE_MIB << 20, |file, db| {
             let recorder = Recorder {
                 file,
                 recording,
@@ -573,7 +570,7 @@ fn check(now: usize, seen: &Seen, facts: &[Facts], receipts: bool) -> Option<Str
                 return Some(format!("v{n} came back after its settle was durable"));
             }
             let receipt =
-                matches!(row, Some(StoredMessage::Settled(r)) if r.version == format!("v{n}"));
+                matches!(row, Some(StoredMessage::Settled(r)) if r.is_for(&format!("v{n}")));
             if !receipt {
                 return Some(format!("v{n}'s receipt is lost: {row:?}"));
             }

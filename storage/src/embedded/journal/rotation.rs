@@ -9,7 +9,7 @@ use autopush_common::{FastMap, Notification};
 use redb::{Database, ReadableTable, WriteTransaction};
 use tracing::warn;
 
-use super::super::receipts::{RECEIPTS, holds as receipt_held, put as put_receipt};
+use super::super::receipts::{self, RECEIPTS, holds as receipt_held};
 use super::super::{MESSAGES, backend, corrupt};
 use super::file::JournalFile;
 use super::format::{
@@ -32,7 +32,7 @@ pub(super) const PREALLOCATE: u64 = HEADER + ROTATE_AT + ROTATE_AT / 2;
 /// was not synced yet) is not brought back, nor its receipt undone.
 pub(super) fn move_message(
     table: &mut redb::Table<(u128, &str), &[u8]>,
-    receipts: &redb::Table<(u64, u128, &str), &[u8]>,
+    receipts: &redb::Table<receipts::Key, receipts::Row>,
     uaid: u128,
     message: &Notification,
 ) -> Result<()> {
@@ -237,10 +237,10 @@ pub(super) fn put_receipts(
     receipts: &FastMap<(u128, String), Receipt>,
 ) -> Result<()> {
     let mut table = txn.open_table(RECEIPTS).map_err(backend)?;
-    for ((uaid, key), receipt) in receipts {
-        put_receipt(&mut table, *uaid, key, receipt)?;
-    }
-    Ok(())
+    let receipts = receipts
+        .iter()
+        .map(|((uaid, key), receipt)| (*uaid, key.as_str(), receipt));
+    receipts::put_all(&mut table, receipts)
 }
 
 impl JournalThread {
