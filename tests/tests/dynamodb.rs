@@ -1066,6 +1066,24 @@ async fn cluster_holding_for(grace_ms: u64) -> Cluster {
     .await
 }
 
+/// [`cluster_holding_for`], with the router key its nodes sign with, for a
+/// test that calls connection node A's router API as an endpoint would.
+async fn cluster_holding_with_key(grace_ms: u64) -> (Cluster, String) {
+    let mut router_key = String::new();
+    let cluster = Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()));
+        router_key = a
+            .args
+            .iter()
+            .find_map(|arg| arg.strip_prefix("--router-key="))
+            .expect("the cluster's router key")
+            .to_owned();
+    })
+    .await;
+    (cluster, router_key)
+}
+
 /// Stored messages of `uaid`, as the nodes stored them.
 async fn stored_count(cluster: &Cluster, uaid: &str) -> usize {
     let store = dynamo::connect(&cluster.server.endpoint, cluster.tables.clone()).await;
@@ -1203,18 +1221,7 @@ async fn acks_inside_and_after_the_grace_settle_the_message_once() {
 /// the client's next connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered() {
-    let mut router_key = String::new();
-    let cluster = Cluster::start_with(dynamo::local().await, |a| {
-        a.env
-            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), "60000".into()));
-        router_key = a
-            .args
-            .iter()
-            .find_map(|arg| arg.strip_prefix("--router-key="))
-            .expect("the cluster's router key")
-            .to_owned();
-    })
-    .await;
+    let (cluster, router_key) = cluster_holding_with_key(60_000).await;
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -1570,19 +1577,8 @@ async fn every_schedule_of_an_ack_and_a_look_against_the_held_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_writes_the_receipt_of_an_ack_within_the_grace_only_for_an_endpoint_that_does_not_seal()
  {
-    let mut key = String::new();
-    let cluster = Cluster::start_with(dynamo::local().await, |a| {
-        // A grace no test run outlasts: the ack, not the clock, ends it.
-        a.env
-            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), "60000".into()));
-        key = a
-            .args
-            .iter()
-            .find_map(|arg| arg.strip_prefix("--router-key="))
-            .expect("the cluster's router key")
-            .to_owned();
-    })
-    .await;
+    // A grace no test run outlasts: the ack, not the clock, ends it.
+    let (cluster, key) = cluster_holding_with_key(60_000).await;
     let mut ws = cluster.a.client().await;
     let uaid = uuid::Uuid::parse_str(ws.uaid()).unwrap();
     let sub = Subscription::new(&mut ws).await;
