@@ -385,7 +385,8 @@ impl SettingsLayer {
         or(&mut self.db, || "./autopush-data".into());
         let db = self.db.as_deref().unwrap_or_default();
         let bigtable = db == "bigtable" || db.starts_with("grpc://");
-        if db != "dynamodb" && !bigtable {
+        // Any other URL is a store not served here, refused on its own.
+        if db != "dynamodb" && !bigtable && !db.contains("://") {
             or(&mut self.db_cache_mib, || {
                 autopush_storage::embedded::DEFAULT_CACHE_MIB
             });
