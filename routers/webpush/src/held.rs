@@ -66,7 +66,10 @@ impl CopyFate {
 /// The hold runs on a task of its own, to its end, even if the caller stops
 /// waiting (the endpoint timed out, hung up or was killed): a message its
 /// client took and has not acked is written all the same, never left only
-/// in a session that stores no durable message when its client leaves.
+/// in a session that stores no durable message when its client leaves. An
+/// ack within the grace is sealed only if the caller takes the answer: one
+/// that stopped waiting seals nothing, and its endpoint may have written
+/// the copy itself, so the ack is settled as an unsealed one is.
 pub async fn push_holding_copy(
     node: Arc<dyn LocalNode>,
     storage: Arc<dyn Storage>,
@@ -74,11 +77,26 @@ pub async fn push_holding_copy(
     notification: Notification,
     seals: bool,
 ) -> (PushOutcome, Option<CopyFate>) {
-    let holder = tokio::spawn(async move {
-        hold_copy(node.as_ref(), &storage, &uaid, notification, seals).await
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let kept = seals.then(|| notification.clone());
+        let (outcome, fate, sealed) =
+            hold_copy(node.as_ref(), &storage, &uaid, notification, seals).await;
+        if answer.send((outcome, fate)).is_err()
+            && sealed
+            && let Some(notification) = kept
+        {
+            // Counted as delivered already.
+            let settled = storage
+                .settle_unwritten(&uaid, &notification, MessageState::Delivered)
+                .await;
+            if let Err(e) = settled {
+                warn!(error = %e, "could not settle a direct message acked as its endpoint gave up");
+            }
+        }
     });
     // A holder that panicked said nothing: the endpoint writes the copy.
-    holder.await.unwrap_or((PushOutcome::Busy, None))
+    answered.await.unwrap_or((PushOutcome::Busy, None))
 }
 
 async fn hold_copy(
@@ -87,7 +105,7 @@ async fn hold_copy(
     uaid: &Uuid,
     mut notification: Notification,
     seals: bool,
-) -> (PushOutcome, Option<CopyFate>) {
+) -> (PushOutcome, Option<CopyFate>, bool) {
     // Acks of durable messages are what the session offers to the holder.
     notification.durable = true;
     let held = node.held_copies();
@@ -103,17 +121,18 @@ async fn hold_copy(
     if outcome != PushOutcome::Delivered {
         holding.disarm();
         held.release(uaid, &version);
-        return (outcome, None);
+        return (outcome, None, false);
     }
     if held.wait(&wake, uaid, &version).await == GraceEnd::Acked {
         holding.disarm();
         if seals {
             metrics::final_state(RouterType::WebPush, MessageState::Delivered);
-            return (outcome, Some(CopyFate::Acked));
+            return (outcome, Some(CopyFate::Acked), true);
         }
         return (
             outcome,
             Some(acked(storage.as_ref(), uaid, &notification).await),
+            false,
         );
     }
     let saved = storage.save_direct(uaid, notification.clone()).await;
@@ -137,7 +156,7 @@ async fn hold_copy(
             None
         }
     };
-    (outcome, fate)
+    (outcome, fate, false)
 }
 
 /// A copy being held, released if its holder is dropped before it is done
