@@ -79,12 +79,10 @@ pub async fn push_holding_copy(
 ) -> (PushOutcome, Option<CopyFate>) {
     let (answer, answered) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        let kept = seals.then(|| notification.clone());
         let (outcome, fate, sealed) =
             hold_copy(node.as_ref(), &storage, &uaid, notification, seals).await;
         if answer.send((outcome, fate)).is_err()
-            && sealed
-            && let Some(notification) = kept
+            && let Some(notification) = sealed
         {
             // Counted as delivered already.
             let settled = storage
@@ -99,13 +97,16 @@ pub async fn push_holding_copy(
     answered.await.unwrap_or((PushOutcome::Busy, None))
 }
 
+/// [`push_holding_copy`]'s hold: its outcome and fate, and, for an ack
+/// within the grace left to the endpoint to seal, the message (settled
+/// here after all if no one takes the answer).
 async fn hold_copy(
     node: &dyn LocalNode,
     storage: &Arc<dyn Storage>,
     uaid: &Uuid,
     mut notification: Notification,
     seals: bool,
-) -> (PushOutcome, Option<CopyFate>, bool) {
+) -> (PushOutcome, Option<CopyFate>, Option<Notification>) {
     // Acks of durable messages are what the session offers to the holder.
     notification.durable = true;
     let held = node.held_copies();
@@ -121,18 +122,18 @@ async fn hold_copy(
     if outcome != PushOutcome::Delivered {
         holding.disarm();
         held.release(uaid, &version);
-        return (outcome, None, false);
+        return (outcome, None, None);
     }
     if held.wait(&wake, uaid, &version).await == GraceEnd::Acked {
         holding.disarm();
         if seals {
             metrics::final_state(RouterType::WebPush, MessageState::Delivered);
-            return (outcome, Some(CopyFate::Acked), true);
+            return (outcome, Some(CopyFate::Acked), Some(notification));
         }
         return (
             outcome,
             Some(acked(storage.as_ref(), uaid, &notification).await),
-            false,
+            None,
         );
     }
     let saved = storage.save_direct(uaid, notification.clone()).await;
@@ -156,7 +157,7 @@ async fn hold_copy(
             None
         }
     };
-    (outcome, fate, false)
+    (outcome, fate, None)
 }
 
 /// A copy being held, released if its holder is dropped before it is done
