@@ -1177,10 +1177,11 @@ async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node() {
 /// The ack racing the grace, both ways: acked within it, the message is
 /// never written and its receipt reads `delivered`; acked after it (the
 /// copy written), the ack settles the copy. Neither comes back at the next
-/// connection.
+/// connection. The grace is long (10 s) so that a loaded machine, slow to
+/// hand the first message over and ack it, still acks within it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_inside_and_after_the_grace_settle_the_message_once() {
-    let cluster = cluster_holding_for(2_000).await;
+    let cluster = cluster_holding_for(10_000).await;
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
