@@ -110,6 +110,9 @@ impl Certificates {
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        // Established TLS 1.3 connections protect their records themselves
+        // (tls_record.rs), with the keys rustls hands over.
+        config.enable_secret_extraction = true;
         TlsAcceptor::from(Arc::new(config))
     }
 

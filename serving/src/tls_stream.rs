@@ -13,6 +13,10 @@
 //! What rustls asks to send at any time (handshake messages, a key update's
 //! answer, an alert) is queued in order with the application's records and
 //! sent before anything the application writes next.
+//!
+//! Once a TLS 1.3 handshake is done, rustls hands the connection's keys over
+//! and [`RecordLayer`] protects its records: an idle connection then keeps a
+//! few hundred bytes of TLS state instead of rustls's whole connection.
 
 use std::future::{Future, poll_fn};
 use std::io;
@@ -25,6 +29,8 @@ use rustls::server::UnbufferedServerConnection;
 use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, InsufficientSizeError};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+
+use crate::tls_record::RecordLayer;
 
 /// Bytes read from the socket at a time, on the stack of the poll.
 const READ_CHUNK: usize = 8 * 1024;
@@ -54,7 +60,7 @@ impl TlsAcceptor {
             let conn = UnbufferedServerConnection::new(config).map_err(invalid_data)?;
             let mut stream = TlsStream {
                 io,
-                conn,
+                session: Session::Rustls(Box::new(conn)),
                 received: Vec::new(),
                 readable: Vec::new(),
                 read_from: 0,
@@ -68,7 +74,7 @@ impl TlsAcceptor {
                 // Handshake messages, or the alert of a failed handshake.
                 poll_fn(|cx| stream.poll_send(cx)).await?;
                 match step? {
-                    Step::Traffic => return Ok(stream),
+                    Step::Traffic => return stream.established(),
                     Step::Closed => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Step::Handshaking => {
                         if !poll_fn(|cx| stream.poll_receive(cx)).await? {
@@ -87,7 +93,7 @@ impl TlsAcceptor {
 /// A TLS connection after its handshake.
 pub struct TlsStream {
     io: TcpStream,
-    conn: UnbufferedServerConnection,
+    session: Session,
     /// Bytes received that do not yet make a whole record: empty, and not
     /// allocated, between records.
     received: Vec<u8>,
@@ -104,7 +110,15 @@ pub struct TlsStream {
     close_notify_queued: bool,
 }
 
-/// What [`TlsStream::process`] does once rustls may send application data.
+/// Who protects the connection's records.
+enum Session {
+    /// rustls: during the handshake, and for good on TLS 1.2.
+    Rustls(Box<UnbufferedServerConnection>),
+    /// [`RecordLayer`], once a TLS 1.3 handshake is done.
+    Records(Box<RecordLayer>),
+}
+
+/// What [`TlsStream::process`] does once application data may be sent.
 enum Then<'a> {
     Nothing,
     Encrypt(&'a [u8]),
@@ -122,11 +136,41 @@ enum Step {
 }
 
 impl TlsStream {
-    /// Process every whole record received, queue what rustls has to send,
+    /// The handshake is done: on TLS 1.3, [`RecordLayer`] takes over.
+    fn established(mut self) -> io::Result<TlsStream> {
+        if let Session::Rustls(conn) = self.session {
+            self.session = match RecordLayer::take_over(conn) {
+                Ok(records) => Session::Records(Box::new(records?)),
+                Err(conn) => Session::Rustls(conn),
+            };
+        }
+        Ok(self)
+    }
+
+    /// Process every whole record received, queue what the peer is owed,
     /// and then do `then`.
     fn process(&mut self, then: Then<'_>) -> io::Result<Step> {
+        let Session::Records(records) = &mut self.session else {
+            return self.process_rustls(then);
+        };
+        let opened = records.open(&mut self.received, &mut self.readable, &mut self.sending)?;
+        self.peer_closed |= opened.peer_closed;
+        match then {
+            Then::Nothing => {}
+            Then::Encrypt(_) if self.close_notify_queued => return Ok(Step::Closed),
+            Then::Encrypt(data) => records.encrypt(data, &mut self.sending)?,
+            Then::CloseNotify => records.close_notify(&mut self.sending)?,
+        }
+        Ok(Step::Traffic)
+    }
+
+    /// [`TlsStream::process`] while rustls protects the records.
+    fn process_rustls(&mut self, then: Then<'_>) -> io::Result<Step> {
         loop {
-            let status = self.conn.process_tls_records(&mut self.received);
+            let Session::Rustls(conn) = &mut self.session else {
+                return Err(io::Error::other("TLS: the records are not rustls's"));
+            };
+            let status = conn.process_tls_records(&mut self.received);
             let mut discard = status.discard;
             let state = match status.state {
                 Ok(state) => state,
@@ -219,8 +263,11 @@ impl TlsStream {
 
     /// After an error, queue the alert rustls has for the peer, if any.
     fn queue_alert(&mut self) {
+        let Session::Rustls(conn) = &mut self.session else {
+            return;
+        };
         for _ in 0..4 {
-            let status = self.conn.process_tls_records(&mut []);
+            let status = conn.process_tls_records(&mut []);
             match status.state {
                 Ok(ConnectionState::EncodeTlsData(mut encode)) => {
                     let _ = append(&mut self.sending, 0, |buf| match encode.encode(buf) {
@@ -380,5 +427,93 @@ impl AsyncWrite for TlsStream {
         }
         ready!(this.poll_send(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use rustls::pki_types::ServerName;
+    use rustls::pki_types::pem::PemObject;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::tls::{Certificates, TlsFiles};
+
+    fn cert_file(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../certs")
+            .join(name)
+    }
+
+    /// A key worn out every few records is updated, and the client reads
+    /// on across every update.
+    #[tokio::test]
+    async fn the_server_updates_a_worn_out_key_and_the_client_reads_on() {
+        let certs = Certificates::load(&TlsFiles {
+            cert: cert_file("tls-127.0.0.1.pem"),
+            key: cert_file("tls-127.0.0.1-key.pem"),
+        })
+        .expect("the test certificate");
+        let acceptor = certs.acceptor(&[b"http/1.1"]);
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.expect("accept");
+            let mut stream = acceptor.accept(tcp).await.expect("a handshake");
+            let Session::Records(records) = &mut stream.session else {
+                panic!("a TLS 1.3 connection is not protected by RecordLayer");
+            };
+            records.wear_out_after(3);
+            for i in 0..10u8 {
+                stream.write_all(&[i; 100]).await.expect("a write");
+                stream.flush().await.expect("a flush");
+            }
+            let Session::Records(records) = &stream.session else {
+                unreachable!();
+            };
+            assert!(
+                records.sealed_under_this_key() <= 3,
+                "{} records sealed under one key: it was never updated",
+                records.sealed_under_this_key()
+            );
+            let mut back = [0u8; 4];
+            stream
+                .read_exact(&mut back)
+                .await
+                .expect("the client's answer");
+            assert_eq!(&back, b"done");
+        });
+
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
+            .expect("certs/tls-ca.pem")
+        {
+            roots.add(cert.expect("a CA certificate")).expect("a root");
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let mut client = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+            .await
+            .expect("a handshake");
+        let mut got = vec![0u8; 1000];
+        client.read_exact(&mut got).await.expect("every record");
+        let expected: Vec<u8> = (0..10u8).flat_map(|i| [i; 100]).collect();
+        assert!(
+            got == expected,
+            "the records read differ from those written"
+        );
+        client.write_all(b"done").await.expect("the answer");
+        client.flush().await.expect("a flush");
+        server.await.expect("the server");
     }
 }
