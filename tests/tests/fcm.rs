@@ -1365,6 +1365,36 @@ mod mailbox {
         assert!(bridge.google.received_for("fcm-token-old").is_empty());
     }
 
+    /// Google says a wake-only registration's device is gone (answering
+    /// its wake-up): the registration goes, and the sender's next push is
+    /// 410, as for a bridged push.
+    #[tokio::test]
+    async fn a_wake_only_device_google_calls_gone_loses_its_registration() {
+        let bridge = Bridge::start().await;
+        let token = "fcm-token-uninstalled";
+        let r = bridge.register_wake_only(token).await;
+        bridge.google.script(token, &[Reply::Unregistered]);
+        bridge
+            .push(&r, &SendOptions::text("anyone?"))
+            .await
+            .assert_created();
+        bridge.google.wait_for(token, 1).await;
+        let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+        loop {
+            let sent = http::post_push(&r.endpoint, &[("TTL", "60")], None).await;
+            if sent.status == 410 {
+                break;
+            }
+            assert_eq!(sent.status, 201, "{}", sent.text);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the registration was never removed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(bridge.google.received_for(token).len(), 1);
+    }
+
     /// A body FCM cannot carry (over its 4 KB with the rest of the data)
     /// is 413 errno 104 naming the room there is, with or without a
     /// mailbox, and before anything goes to Google; a wake-only
@@ -1398,6 +1428,13 @@ mod mailbox {
         assert_eq!(sent.status, 201, "{}", sent.text);
         let listed = bridge.fetch_all(&private, 10).await;
         assert!(body_bytes(&listed[0]) == body, "the fetched body differs");
+        // TTL 0: no app fetches it in time.
+        let now = location(
+            &bridge
+                .push(&private, &SendOptions::text("now").ttl(0))
+                .await,
+        );
+        assert_eq!(state_of(&now).await, "dropped");
         let over = autopush_tests::opaque_body(autopush_tests::MAX_BODY_BYTES + 1);
         let refused = http::post_push(&private.endpoint, &headers, Some(over)).await;
         refused.assert_error(413, 104);
