@@ -105,12 +105,14 @@ impl Waker {
     }
 
     /// A wake-up went out within the interval, and the client has not
-    /// connected since (it has not answered it yet).
+    /// connected since (it has not answered it yet). Its connection is
+    /// read from `connected_at`, which every hello sets to the
+    /// millisecond: DynamoDB keeps `last_connect` by the hour.
     fn recently_woken(&self, user: &User, now: u64) -> bool {
         let interval = self.settings.interval.as_millis() as u64;
         user.last_wake > 0
             && now < user.last_wake.saturating_add(interval)
-            && user.last_connect <= user.last_wake
+            && user.connected_at <= user.last_wake
     }
 
     async fn claim_and_send(&self, user: &User, route: WakeRoute, now: u64, wake: WakeUp) {
