@@ -43,6 +43,12 @@ pub struct RouterDataInput {
     /// a token update. Unset: as before.
     #[serde(default)]
     pub mailbox: Option<bool>,
+    /// A bridge registration with a mailbox gets content-free wake-ups
+    /// upstream instead of its messages (`true`), which the app fetches
+    /// from the mailbox; `false` turns that off on a token update. Unset:
+    /// as before.
+    #[serde(default)]
+    pub wake_only: Option<bool>,
     /// Anything else the bridge wants (e.g. an APNs `aps` override).
     #[serde(flatten)]
     pub extra: serde_json::Map<String, serde_json::Value>,

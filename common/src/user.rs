@@ -116,17 +116,50 @@ impl WakeRoute {
 /// The `router_data` key of a bridge registration that asked for a mailbox.
 pub const MAILBOX: &str = "mailbox";
 
+/// The `last_wake` of a wake-only registration whose app listed its
+/// mailbox since its last wake-up: long past, so the next message wakes it
+/// again (0 would read as "never woken", which a store may keep as no value).
+pub const WAKE_ANSWERED: u64 = 1;
+
+/// The `router_data` key of a bridge registration with a mailbox whose
+/// upstream pushes are content-free wake-ups.
+pub const WAKE_ONLY: &str = "wake_only";
+
 impl User {
     /// Whether this bridge registration keeps its messages in a mailbox
     /// until the app acks them, besides sending them upstream.
     pub fn has_mailbox(&self) -> bool {
-        self.router_type != RouterType::WebPush
-            && self
-                .router_data
-                .as_ref()
-                .and_then(|d| d.get(MAILBOX))
-                .and_then(|m| m.as_bool())
-                == Some(true)
+        self.router_type != RouterType::WebPush && self.router_flag(MAILBOX)
+    }
+
+    /// Whether this bridge registration keeps its messages in its mailbox
+    /// only, and its device gets wake-ups instead (see [`User::own_wake_route`]).
+    pub fn is_wake_only(&self) -> bool {
+        self.has_mailbox() && self.router_flag(WAKE_ONLY)
+    }
+
+    /// Where a wake-only registration's wake-ups go: its own app and
+    /// device token (`None` for any other user).
+    pub fn own_wake_route(&self) -> Option<WakeRoute> {
+        if !self.is_wake_only() {
+            return None;
+        }
+        let data = self.router_data.as_ref()?;
+        let text = |key: &str| data.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+        Some(WakeRoute {
+            router: self.router_type,
+            app_id: text("app_id")?,
+            token: text("token")?,
+        })
+    }
+
+    /// Whether `router_data` holds `key: true`.
+    fn router_flag(&self, key: &str) -> bool {
+        self.router_data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .and_then(|m| m.as_bool())
+            == Some(true)
     }
 
     /// A fresh webpush user connected to `node_id` now.

@@ -668,10 +668,10 @@ fn start_endpoint(
         nodes,
         health,
     } = shared;
-    let waker = Waker::new(storage.clone(), bridges.clone(), settings.wake);
+    let waker = Arc::new(Waker::new(storage.clone(), bridges.clone(), settings.wake));
     let webpush = Arc::new(
         WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
-            .with_waker(waker)
+            .with_waker(waker.clone())
             .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone())
             .with_hold_limit(settings.msg_limit),
     );
@@ -703,6 +703,7 @@ fn start_endpoint(
         receipt_retention: settings.receipt_retention,
         health,
         fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
+        waker,
     });
     servers.spawn({
         let state = state.clone();

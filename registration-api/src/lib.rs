@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::ids::{decode_vapid_key, parse_channel_id};
-use autopush_common::router::{Router, RouterDataInput, RouterRegistry};
-use autopush_common::user::MAILBOX;
+use autopush_common::router::{Router, RouterDataInput, RouterError, RouterRegistry};
+use autopush_common::user::{MAILBOX, WAKE_ONLY};
 use autopush_common::{ApiError, ApiResult, RouterType, User};
 use autopush_storage::Storage;
 use http::{HeaderMap, Method};
@@ -141,8 +141,10 @@ impl Call {
         Ok(user)
     }
 
-    /// Ask the router to validate `input`, and note the app it belongs to
-    /// and whether it keeps a mailbox (`input.mailbox`, else as `before`).
+    /// Ask the router to validate `input`, and note the app it belongs to,
+    /// whether it keeps a mailbox (`input.mailbox`, else as `before`) and
+    /// whether its upstream pushes are wake-ups only (`input.wake_only`,
+    /// else as `before`).
     pub fn router_data(
         &self,
         input: &RouterDataInput,
@@ -151,6 +153,16 @@ impl Call {
         let mailbox = input
             .mailbox
             .unwrap_or_else(|| before.is_some_and(User::has_mailbox));
+        let wake_only = input
+            .wake_only
+            .unwrap_or_else(|| before.is_some_and(User::is_wake_only));
+        if wake_only && !mailbox {
+            return Err(ApiError::BadRequest(
+                "\"wake_only\": true needs \"mailbox\": true: the app fetches from its \
+                 mailbox the messages its wake-ups announce"
+                    .into(),
+            ));
+        }
         if mailbox && self.router_type == RouterType::WebPush {
             return Err(ApiError::BadRequest(
                 "a mailbox is for APNs, FCM and GCM registrations: webpush clients fetch \
@@ -159,13 +171,34 @@ impl Call {
             ));
         }
         let mut data = self.router.register(input, &self.app_id)?;
+        if wake_only {
+            self.check_wakes(&data)?;
+        }
         if let Some(object) = data.as_object_mut() {
             object.insert("app_id".into(), self.app_id.clone().into());
             if mailbox {
                 object.insert(MAILBOX.into(), true.into());
             }
+            if wake_only {
+                object.insert(WAKE_ONLY.into(), true.into());
+            }
         }
         Ok(data)
+    }
+
+    /// A wake-only registration needs a bridge that sends wake-ups to its
+    /// device (APNs, FCM).
+    fn check_wakes(&self, data: &serde_json::Value) -> ApiResult<()> {
+        let token = data.get("token").and_then(|t| t.as_str()).unwrap_or("");
+        self.router
+            .check_wake_route(&self.app_id, token)
+            .map_err(|e| match e {
+                RouterError::UnknownApp(_) => ApiError::BadRequest(format!(
+                    "\"wake_only\" is for APNs and FCM registrations: {} sends no wake-ups",
+                    self.router_type.as_str()
+                )),
+                other => other.into(),
+            })
     }
 }
 

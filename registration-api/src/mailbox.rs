@@ -7,6 +7,9 @@
 //! * `GET .../registration/{uaid}/messages[?limit=N&after=CURSOR]`: pending
 //!   messages, oldest first, `limit` (default and most [`PAGE`]) a page,
 //!   with `next` the cursor of the following page (`null` on the last).
+//!   For a wake-only registration (`"wake_only": true`, whose upstream
+//!   pushes are wake-ups), a listing answers the wake-ups sent so far, as a
+//!   websocket client's hello does: the next message wakes the app again.
 //! * `DELETE .../registration/{uaid}/messages/{id}`: ack one message (its
 //!   `id`, the `ver` the bridge payload carried), conditional on that
 //!   version: a newer message that replaced it under the same Topic stays.
@@ -15,6 +18,7 @@
 
 use autopush_common::bridge::web_push_fields;
 use autopush_common::receipt::MessageState;
+use autopush_common::user::WAKE_ANSWERED;
 use autopush_common::{ApiError, ApiResult, Notification, metrics};
 use serde_json::{Value, json};
 
@@ -29,6 +33,16 @@ pub async fn list(state: &RegistrationState, call: Call, uaid: &str) -> ApiResul
         return Err(ApiError::NotFound);
     }
     let (limit, after) = page_query(&call.query)?;
+    if user.is_wake_only() && user.last_wake > WAKE_ANSWERED {
+        // A listing answers the wake-ups so far. Marked before reading, so
+        // a message stored after this read finds the mark and wakes the
+        // app again. A wake-up sent since the record was read wins: the
+        // app answers that one next.
+        state
+            .storage
+            .claim_wake(&user.uaid, user.last_wake, WAKE_ANSWERED)
+            .await?;
+    }
     // The mailbox holds at most `mailbox_limit` messages: read them all,
     // then order and page them here.
     let mut messages = state

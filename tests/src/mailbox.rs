@@ -20,3 +20,25 @@ pub async fn fetch_all(limit: usize, mut page: impl AsyncFnMut(&str) -> HttpRepl
         }
     }
 }
+
+/// The body bytes of a listed message (`body`, base64url), as the app
+/// decodes them.
+pub fn body_bytes(message: &Value) -> Vec<u8> {
+    let body = message["body"].as_str().unwrap_or_else(|| {
+        panic!("no body in {message}");
+    });
+    base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, body)
+        .unwrap_or_else(|e| panic!("the body is not base64url ({e})"))
+}
+
+/// What a bridge's upstream was sent for a wake-only registration: it holds
+/// none of `secrets` (the channel id, message ids, pieces of the body, the
+/// sender's VAPID subject).
+pub fn assert_holds_none_of(upstream: &str, secrets: &[&str]) {
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        assert!(
+            !upstream.contains(secret),
+            "the upstream got {secret:?}: {upstream}"
+        );
+    }
+}

@@ -964,7 +964,7 @@ async fn no_root_certificates_for_an_https_fcm_stop_the_server_saying_so() {
 /// Receipts of pushes to an Android app, and the mailbox of a registration
 /// that asked for one, on every storage backend.
 mod mailbox {
-    use autopush_tests::mailbox::fetch_all;
+    use autopush_tests::mailbox::{assert_holds_none_of, body_bytes, fetch_all};
     use autopush_tests::on_every_backend;
     use autopush_tests::receipt::{id_of, location, state_of, wait_for_state};
 
@@ -1192,11 +1192,265 @@ mod mailbox {
         assert_eq!(bridge.texts(&listed).await, ["before", "after"]);
     }
 
+    impl Bridge {
+        /// An `app1` registration whose upstream pushes are wake-ups only.
+        async fn register_wake_only(&self, token: &str) -> Registration {
+            let body = json!({"token": token, "mailbox": true, "wake_only": true});
+            let reply = self.register_body("fcm", "app1", body).await;
+            Registration::from_reply("fcm", "app1", &reply)
+        }
+
+        /// `PUT .../registration/{uaid}` with `body`.
+        async fn update(&self, r: &Registration, body: Value) -> HttpReply {
+            let url = self.registration_url("fcm", "app1", &format!("/{}", r.uaid));
+            let auth = format!("Bearer {}", r.secret);
+            let headers = [
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ];
+            http::request(
+                Method::PUT,
+                &url,
+                &headers,
+                Some(body.to_string().into_bytes()),
+            )
+            .await
+        }
+    }
+
+    /// The wake-up Google receives for a message of `ttl` and `priority`:
+    /// one fixed key, and nothing of the message.
+    fn wake_up(token: &str, ttl: &str, priority: &str) -> Value {
+        json!({"message": {"token": token, "android": {
+            "ttl": ttl, "priority": priority, "collapse_key": "wake",
+            "data": {"wake": "1"},
+        }}})
+    }
+
+    /// Everything of `received` as text: its headers and its body.
+    fn as_text(received: &Received) -> String {
+        format!("{:?} {}", received.headers, received.body)
+    }
+
+    /// A wake-only registration: Google receives content-free wake-ups
+    /// (urgency and TTL only: no body, channel id, version or sender),
+    /// while the app fetches a 6 KB body from its mailbox, more than FCM
+    /// could carry. A fetch answers a wake-up: the next message wakes
+    /// again; one more before the next fetch is coalesced.
+    async fn a_wake_only_registration_shows_google_nothing_of_the_message(db: Db) {
+        let args = [
+            "--max-data-bytes",
+            "8192",
+            "--wake-interval",
+            "3600",
+            "--wake-threshold",
+            "low",
+        ];
+        let bridge = Bridge::start_on(db, &args).await;
+        let token = "fcm-token-private";
+        let r = bridge.register_wake_only(token).await;
+        let body = autopush_tests::opaque_body(6 * 1024);
+        let headers = [
+            ("TTL", "600"),
+            ("Urgency", "high"),
+            ("Topic", "chat-topic-7"),
+            ("Content-Type", "application/webpush-message"),
+        ];
+        let sent = http::post_push(&r.endpoint, &headers, Some(body.clone())).await;
+        assert_eq!(sent.status, 201, "{}", sent.text);
+        let first = sent.header("location").expect("Location").to_owned();
+        let got = bridge.google.wait_for(token, 1).await;
+        assert_eq!(got[0].body, wake_up(token, "600s", "high"));
+        assert_fcm_headers(&got[0]);
+
+        let listed = bridge.fetch_all(&r, 10).await;
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(body_bytes(&listed[0]) == body, "the fetched body differs");
+        assert_eq!(listed[0]["content_type"], "application/webpush-message");
+        assert_eq!(listed[0]["ver"], id_of(&first));
+        assert_eq!(bridge.ack(&r, id_of(&first)).await.status, 200);
+
+        // Signed and encrypted, as a self-hosted server sends.
+        let vapid = py::VapidKey::generate().await;
+        let signed = SendOptions::text("second")
+            .vapid(&vapid)
+            .vapid_sub("mailto:sender@self-hosted.example")
+            .urgency("low")
+            .ttl(60);
+        let second = location(&bridge.push(&r, &signed).await);
+        let got = bridge.google.wait_for(token, 2).await;
+        assert_eq!(got[1].body, wake_up(token, "60s", "normal"));
+        let third = location(&bridge.push(&r, &SendOptions::text("third")).await);
+        assert_eq!(
+            bridge.google.received_for(token).len(),
+            2,
+            "a message before the next fetch is coalesced"
+        );
+
+        let sample = base64::Engine::encode(
+            &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+            &body[..48],
+        );
+        let secrets = [
+            r.channel_id.as_str(),
+            id_of(&first),
+            id_of(&second),
+            id_of(&third),
+            &sample,
+            "self-hosted",
+            "webpush-message",
+            "aes128gcm",
+            "chat-topic-7",
+            "body",
+            "chid",
+        ];
+        for received in bridge.google.received_for(token) {
+            assert_holds_none_of(&as_text(&received), &secrets);
+        }
+        let listed = bridge.fetch_all(&r, 10).await;
+        assert_eq!(bridge.texts(&listed).await, ["second", "third"]);
+    }
+
+    /// `"wake_only"` needs `"mailbox": true` (400, naming both) and a
+    /// bridge that can wake (not GCM). The flag stays with the registration
+    /// across a new token and a restart; `PUT` may turn it off, but not the
+    /// mailbox under it.
+    #[tokio::test]
+    async fn wake_only_needs_a_mailbox_and_stays_with_its_registration() {
+        let mut bridge = Bridge::start().await;
+        for body in [
+            json!({"token": "fcm-token-x", "wake_only": true}),
+            json!({"token": "fcm-token-x", "mailbox": false, "wake_only": true}),
+        ] {
+            let refused = bridge.register_body("fcm", "app1", body).await;
+            refused.assert_error(400, 110);
+            let message = refused.json["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("wake_only") && message.contains("mailbox"),
+                "{message}"
+            );
+        }
+        let gcm = json!({"token": "gcm-token-x", "mailbox": true, "wake_only": true});
+        bridge
+            .register_body("gcm", SENDER_ID, gcm)
+            .await
+            .assert_error(400, 110);
+
+        let r = bridge.register_wake_only("fcm-token-old").await;
+        let updated = bridge.update(&r, json!({"token": "fcm-token-new"})).await;
+        assert_eq!(updated.status, 200, "{}", updated.text);
+        bridge.server.restart().await;
+        bridge
+            .push(&r, &SendOptions::text("one"))
+            .await
+            .assert_created();
+        let got = bridge.google.wait_for("fcm-token-new", 1).await;
+        assert_eq!(got[0].data(), &json!({"wake": "1"}));
+
+        let no_mailbox = json!({"token": "fcm-token-new", "mailbox": false});
+        bridge.update(&r, no_mailbox).await.assert_error(400, 110);
+        let off = json!({"token": "fcm-token-new", "wake_only": false});
+        let updated = bridge.update(&r, off).await;
+        assert_eq!(updated.status, 200, "{}", updated.text);
+        bridge
+            .push(&r, &SendOptions::text("two"))
+            .await
+            .assert_created();
+        let got = bridge.google.wait_for("fcm-token-new", 2).await;
+        assert_eq!(bridge.decrypt(got[1].data()).await, "two");
+        assert_eq!(
+            bridge.texts(&bridge.fetch_all(&r, 10).await).await,
+            ["one", "two"]
+        );
+        assert!(bridge.google.received_for("fcm-token-old").is_empty());
+    }
+
+    /// Google says a wake-only registration's device is gone (answering
+    /// its wake-up): the registration goes, and the sender's next push is
+    /// 410, as for a bridged push.
+    #[tokio::test]
+    async fn a_wake_only_device_google_calls_gone_loses_its_registration() {
+        let bridge = Bridge::start().await;
+        let token = "fcm-token-uninstalled";
+        let r = bridge.register_wake_only(token).await;
+        bridge.google.script(token, &[Reply::Unregistered]);
+        bridge
+            .push(&r, &SendOptions::text("anyone?"))
+            .await
+            .assert_created();
+        bridge.google.wait_for(token, 1).await;
+        let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+        loop {
+            let sent = http::post_push(&r.endpoint, &[("TTL", "60")], None).await;
+            if sent.status == 410 {
+                break;
+            }
+            assert_eq!(sent.status, 201, "{}", sent.text);
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the registration was never removed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(bridge.google.received_for(token).len(), 1);
+    }
+
+    /// A body FCM cannot carry (over its 4 KB with the rest of the data)
+    /// is 413 errno 104 naming the room there is, with or without a
+    /// mailbox, and before anything goes to Google; a wake-only
+    /// registration takes it, up to `--max-data-bytes` (413 past that too).
+    #[tokio::test]
+    async fn a_body_fcm_cannot_carry_is_413_unless_the_registration_is_wake_only() {
+        let bridge = Bridge::start().await;
+        let body = autopush_tests::opaque_body(4000);
+        let headers = [
+            ("TTL", "60"),
+            ("Content-Type", "application/webpush-message"),
+        ];
+        let plain = bridge.register("fcm", "app1", "fcm-token-small").await;
+        let boxed = bridge.register_mailbox("fcm-token-boxed").await;
+        for r in [&plain, &boxed] {
+            let refused = http::post_push(&r.endpoint, &headers, Some(body.clone())).await;
+            refused.assert_error(413, 104);
+            let message = refused.json["message"].as_str().unwrap_or_default();
+            let limit = message
+                .split("at most ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse::<usize>().ok());
+            assert!(limit.is_some_and(|n| n < 4000), "{message}");
+        }
+        assert!(bridge.google.received().is_empty());
+        assert!(bridge.fetch_all(&boxed, 10).await.is_empty());
+
+        let private = bridge.register_wake_only("fcm-token-private").await;
+        let sent = http::post_push(&private.endpoint, &headers, Some(body.clone())).await;
+        assert_eq!(sent.status, 201, "{}", sent.text);
+        let listed = bridge.fetch_all(&private, 10).await;
+        assert!(body_bytes(&listed[0]) == body, "the fetched body differs");
+        // TTL 0: no app fetches it in time.
+        let now = location(
+            &bridge
+                .push(&private, &SendOptions::text("now").ttl(0))
+                .await,
+        );
+        assert_eq!(state_of(&now).await, "dropped");
+        let over = autopush_tests::opaque_body(autopush_tests::MAX_BODY_BYTES + 1);
+        let refused = http::post_push(&private.endpoint, &headers, Some(over)).await;
+        refused.assert_error(413, 104);
+        let message = refused.json["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&autopush_tests::MAX_BODY_BYTES.to_string()),
+            "{message}"
+        );
+    }
+
     on_every_backend!(
         the_mailbox_keeps_every_message,
         a_new_token_keeps_the_mailbox,
         the_mailbox_keeps_topic_ttl_and_delete_rules,
         a_full_mailbox_refuses_more,
         the_mailbox_needs_the_registration_secret,
+        a_wake_only_registration_shows_google_nothing_of_the_message,
     );
 }

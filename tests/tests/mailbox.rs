@@ -3,7 +3,9 @@
 //! which still holds every message when Apple keeps only the last.
 
 use autopush_apns::double::{ApnsDouble, Outcome};
-use autopush_tests::apns::{ApnsService, FIREFOX, IosApp, device_token};
+use autopush_tests::apns::{
+    ApnsService, FIREFOX, IosApp, device_token, headers as apns_headers, payload,
+};
 use autopush_tests::http::{self, HttpReply};
 use autopush_tests::mailbox;
 use autopush_tests::receipt::{id_of, location, state_of, wait_for_state};
@@ -184,4 +186,76 @@ async fn a_full_mailbox_refuses_more() {
     assert_eq!(state_of(&scored).await, "replaced");
     let listed = fetch_all(&service, &app, 10).await;
     assert_eq!(listed.len(), 2);
+}
+
+/// A wake-only registration: Apple receives the content-free wake-up
+/// (expiry and urgency only: no body, channel id, version or sender)
+/// while the app fetches a 6 KB body from its mailbox. The same body to a
+/// registration that sends it to Apple is 413 errno 104 naming the room
+/// there is, and nothing goes to Apple.
+#[tokio::test]
+async fn a_wake_only_registration_shows_apple_nothing_of_the_message() {
+    let double = ApnsDouble::new();
+    let service =
+        ApnsService::start_configured(double, |layer| layer.max_data_bytes = Some(8192)).await;
+    let token = device_token();
+    let private = json!({"mailbox": true, "wake_only": true});
+    let app = service.register(FIREFOX, &token, private).await;
+    let body = opaque_body(6 * 1024);
+    let headers = [
+        ("TTL", "600"),
+        ("Topic", "chat-topic-7"),
+        ("Content-Type", "application/webpush-message"),
+    ];
+    let sent = http::post_push(&app.endpoint, &headers, Some(body.clone())).await;
+    assert_eq!(sent.status, 201, "{}", sent.text);
+    let id = sent.header("location").and_then(|l| l.rsplit('/').next());
+    let id = id.expect("Location").to_owned();
+    service.double.wait_for(1).await;
+    let woken = service.double.requests_for(&token);
+    assert_eq!(woken.len(), 1);
+    assert_eq!(
+        payload(&woken[0]),
+        json!({"aps": {"content-available": 1}, "wake": 1})
+    );
+    let sent_headers = apns_headers(&woken[0]);
+    assert_eq!(sent_headers["apns-collapse-id"], "wake");
+    assert_eq!(sent_headers["apns-push-type"], "background");
+    assert_eq!(sent_headers["apns-priority"], "5");
+    let upstream = format!("{sent_headers:?} {}", woken[0].request.payload);
+    let sample = base64::Engine::encode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        &body[..48],
+    );
+    let secrets = [
+        app.channel_id.as_str(),
+        &id,
+        &sample,
+        "chat-topic-7",
+        "body",
+    ];
+    mailbox::assert_holds_none_of(&upstream, &secrets);
+
+    let listed = fetch_all(&service, &app, 10).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert!(
+        mailbox::body_bytes(&listed[0]) == body,
+        "the fetched body differs"
+    );
+    assert_eq!(listed[0]["ver"], id.as_str());
+
+    for extra in [json!({}), json!({"mailbox": true})] {
+        let other = device_token();
+        let app = service.register(FIREFOX, &other, extra).await;
+        let refused = http::post_push(&app.endpoint, &headers, Some(body[..4000].to_vec())).await;
+        refused.assert_error(413, 104);
+        let message = refused.json["message"].as_str().unwrap_or_default();
+        let limit = message
+            .split("at most ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok());
+        assert!(limit.is_some_and(|n| n < 4000), "{message}");
+        assert!(service.double.requests_for(&other).is_empty());
+    }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use autopush_apns::double::ApnsDouble;
 use autopush_tests::apns::{self, ApnsService};
+use autopush_tests::backend::{self, Db};
 use autopush_tests::google::{Google, Received, Reply};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::{
@@ -45,12 +46,17 @@ struct Fcm {
 
 impl Fcm {
     async fn start(args: &[&str]) -> Fcm {
+        Fcm::start_on(Db::Embedded, args).await
+    }
+
+    /// [`Fcm::start`] on the storage backend `db`.
+    async fn start_on(db: Db, args: &[&str]) -> Fcm {
         let google = Google::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
         let config = fcm_config(&google, &dir);
         let mut all = vec!["--config", &config];
         all.extend_from_slice(args);
-        let server = Server::start_with(&all).await;
+        let server = backend::start(db, &all).await;
         Fcm {
             google,
             server,
@@ -184,9 +190,10 @@ async fn after_the_interval_the_next_message_wakes_again() {
     fcm.google.wait_for(&token, 2).await;
 }
 
-#[tokio::test]
-async fn a_client_that_answered_its_wake_up_is_woken_again_within_the_interval() {
-    let fcm = Fcm::start(&["--wake-interval", "3600"]).await;
+/// On every backend: DynamoDB keeps `last_connect` by the hour, so the
+/// rule reads the reconnection from `connected_at`.
+async fn a_client_that_answered_its_wake_up_is_woken_again_within_the_interval(db: Db) {
+    let fcm = Fcm::start_on(db, &["--wake-interval", "3600"]).await;
     let token = fcm_token();
     let (ws, sub) = fcm.client(&token).await;
     let uaid = ws.uaid().to_owned();
@@ -203,6 +210,10 @@ async fn a_client_that_answered_its_wake_up_is_woken_again_within_the_interval()
     fcm.wait_for_metric("coalesced", 1.0).await;
     assert_eq!(fcm.google.received_for(&token).len(), 2);
 }
+
+autopush_tests::on_every_backend!(
+    a_client_that_answered_its_wake_up_is_woken_again_within_the_interval
+);
 
 #[tokio::test]
 async fn a_very_low_message_under_the_normal_threshold_wakes_nobody() {

@@ -2,11 +2,15 @@
 //! `autopush_registration::mailbox` for the app's side): a push to an app
 //! with a mailbox is stored before it goes upstream, so that however the
 //! upstream coalesces or drops, the app's next fetch gets it; the upstream
-//! push is the wake-up.
+//! push is the wake-up. A wake-only registration's messages go nowhere
+//! else: its device gets the content-free wake-ups of the
+//! [`Waker`](autopush_webpush::Waker).
 
+use autopush_common::router::Delivery;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, ApiResult, Notification, User};
 use autopush_storage::StoredMessage;
+use autopush_webpush::wake::wake_up_for;
 use tracing::warn;
 
 use super::EndpointState;
@@ -31,6 +35,28 @@ pub async fn keep(
         .save_messages(&user.uaid, vec![notification.clone()])
         .await?;
     Ok(())
+}
+
+/// A push to a wake-only registration: kept in its mailbox, and its device
+/// woken by the websocket clients' rule (at most one wake-up per
+/// `--wake-interval` until the app lists its mailbox), on a task of its
+/// own. TTL 0 is dropped: no app fetches it in time.
+pub async fn keep_and_wake(
+    state: &EndpointState,
+    user: &User,
+    notification: &Notification,
+) -> ApiResult<Delivery> {
+    if notification.ttl == 0 {
+        return Ok(Delivery::Dropped);
+    }
+    keep(state, user, notification).await?;
+    // Read again after storing: if the app listed its mailbox since the
+    // first read, that listing may have missed this message, and the
+    // record now says the last wake-up was answered.
+    if let Some(now) = state.storage.get_user(&user.uaid).await? {
+        state.waker.after_stored(&now, wake_up_for(notification));
+    }
+    Ok(Delivery::Stored)
 }
 
 /// Whether `notification` has a Topic and a pending message with that

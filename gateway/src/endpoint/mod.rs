@@ -33,6 +33,7 @@ use warp::reply::{Reply, Response};
 use crate::vapid::VapidVerifier;
 use autopush_common::router::RouterRegistry;
 use autopush_registration::RegistrationState;
+use autopush_webpush::Waker;
 use fair_use::FairUse;
 
 /// What the endpoint handlers share.
@@ -52,6 +53,9 @@ pub struct EndpointState {
     pub health: Arc<HealthCheck>,
     /// Rate limits per sender, subscription and source address.
     pub fair_use: FairUse,
+    /// Wakes the devices of wake-only bridge registrations (and, through
+    /// the webpush router, absent websocket clients).
+    pub waker: Arc<Waker>,
 }
 
 impl EndpointState {

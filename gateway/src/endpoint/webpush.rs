@@ -108,21 +108,14 @@ pub async fn deliver(
     let (notification, mut message) =
         build_notification(&state, subscription, push, &body, bridged);
     let (mut message_id, ttl) = (notification.version.clone(), notification.ttl);
-    if mailbox {
-        mailbox::keep(&state, &user, &notification).await?;
-    }
-    let sort_key = notification.sort_key();
-    let delivery = match route(router.as_ref(), notification, &user).await {
-        Ok(delivery) => delivery,
-        Err(e) => {
-            if mailbox {
-                mailbox::forget(&state, &user, &sort_key, &message_id).await;
-            }
-            if e == ApiError::DeviceGone {
-                forget_gone_device(&state, &user).await?;
-            }
-            return Err(e);
+    let delivery = if user.is_wake_only() {
+        // Nothing of the message goes upstream: its app fetches it.
+        mailbox::keep_and_wake(&state, &user, &notification).await?
+    } else {
+        if mailbox {
+            mailbox::keep(&state, &user, &notification).await?;
         }
+        route_bridged(&state, router.as_ref(), notification, &user, mailbox).await?
     };
     metrics::encoding(encoding);
     metrics::delivery(
@@ -133,7 +126,7 @@ pub async fn deliver(
             Delivery::Dropped => "dropped",
         },
     );
-    let settled = match mailbox {
+    let settled = match mailbox && delivery != Delivery::Dropped {
         // Its row in the mailbox follows it.
         true => None,
         false => settled_at_once(&state, user.router_type, delivery, ttl),
@@ -189,6 +182,31 @@ fn settled_at_once(
         (RouterType::WebPush, Delivery::Stored) => None,
         (_, _) => Some(MessageState::Bridged),
     }
+}
+
+/// Hand the notification to its router, which may be a bridge: a copy
+/// kept in the registration's mailbox (`mailbox`) goes if the upstream
+/// refuses it (the sender hears the error and sends again), and a device
+/// the upstream calls gone loses its registration.
+async fn route_bridged(
+    state: &EndpointState,
+    router: &dyn Router,
+    notification: Notification,
+    user: &User,
+    mailbox: bool,
+) -> ApiResult<Delivery> {
+    let kept = mailbox.then(|| (notification.sort_key(), notification.version.clone()));
+    let error = match route(router, notification, user).await {
+        Ok(delivery) => return Ok(delivery),
+        Err(e) => e,
+    };
+    if let Some((sort_key, version)) = kept {
+        mailbox::forget(state, user, &sort_key, &version).await;
+    }
+    if error == ApiError::DeviceGone {
+        forget_gone_device(state, user).await?;
+    }
+    Err(error)
 }
 
 /// Hand the notification to its router; calls to a bridge are counted and

@@ -167,8 +167,8 @@ impl WebPushRouter {
     }
 
     /// Send wake-ups to user agents that are away, with `waker`.
-    pub fn with_waker(mut self, waker: Waker) -> Self {
-        self.waker = Some(Arc::new(waker));
+    pub fn with_waker(mut self, waker: Arc<Waker>) -> Self {
+        self.waker = Some(waker);
         self
     }
 

@@ -13,6 +13,11 @@
 //! A wake-up never fails the push: the message is stored, the sender gets
 //! its 201 either way. A bridge answer that the device is gone removes the
 //! route (if it is still that route); the subscription stays.
+//!
+//! A wake-only bridge registration (its messages in its mailbox only) is
+//! woken by the same rule, through its own app and device token; its app
+//! answers a wake-up by listing its mailbox. A device gone removes that
+//! registration (if it is still as read), as a bridged push's would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +28,6 @@ use autopush_common::time::now_millis;
 use autopush_common::{Notification, Urgency, User, WakeRoute};
 use autopush_storage::Storage;
 use tracing::{debug, warn};
-use uuid::Uuid;
 
 /// `--wake-threshold` and `--wake-interval`.
 #[derive(Clone, Copy, Debug)]
@@ -85,40 +89,38 @@ impl Waker {
     /// send run on their own task, so the sender's 201 never waits for
     /// Apple or Google.
     pub fn after_stored(self: &Arc<Self>, user: &User, wake: WakeUp) {
-        let Some(route) = &user.wake_route else {
-            return;
-        };
         if user.node_id.is_some() || rank(wake.urgency) < rank(self.settings.threshold) {
             return;
         }
+        let Some(route) = user.wake_route.clone().or_else(|| user.own_wake_route()) else {
+            return;
+        };
         let now = now_millis();
         if self.recently_woken(user, now) {
             wake_up(route.router, "coalesced");
             return;
         }
-        let (waker, route, seen) = (self.clone(), route.clone(), user.last_wake);
-        let uaid = user.uaid;
-        tokio::spawn(async move { waker.claim_and_send(uaid, route, seen, now, wake).await });
+        let (waker, user) = (self.clone(), user.clone());
+        tokio::spawn(async move { waker.claim_and_send(&user, route, now, wake).await });
     }
 
     /// A wake-up went out within the interval, and the client has not
-    /// connected since (it has not answered it yet).
+    /// connected since (it has not answered it yet). Its connection is
+    /// read from `connected_at`, which every hello sets to the
+    /// millisecond: DynamoDB keeps `last_connect` by the hour.
     fn recently_woken(&self, user: &User, now: u64) -> bool {
         let interval = self.settings.interval.as_millis() as u64;
         user.last_wake > 0
             && now < user.last_wake.saturating_add(interval)
-            && user.last_connect <= user.last_wake
+            && user.connected_at <= user.last_wake
     }
 
-    async fn claim_and_send(
-        &self,
-        uaid: Uuid,
-        route: WakeRoute,
-        seen: u64,
-        now: u64,
-        wake: WakeUp,
-    ) {
-        match self.storage.claim_wake(&uaid, seen, now).await {
+    async fn claim_and_send(&self, user: &User, route: WakeRoute, now: u64, wake: WakeUp) {
+        match self
+            .storage
+            .claim_wake(&user.uaid, user.last_wake, now)
+            .await
+        {
             Ok(true) => {}
             Ok(false) => {
                 // Another endpoint node sent it (or the user is gone).
@@ -141,12 +143,7 @@ impl Waker {
                 wake_up(route.router, "sent");
             }
             Err(RouterError::DeviceGone) => {
-                match self.storage.remove_wake_route(&uaid, &route).await {
-                    Ok(_) => debug!(app = %route.app_id, "the device is gone; wake route removed"),
-                    Err(e) => {
-                        warn!(error = %e, "could not remove a wake route whose device is gone")
-                    }
-                }
+                self.forget_route(user, &route).await;
                 // Counted once the route is gone.
                 wake_up(route.router, "failed");
             }
@@ -154,6 +151,23 @@ impl Waker {
                 wake_up(route.router, "failed");
                 warn!(router = route.router.as_str(), app = %route.app_id, error = %e, "wake-up failed");
             }
+        }
+    }
+
+    /// The bridge says the device of `route` is gone: a websocket client
+    /// loses its wake route, a wake-only registration itself goes (the
+    /// sender's next push gets 410), each only if still as `user` read it.
+    async fn forget_route(&self, user: &User, route: &WakeRoute) {
+        if user.wake_route.as_ref() != Some(route) {
+            match self.storage.remove_user_if_unchanged(user).await {
+                Ok(_) => debug!(app = %route.app_id, "the device is gone; registration removed"),
+                Err(e) => warn!(error = %e, "could not remove a registration whose device is gone"),
+            }
+            return;
+        }
+        match self.storage.remove_wake_route(&user.uaid, route).await {
+            Ok(_) => debug!(app = %route.app_id, "the device is gone; wake route removed"),
+            Err(e) => warn!(error = %e, "could not remove a wake route whose device is gone"),
         }
     }
 }
