@@ -1263,12 +1263,15 @@ mod mailbox {
         assert_eq!(got[0].body, wake_up(token, "600s", "high"));
         assert_fcm_headers(&got[0]);
 
+        assert_eq!(state_of(&first).await, "stored", "nothing went upstream");
+
         let listed = bridge.fetch_all(&r, 10).await;
         assert_eq!(listed.len(), 1, "{listed:?}");
         assert!(body_bytes(&listed[0]) == body, "the fetched body differs");
         assert_eq!(listed[0]["content_type"], "application/webpush-message");
         assert_eq!(listed[0]["ver"], id_of(&first));
         assert_eq!(bridge.ack(&r, id_of(&first)).await.status, 200);
+        assert_eq!(state_of(&first).await, "fetched");
 
         // Signed and encrypted, as a self-hosted server sends.
         let vapid = py::VapidKey::generate().await;

@@ -101,8 +101,10 @@ async fn look_up(
             let user = state.storage.get_user(&message.uaid).await?;
             Some(match user {
                 // In a bridged app's mailbox: the upstream took it before
-                // the sender got its id; the app has not acked it yet.
-                Some(user) if user.router_type != RouterType::WebPush => {
+                // the sender got its id; the app has not acked it yet. (A
+                // wake-only registration's upstream never sees it: it is
+                // `stored` until fetched.)
+                Some(user) if user.router_type != RouterType::WebPush && !user.is_wake_only() => {
                     (MessageState::Bridged, pending.timestamp)
                 }
                 // Below the client's minimum urgency: it waits in storage
