@@ -42,7 +42,8 @@ fn app(name: &str, project: &str, google: &Google, key_file: &Path, extra: &str)
 }
 
 impl Reloading {
-    /// The server with FCM app `app1` on [`PROJECT`].
+    /// The server with FCM app `app1` on [`PROJECT`] in its settings file,
+    /// and GCM sender id `1234` given by `--gcm-credentials`.
     async fn start() -> Reloading {
         let google = Google::start().await;
         let dir = tempfile::tempdir().expect("temp dir");
@@ -50,7 +51,16 @@ impl Reloading {
         let config = dir.path().join("autopush.toml");
         std::fs::write(&config, app("app1", PROJECT, &google, &key_file, ""))
             .expect("write the settings file");
-        let server = Server::start_with(&["--config", &config.display().to_string()]).await;
+        let gcm = json!({"1234": {
+            "project_id": PROJECT,
+            "credential": google.service_account().to_string(),
+            "base_url": google.base_url(),
+            "timeout": 3,
+        }})
+        .to_string();
+        let config_arg = config.display().to_string();
+        let server =
+            Server::start_with(&["--config", &config_arg, "--gcm-credentials", &gcm]).await;
         Reloading {
             google,
             server,
@@ -192,8 +202,20 @@ async fn an_app_added_by_sighup_is_served_at_once_and_no_connection_drops() {
     assert_eq!(plain.text, "still here");
     ws.ack_notification(&notification).await;
 
+    // The flag's GCM sender id stays over the file, which has none.
+    let reply = http::request(
+        Method::POST,
+        &format!("{}/v1/gcm/1234/registration", r.server.endpoint_base()),
+        &[("content-type", "application/json")],
+        Some(json!({"token": "token-gcm"}).to_string().into_bytes()),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text);
+
     let s = r.metrics().await;
     assert_eq!(s.value("bridge_apps", &[("router_type", "fcm")]), 2.0);
+    assert_eq!(s.value("bridge_apps", &[("router_type", "gcm")]), 1.0);
+    assert_eq!(s.value("bridge_apps", &[("router_type", "apns")]), 0.0);
     assert_eq!(s.value("bridge_reload", &[("outcome", "ok")]), 1.0);
     ws.close().await;
 }
