@@ -6,7 +6,7 @@
 //! replace its apps while it serves ([`Bridges::reload`]).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use autopush_apns::ApnsRouter;
 use autopush_apns::settings::{ApnsChannel, ApnsSettings};
@@ -45,8 +45,6 @@ pub struct Bridges {
     limits: AppLimits,
     /// The settings file and the flags over it; `None`: nothing to re-read.
     reread: Option<Reread>,
-    /// One reload at a time.
-    reloading: Mutex<()>,
 }
 
 /// The bridge routers `settings` configure, clients built and key material
@@ -76,7 +74,6 @@ pub fn bridges(
         ))),
         limits: limits.clone(),
         reread,
-        reloading: Mutex::new(()),
     };
     let serves = bridges.serves();
     Ok((bridges, serves))
@@ -123,13 +120,13 @@ impl Bridges {
     /// their new settings from the next push, unchanged ones with the
     /// clients (and tokens) they had. A section that fails to parse or to
     /// build is logged by name and the one before stays; a file that cannot
-    /// be read changes nothing.
+    /// be read changes nothing. Called by the one SIGHUP handler, so
+    /// reloads never overlap.
     pub fn reload(&self) {
         let Some(reread) = &self.reread else {
             info!("SIGHUP: no settings file (--config): the bridges stay as they are");
             return;
         };
-        let _one = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
         let offered = match offered(reread) {
             Ok(offered) => offered,
             Err(e) => {
