@@ -31,38 +31,7 @@ use uuid::Uuid;
 
 use crate::Notification;
 use crate::limit::{Limiter, Rate};
-use crate::router::{Router, RouterError};
-
-/// What a bridge crate's settings section builds at start-up, for the
-/// gateway's list of bridges.
-pub struct Bridge {
-    /// `None` when nothing is configured: the bridge is not served.
-    pub router: Option<Arc<dyn Router>>,
-    /// What it serves, by name only (its settings hold credentials), for
-    /// the start-up log: `apns channels: firefox, beta`.
-    pub serves: String,
-}
-
-impl Bridge {
-    /// A bridge serving `names` (`what`: "apns channels", "fcm apps") with
-    /// `router`.
-    pub fn serving<'a>(
-        what: &str,
-        names: impl Iterator<Item = &'a String>,
-        router: Option<Arc<dyn Router>>,
-    ) -> Bridge {
-        let names: Vec<&str> = names.map(String::as_str).collect();
-        let names = if names.is_empty() {
-            "none".to_owned()
-        } else {
-            names.join(", ")
-        };
-        Bridge {
-            router,
-            serves: format!("{what}: {names}"),
-        }
-    }
-}
+use crate::router::RouterError;
 
 /// How long and how often a bridge tries one push.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,6 +1,7 @@
 //! The `Router` trait: how a notification reaches a user of one router type,
 //! and how a bridge client registers with it. The gateway keeps one router per
-//! [`RouterType`] in a [`RouterRegistry`] built at start-up.
+//! [`RouterType`] in a [`RouterRegistry`] built at start-up; a bridge's
+//! entry is [`Swappable`], so its apps can change while it serves.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -190,6 +191,71 @@ pub fn mask_tokens(data: &serde_json::Value) -> serde_json::Value {
         ),
         Value::Array(items) => Value::Array(items.iter().map(mask_tokens).collect()),
         other => other.clone(),
+    }
+}
+
+/// A router that can be replaced while it serves (a bridge's apps reloaded
+/// on SIGHUP): each call goes to the router current when it starts, so a
+/// swap waits for no request and drops none.
+pub struct Swappable<R> {
+    current: std::sync::RwLock<Arc<R>>,
+}
+
+impl<R: Router> Swappable<R> {
+    pub fn new(router: Arc<R>) -> Swappable<R> {
+        Swappable {
+            current: std::sync::RwLock::new(router),
+        }
+    }
+
+    /// The router serving now.
+    pub fn current(&self) -> Arc<R> {
+        // A panic elsewhere cannot leave the pointer half-written.
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Serve every call from now on with `router`.
+    pub fn swap(&self, router: Arc<R>) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = router;
+    }
+}
+
+#[async_trait]
+impl<R: Router + 'static> Router for Swappable<R> {
+    fn register(
+        &self,
+        input: &RouterDataInput,
+        app_id: &str,
+    ) -> Result<serde_json::Value, RouterError> {
+        self.current().register(input, app_id)
+    }
+
+    fn amend_endpoint_response(
+        &self,
+        response: &mut serde_json::Map<String, serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) {
+        self.current()
+            .amend_endpoint_response(response, router_data);
+    }
+
+    async fn route_notification(
+        &self,
+        notification: Notification,
+        user: &User,
+    ) -> ApiResult<Delivery> {
+        self.current().route_notification(notification, user).await
+    }
+
+    fn check_wake_route(&self, app_id: &str, token: &str) -> Result<(), RouterError> {
+        self.current().check_wake_route(app_id, token)
+    }
+
+    async fn wake(&self, app_id: &str, token: &str, wake: &WakeUp) -> Result<(), RouterError> {
+        self.current().wake(app_id, token, wake).await
     }
 }
 

@@ -29,6 +29,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+use crate::bridges::Bridges;
 use crate::endpoint::{self, EndpointState};
 use crate::keys::{self, Key, Planned};
 use crate::limits;
@@ -364,8 +365,8 @@ pub struct Checked {
     router: Planned,
     /// The certificate of the public ports, if they speak TLS.
     tls: Option<Arc<Certificates>>,
-    bridges: RouterRegistry,
-    serves: String,
+    /// `None` only with a problem named.
+    bridges: Option<Arc<Bridges>>,
     listeners: Listeners,
 }
 
@@ -432,10 +433,9 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         Some(files) => problems.take(Certificates::load(files).map(Some), None),
         None => None,
     };
-    let (bridges, serves) = problems.take(
-        crate::bridges::bridges(&settings.bridges, &bridge_limits(&settings)),
-        (RouterRegistry::default(), String::new()),
-    );
+    let limits = bridge_limits(&settings);
+    let built = crate::bridges::bridges(&settings.bridges, &limits, settings.reread.clone());
+    let bridges = problems.take(built.map(|(bridges, _)| Some(Arc::new(bridges))), None);
     // Two listeners on one port are one problem, already named.
     let listeners = match mode_ok {
         true => Listeners::bind(mode, &settings, (&hosts, &router_hosts), &mut problems),
@@ -449,7 +449,6 @@ pub fn check(mode: Mode, settings: Settings, mut problems: Problems) -> Result<C
         router,
         tls,
         bridges,
-        serves,
         listeners,
     };
     problems.or(checked)
@@ -495,16 +494,18 @@ impl Checked {
             router,
             tls,
             bridges: configured,
-            serves,
             listeners,
         } = self;
         let settings = &settings;
-        let bridges = configured.extend(bridges);
+        let configured = configured.ok_or("the bridges were not built")?;
+        let serves = configured.serves();
+        let bridges = configured.registry().extend(bridges);
         let metrics = crate::metrics::install(
             settings.statsd.as_ref(),
             &settings.statsd_label,
             settings.statsd_flush_interval,
         )?;
+        configured.report();
         let storage = open_storage(settings).await?;
         let crypto_keys = crypto.load()?;
         let shared = Shared {
@@ -516,7 +517,7 @@ impl Checked {
 
         let mut servers = JoinSet::new();
         servers.spawn(
-            tls::reloader(tls.clone(), tls::POLL_EVERY)
+            tls::reloader(tls.clone(), tls::POLL_EVERY, move || configured.reload())
                 .map_err(|e| format!("cannot handle SIGHUP: {e}"))?,
         );
         // Both public ports speak HTTP/1.1 only (see autopush_serving::http).

@@ -200,6 +200,17 @@ pub fn install(
     Ok(handle)
 }
 
+/// How many apps (APNs channels, FCM apps, GCM sender ids) a bridge serves.
+pub fn bridge_apps(router_type: autopush_common::RouterType, apps: usize) {
+    metrics::gauge!("bridge.apps", "router_type" => router_type.as_str()).set(apps as f64);
+}
+
+/// A reload of the bridges' apps (SIGHUP): `ok`, `partial` (some apps
+/// refused, kept as they were) or `rejected` (the file refused whole).
+pub fn bridge_reload(outcome: &'static str) {
+    metrics::counter!("bridge.reload", "outcome" => outcome).increment(1);
+}
+
 /// `GET /metrics`: every metric in the Prometheus text format.
 pub fn route(handle: PrometheusHandle) -> BoxedFilter<(Response,)> {
     let handle = Arc::new(handle);

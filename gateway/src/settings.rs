@@ -280,6 +280,10 @@ pub struct SettingsLayer {
     #[arg(skip)]
     #[serde(skip)]
     pub sources: Sources,
+    /// What SIGHUP reads the bridges' apps from again (not a setting).
+    #[arg(skip)]
+    #[serde(skip)]
+    pub reread: Option<Reread>,
 }
 
 impl SettingsLayer {
@@ -342,15 +346,25 @@ impl SettingsLayer {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                let file = SettingsLayer::from_file(&text, path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                let sources = flags.sources.clone().under_lower(file.sources.clone());
-                let mut merged = flags.over(file)?;
-                merged.sources = sources;
+                let mut merged = flags.clone().over_file(&text, path)?;
+                merged.reread = Some(Reread {
+                    flags: Box::new(flags),
+                    path: path.to_owned(),
+                });
                 Ok(merged)
             }
             None => Ok(flags),
         }
+    }
+
+    /// This layer over the settings file `text` read from `path`.
+    pub fn over_file(self, text: &str, path: &std::path::Path) -> Result<SettingsLayer, String> {
+        let file =
+            SettingsLayer::from_file(text, path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let sources = self.sources.clone().under_lower(file.sources.clone());
+        let mut merged = self.over(file)?;
+        merged.sources = sources;
+        Ok(merged)
     }
 
     /// This layer with every setting that has a default filled in: the
@@ -698,6 +712,25 @@ pub struct Settings {
     pub bridges: BridgeSettings,
     /// Where each value came from, to name it in errors.
     pub sources: Sources,
+    /// What SIGHUP reads the bridges' apps from again; `None`: no settings
+    /// file, nothing to re-read.
+    pub reread: Option<Reread>,
+}
+
+/// The flags (and environment) given at start-up and the settings file
+/// under them: a reload reads the file again under the same flags, so
+/// they keep their precedence.
+#[derive(Clone)]
+pub struct Reread {
+    pub flags: Box<SettingsLayer>,
+    pub path: PathBuf,
+}
+
+/// The flags may hold secrets: only the file is shown.
+impl std::fmt::Debug for Reread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reread").field("path", &self.path).finish()
+    }
 }
 
 /// An RFC 8030 urgency, as the `Urgency` header spells it.
@@ -1065,6 +1098,7 @@ impl Settings {
             log_format,
             bridges,
             sources: sources.clone(),
+            reread: l.reread,
         };
         (settings, p)
     }

@@ -161,12 +161,15 @@ impl ResolvesServerCert for Certificates {
     }
 }
 
-/// Reload `certs` on SIGHUP and when their files change, forever. Without
-/// TLS, SIGHUP is only logged: a reload (systemd's `ExecReload`) must never
-/// stop the service. The handler is installed before this returns.
+/// Reload `certs` on SIGHUP and when their files change, forever, and
+/// call `also` on each SIGHUP after them (the service's one handler of the
+/// signal). Without TLS, SIGHUP reloads no certificate: a reload
+/// (systemd's `ExecReload`) must never stop the service. The handler is
+/// installed before this returns.
 pub fn reloader(
     certs: Option<Arc<Certificates>>,
     poll: Duration,
+    mut also: impl FnMut() + Send + 'static,
 ) -> std::io::Result<impl std::future::Future<Output = ()> + Send> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangup = signal(SignalKind::hangup())?;
@@ -175,11 +178,14 @@ pub fn reloader(
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = hangup.recv() => match &certs {
-                    Some(certs) => {
-                        certs.reload("SIGHUP");
+                _ = hangup.recv() => {
+                    match &certs {
+                        Some(certs) => {
+                            certs.reload("SIGHUP");
+                        }
+                        None => info!("SIGHUP: nothing to reload (no --tls-cert)"),
                     }
-                    None => info!("SIGHUP: nothing to reload (no --tls-cert)"),
+                    also();
                 },
                 _ = every.tick(), if certs.is_some() => {
                     if let Some(certs) = certs.as_ref().filter(|c| c.changed()) {

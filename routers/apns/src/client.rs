@@ -186,6 +186,7 @@ impl PayloadLike for A2Payload<'_> {
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+    use std::sync::Arc;
 
     use super::*;
     use crate::ApnsRouter;
@@ -265,6 +266,67 @@ mod tests {
             err.starts_with("apns channel \"beta\": key: cannot read"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_reload_keeps_what_is_unchanged_and_what_it_cannot_build() {
+        let dir = std::env::temp_dir().join(format!("apns-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p8 = dir.join("key.p8");
+        let key = std::fs::read_to_string(cert_file("apns-token-key.p8")).unwrap();
+        std::fs::write(&p8, &key).unwrap();
+        let firefox = token(&p8.display().to_string());
+        let beta = certificate(&cert_file("apns-cert.pem"), &cert_file("apns-cert-key.pem"));
+        let limits = Default::default();
+        let settings = ApnsSettings {
+            channels: [
+                ("firefox".into(), firefox.clone()),
+                ("beta".into(), beta.clone()),
+            ]
+            .into(),
+        };
+        let before = ApnsRouter::new(&settings, &limits).unwrap();
+
+        let mut renamed = beta.clone();
+        renamed.topic = "org.example.renamed".into();
+        let missing = token(&cert_file("missing.p8"));
+        let offered = [
+            ("firefox".to_owned(), Ok(firefox.clone())),
+            ("beta".to_owned(), Ok(renamed)),
+            ("nightly".to_owned(), Ok(missing.clone())),
+        ]
+        .into();
+        let (after, refused) = before.reloaded(&offered, &limits);
+        let same = |a: &ApnsRouter, b: &ApnsRouter, name: &str| {
+            Arc::ptr_eq(&a.channels[name], &b.channels[name])
+        };
+        assert!(same(&before, &after, "firefox"), "unchanged: kept");
+        assert_eq!(after.channels["beta"].topic, "org.example.renamed");
+        assert!(
+            !after.channels.contains_key("nightly"),
+            "not built: not served"
+        );
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0].0 == "nightly" && refused[0].1.contains("cannot read"),
+            "{refused:?}"
+        );
+
+        // A key rewritten in place is a change; new settings that cannot be
+        // built leave the channel as it was; a channel not offered is gone.
+        std::fs::write(&p8, format!("{key}\n")).unwrap();
+        let offered = [("firefox".to_owned(), Ok(firefox.clone()))].into();
+        let (rotated, refused) = after.reloaded(&offered, &limits);
+        assert!(refused.is_empty(), "{refused:?}");
+        assert!(
+            !same(&after, &rotated, "firefox"),
+            "a new key: a new client"
+        );
+        assert_eq!(rotated.names().collect::<Vec<_>>(), ["firefox"]);
+        let offered = [("firefox".to_owned(), Ok(missing))].into();
+        let (kept, refused) = rotated.reloaded(&offered, &limits);
+        assert!(same(&rotated, &kept, "firefox"), "{refused:?}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

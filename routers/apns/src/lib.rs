@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use autopush_common::bridge::{
-    AppLimit, AppLimits, Attempt, Bridge, CredentialAlarm, InFlight, RetryPolicy,
-    upstream_too_many, with_retries,
+    AppLimit, AppLimits, Attempt, CredentialAlarm, InFlight, RetryPolicy, upstream_too_many,
+    with_retries,
 };
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, WakeUp};
 use autopush_common::{ApiResult, Notification, User};
@@ -56,6 +56,10 @@ const REFUSED_CREDENTIALS: [&str; 5] = [
 
 /// One release channel: its client and its share of the node.
 struct Channel {
+    /// What it was built from: a reload keeps it while these are the same.
+    settings: ApnsChannel,
+    /// Its key material as read then (`None`: not readable, a test double's).
+    material: Option<Vec<Vec<u8>>>,
     name: String,
     topic: String,
     sender: Arc<dyn ApnsSender>,
@@ -65,24 +69,16 @@ struct Channel {
     limit: AppLimit,
 }
 
+#[derive(Default)]
 pub struct ApnsRouter {
-    channels: BTreeMap<String, Channel>,
+    channels: BTreeMap<String, Arc<Channel>>,
 }
 
 impl settings::ApnsSection {
     /// The APNs bridge: a router with an a2 client per channel, each within
-    /// its rate in `limits`, or none when no channel is configured.
-    pub fn bridge(&self, limits: &AppLimits) -> Result<Bridge, String> {
-        let settings = self.settings();
-        let mut router = None;
-        if !settings.channels.is_empty() {
-            router = Some(Arc::new(ApnsRouter::new(&settings, limits)?) as Arc<dyn Router>);
-        }
-        Ok(Bridge::serving(
-            "apns channels",
-            settings.channels.keys(),
-            router,
-        ))
+    /// its rate in `limits` (none when no channel is configured).
+    pub fn router(&self, limits: &AppLimits) -> Result<ApnsRouter, String> {
+        ApnsRouter::new(&self.settings(), limits)
     }
 }
 
@@ -116,7 +112,9 @@ impl ApnsRouter {
             };
             channels.insert(
                 name.clone(),
-                Channel {
+                Arc::new(Channel {
+                    settings: channel.clone(),
+                    material: channel.material().ok(),
                     name: name.clone(),
                     topic: channel.topic.clone(),
                     sender,
@@ -124,10 +122,77 @@ impl ApnsRouter {
                     in_flight: InFlight::new(channel.max_in_flight, BUSY_RETRY_AFTER),
                     alarm: CredentialAlarm::default(),
                     limit: limits.app("apns", name),
-                },
+                }),
             );
         }
         Ok(ApnsRouter { channels })
+    }
+
+    /// This router's channels after a reload, from the settings `offered`
+    /// for each (or why they were refused), and the refusals by channel
+    /// name. A channel whose settings and key material are unchanged keeps
+    /// its client; one whose new settings are refused, or fail to build,
+    /// stays as it was.
+    pub fn reloaded(
+        &self,
+        offered: &BTreeMap<String, Result<ApnsChannel, String>>,
+        limits: &AppLimits,
+    ) -> (ApnsRouter, Vec<(String, String)>) {
+        let mut channels = BTreeMap::new();
+        let mut refused = Vec::new();
+        for (name, settings) in offered {
+            let before = self.channels.get(name);
+            let built = settings
+                .as_ref()
+                .map_err(String::clone)
+                .and_then(|settings| {
+                    let material = settings.material()?;
+                    match before {
+                        Some(before)
+                            if before.settings == *settings
+                                && before.material.as_ref() == Some(&material) =>
+                        {
+                            Ok(before.clone())
+                        }
+                        _ => {
+                            let one = ApnsSettings {
+                                channels: BTreeMap::from([(name.clone(), settings.clone())]),
+                            };
+                            let mut router = ApnsRouter::new(&one, limits)?;
+                            router
+                                .channels
+                                .remove(name)
+                                .ok_or_else(|| format!("apns channel {name:?} was not built"))
+                        }
+                    }
+                });
+            match built {
+                Ok(channel) => {
+                    channels.insert(name.clone(), channel);
+                }
+                Err(error) => {
+                    if let Some(before) = before {
+                        channels.insert(name.clone(), before.clone());
+                    }
+                    refused.push((name.clone(), error));
+                }
+            }
+        }
+        (ApnsRouter { channels }, refused)
+    }
+
+    /// How many channels are served.
+    pub fn len(&self) -> usize {
+        self.channels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.channels.is_empty()
+    }
+
+    /// The names of what is served, in no order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.channels.keys().map(String::as_str)
     }
 }
 
@@ -150,10 +215,19 @@ impl Router for ApnsRouter {
         user: &User,
     ) -> ApiResult<Delivery> {
         let data = RouterData::of(user)?;
-        let channel = self
-            .channels
-            .get(data.channel)
-            .ok_or_else(|| RouterError::UnknownApp(data.channel.to_owned()))?;
+        // A channel this server no longer serves is our fault, not the
+        // device's: 502, and the registration is kept.
+        let channel = self.channels.get(data.channel).ok_or_else(|| {
+            tracing::error!(
+                bridge = "apns",
+                app_id = data.channel,
+                "a registration names a channel this server has no settings for"
+            );
+            RouterError::Upstream(format!(
+                "no apns channel {:?} is configured on this server",
+                data.channel
+            ))
+        })?;
         let request = payload::request(&notification, &data, &channel.topic)?;
         channel.send(&request).await?;
         Ok(Delivery::Direct)

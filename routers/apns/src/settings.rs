@@ -153,6 +153,16 @@ impl ApnsChannel {
         }
     }
 
+    /// The key material as it reads now (inline or from its files), to
+    /// tell a rotated file from an unchanged one.
+    pub fn material(&self) -> Result<Vec<Vec<u8>>, String> {
+        [&self.cert, &self.key]
+            .into_iter()
+            .flatten()
+            .map(KeyMaterial::load)
+            .collect()
+    }
+
     /// The whole-push deadline.
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout)

@@ -21,4 +21,4 @@ pub mod transport;
 
 pub use router::FcmRouter;
 pub use settings::{AppSettings, BridgeSection, FcmSection};
-pub use transport::{App, Project, Projects};
+pub use transport::{App, Apps, Project, Projects};

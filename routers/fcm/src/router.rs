@@ -1,37 +1,57 @@
 //! The FCM router: registrations through `/v1/fcm/{app_id}/registration`,
 //! notifications delivered as FCM HTTP v1 data messages.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::bridge::{AppLimits, Bridge};
+use autopush_common::bridge::AppLimits;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError, WakeUp};
 use autopush_common::{ApiResult, Notification, User};
 use serde_json::{Value, json};
 
 use crate::message::{android_message, payload_data, wake_message};
 use crate::settings::{AppSettings, FcmSection};
-use crate::transport::{App, Projects};
+use crate::transport::{App, Apps, Projects};
 
 /// Longest registration token accepted (FCM's are about 160 characters).
 const MAX_TOKEN_LEN: usize = 1024;
 
+#[derive(Default)]
 pub struct FcmRouter {
-    apps: HashMap<String, App>,
+    apps: Apps,
 }
 
 impl FcmRouter {
-    /// The router for `apps`, each app within its rate in `limits`, or
-    /// `None` when no app is configured. Errors name the app whose settings
-    /// are wrong.
-    pub fn configured(
-        apps: &BTreeMap<String, AppSettings>,
+    /// This router's apps after a reload (see [`App::reloaded`]), and the
+    /// refusals by app name.
+    pub fn reloaded(
+        &self,
+        offered: &BTreeMap<String, Result<AppSettings, String>>,
         projects: &Projects,
         limits: &AppLimits,
-    ) -> Result<Option<Arc<FcmRouter>>, String> {
-        let apps = App::configured("fcm", apps, projects, limits)?;
-        Ok(apps.map(|apps| Arc::new(FcmRouter { apps })))
+    ) -> (FcmRouter, Vec<(String, String)>) {
+        let (apps, refused) = App::reloaded("fcm", offered, &self.apps, projects, limits);
+        (FcmRouter { apps }, refused)
+    }
+
+    /// The apps served, as [`Projects::after`] takes them.
+    pub fn apps(&self) -> impl Iterator<Item = &Arc<App>> {
+        self.apps.values()
+    }
+
+    /// How many apps are served.
+    pub fn len(&self) -> usize {
+        self.apps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.apps.is_empty()
+    }
+
+    /// The names of what is served, in no order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.apps.keys().map(String::as_str)
     }
 }
 
@@ -39,14 +59,9 @@ impl FcmSection {
     /// The FCM bridge, its apps sharing the clients of `projects` with the
     /// GCM bridge's, each within its rate in `limits`; not served without
     /// apps.
-    pub fn bridge(&self, projects: &Projects, limits: &AppLimits) -> Result<Bridge, String> {
-        let apps = self.apps()?;
-        let router = FcmRouter::configured(&apps, projects, limits)?;
-        Ok(Bridge::serving(
-            "fcm apps",
-            apps.keys(),
-            router.map(|r| r as Arc<dyn Router>),
-        ))
+    pub fn router(&self, projects: &Projects, limits: &AppLimits) -> Result<FcmRouter, String> {
+        let apps = App::configured("fcm", &self.apps()?, projects, limits)?;
+        Ok(FcmRouter { apps })
     }
 }
 
@@ -145,12 +160,12 @@ pub fn stored_token(router_data: &Value) -> Result<&str, RouterError> {
 /// The app a registration names: one this server no longer configures is
 /// our fault, not the device's (502, and the registration is kept).
 pub fn find_app<'a>(
-    apps: &'a HashMap<String, App>,
+    apps: &'a Apps,
     bridge: &str,
     app_id: Option<&str>,
 ) -> Result<&'a App, RouterError> {
     let app_id = app_id.unwrap_or_default();
-    apps.get(app_id).ok_or_else(|| {
+    apps.get(app_id).map(|app| &**app).ok_or_else(|| {
         tracing::error!(
             bridge,
             app_id,

@@ -7,7 +7,7 @@
 //! or GCM) that names the project. An [`App`] is one configured app id over
 //! its project, with its own credential alarm.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,12 +40,23 @@ pub struct Project {
     tokens: AccessTokens,
     in_flight: InFlight,
     policy: RetryPolicy,
-    /// What makes two apps' settings the same project.
-    settings: (String, Duration, usize),
+    identity: Identity,
 }
 
-impl Project {
-    fn new(app: &AppSettings) -> Result<Project, String> {
+/// What a project was built from: two apps naming its id with the same
+/// `settings` share it, and a reload keeps it while its key is the same.
+#[derive(PartialEq)]
+struct Identity {
+    project_id: String,
+    /// base_url, deadline, max_in_flight.
+    settings: (String, Duration, usize),
+    /// The service-account JSON (a secret: never shown).
+    key: String,
+}
+
+impl Identity {
+    /// `app`'s project, checked, with its key read.
+    fn of(app: &AppSettings) -> Result<Identity, String> {
         let base_url = app.base_url();
         if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
             return Err(format!("base_url must be an http(s) URL, got {base_url:?}"));
@@ -61,18 +72,30 @@ impl Project {
                 app.project_id
             ));
         }
-        let deadline = app.timeout()?;
-        let max_in_flight = app.max_in_flight()?;
+        Ok(Identity {
+            project_id: app.project_id.clone(),
+            settings: (base_url.to_owned(), app.timeout()?, app.max_in_flight()?),
+            key: app.credential_json()?,
+        })
+    }
+}
+
+impl Project {
+    fn new(identity: Identity) -> Result<Project, String> {
+        let (base_url, deadline, max_in_flight) = identity.settings.clone();
         // No request timeout of the client's own: `with_retries` bounds each
         // send, every attempt and its token fetch included, by the deadline.
         // It is also the one retry policy. Built before the tokens: without
         // root certificates gcp_auth calls the key unusable, this says why.
-        let url = format!("{base_url}/v1/projects/{}/messages:send", app.project_id);
+        let url = format!(
+            "{base_url}/v1/projects/{}/messages:send",
+            identity.project_id
+        );
         let upstream = Upstream::new(&url, deadline.min(Duration::from_secs(5)))
             .map_err(|e| format!("base_url: {e}"))?;
-        let tokens = AccessTokens::new(app.credential_json()?)?;
+        let tokens = AccessTokens::new(identity.key.clone())?;
         Ok(Project {
-            project_id: app.project_id.clone(),
+            project_id: identity.project_id.clone(),
             upstream,
             tokens,
             in_flight: InFlight::new(max_in_flight, DEFAULT_RETRY_AFTER),
@@ -80,7 +103,7 @@ impl Project {
                 deadline,
                 ..RetryPolicy::default()
             },
-            settings: (base_url.to_owned(), deadline, max_in_flight),
+            identity,
         })
     }
 
@@ -142,30 +165,50 @@ impl Project {
     }
 }
 
-/// The projects built so far, so apps naming the same project share one.
+/// The projects built so far, so apps naming the same project share one;
+/// after a reload, also those served before, kept while their settings and
+/// key are the same (with their connections and access tokens).
 #[derive(Default)]
 pub struct Projects {
     built: Mutex<HashMap<String, Arc<Project>>>,
+    before: Vec<Arc<Project>>,
 }
 
 impl Projects {
+    /// Projects for a reload: those of the `served` apps are kept where
+    /// an app names one with the same settings and key.
+    pub fn after<'a>(served: impl IntoIterator<Item = &'a Arc<App>>) -> Projects {
+        Projects {
+            built: Mutex::default(),
+            before: served.into_iter().map(|app| app.project.clone()).collect(),
+        }
+    }
+
     fn get(&self, app: &AppSettings) -> Result<Arc<Project>, String> {
-        let project = Project::new(app)?;
+        let identity = Identity::of(app)?;
         let mut built = self.built.lock().map_err(|e| e.to_string())?;
         match built.get(&app.project_id) {
-            Some(existing) if existing.settings == project.settings => Ok(existing.clone()),
+            Some(existing) if existing.identity.settings == identity.settings => {
+                Ok(existing.clone())
+            }
             Some(_) => Err(format!(
                 "project {} is named by another app with a different base_url, timeout or max_in_flight",
                 app.project_id
             )),
             None => {
-                let project = Arc::new(project);
+                let project = match self.before.iter().find(|p| p.identity == identity) {
+                    Some(kept) => kept.clone(),
+                    None => Arc::new(Project::new(identity)?),
+                };
                 built.insert(app.project_id.clone(), project.clone());
                 Ok(project)
             }
         }
     }
 }
+
+/// A bridge's apps by id.
+pub type Apps = HashMap<String, Arc<App>>;
 
 /// One configured app id (FCM app name, GCM sender id) of a bridge.
 pub struct App {
@@ -179,33 +222,74 @@ pub struct App {
 
 impl App {
     /// The apps of one bridge (`fcm`, `gcm`) from its settings, each with
-    /// its share of `limits`, or `None` when none is configured (the bridge
-    /// is then not served); an error names the app.
+    /// its share of `limits`; an error names the app.
     pub fn configured(
         bridge: &'static str,
-        apps: &std::collections::BTreeMap<String, AppSettings>,
+        apps: &BTreeMap<String, AppSettings>,
         projects: &Projects,
         limits: &AppLimits,
-    ) -> Result<Option<HashMap<String, App>>, String> {
-        if apps.is_empty() {
-            return Ok(None);
-        }
+    ) -> Result<Apps, String> {
         apps.iter()
             .map(|(id, settings)| {
-                let project = projects
-                    .get(settings)
+                let app = App::new(bridge, id, settings, projects, limits)
                     .map_err(|e| format!("{bridge} app {id:?}: {e}"))?;
-                let app = App {
-                    bridge,
-                    id: id.clone(),
-                    project,
-                    alarm: CredentialAlarm::default(),
-                    limit: limits.app(bridge, id),
-                };
                 Ok((id.clone(), app))
             })
-            .collect::<Result<_, String>>()
-            .map(Some)
+            .collect()
+    }
+
+    /// The apps of one bridge after a reload, from the settings `offered`
+    /// for each (or why they were refused). An app whose settings are
+    /// refused, or fail to build, stays as `served` had it, and its refusal
+    /// is returned as (app id, reason). `projects` should come from
+    /// [`Projects::after`], so that an unchanged app keeps its client.
+    pub fn reloaded(
+        bridge: &'static str,
+        offered: &BTreeMap<String, Result<AppSettings, String>>,
+        served: &Apps,
+        projects: &Projects,
+        limits: &AppLimits,
+    ) -> (Apps, Vec<(String, String)>) {
+        let mut apps = Apps::new();
+        let mut refused = Vec::new();
+        for (id, settings) in offered {
+            let built = settings
+                .as_ref()
+                .map_err(String::clone)
+                .and_then(|settings| App::new(bridge, id, settings, projects, limits));
+            match (built, served.get(id)) {
+                // Unchanged: the app as it was, its alarm included.
+                (Ok(app), Some(before)) if Arc::ptr_eq(&app.project, &before.project) => {
+                    apps.insert(id.clone(), before.clone());
+                }
+                (Ok(app), _) => {
+                    apps.insert(id.clone(), app);
+                }
+                (Err(error), before) => {
+                    if let Some(before) = before {
+                        apps.insert(id.clone(), before.clone());
+                    }
+                    refused.push((id.clone(), error));
+                }
+            }
+        }
+        (apps, refused)
+    }
+
+    fn new(
+        bridge: &'static str,
+        id: &str,
+        settings: &AppSettings,
+        projects: &Projects,
+        limits: &AppLimits,
+    ) -> Result<Arc<App>, String> {
+        Ok(Arc::new(App {
+            bridge,
+            id: id.to_owned(),
+            project: projects.get(settings)?,
+            alarm: CredentialAlarm::default(),
+            limit: limits.app(bridge, id),
+        }))
     }
 
     /// Deliver one `messages:send` body, if the app is within its rate.

@@ -11,18 +11,18 @@
 //!   form those clients registered channels with), plus `ver` (the message
 //!   id), `body`, `con`, `enc` and `cryptokey` as for FCM.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use autopush_common::bridge::{AppLimits, Bridge};
+use autopush_common::bridge::AppLimits;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_fcm::message::{android_message, payload_data};
 use autopush_fcm::router::{find_app, registration_token, stored_token};
 use autopush_fcm::settings::apps_of;
-use autopush_fcm::{App, AppSettings, BridgeSection, Projects};
+use autopush_fcm::{App, AppSettings, Apps, BridgeSection, Projects};
 use serde_json::{Value, json};
 
 /// The GCM bridge's section of the service's settings (flattened into the
@@ -57,14 +57,9 @@ impl GcmSection {
     /// The GCM bridge, its apps sharing the clients of `projects` with the
     /// FCM bridge's, each within its rate in `limits`; not served without
     /// apps.
-    pub fn bridge(&self, projects: &Projects, limits: &AppLimits) -> Result<Bridge, String> {
-        let apps = self.apps()?;
-        let router = GcmRouter::configured(&apps, projects, limits)?;
-        Ok(Bridge::serving(
-            "gcm apps",
-            apps.keys(),
-            router.map(|r| r as Arc<dyn Router>),
-        ))
+    pub fn router(&self, projects: &Projects, limits: &AppLimits) -> Result<GcmRouter, String> {
+        let apps = App::configured("gcm", &self.apps()?, projects, limits)?;
+        Ok(GcmRouter { apps })
     }
 }
 
@@ -77,22 +72,42 @@ impl fmt::Debug for GcmSection {
     }
 }
 
+#[derive(Default)]
 pub struct GcmRouter {
     /// By sender id.
-    apps: HashMap<String, App>,
+    apps: Apps,
 }
 
 impl GcmRouter {
-    /// The router for `apps` (by sender id), each within its rate in
-    /// `limits`, or `None` when none is configured. Errors name the sender
-    /// id whose settings are wrong.
-    pub fn configured(
-        apps: &BTreeMap<String, AppSettings>,
+    /// This router's apps after a reload (see [`App::reloaded`]), and the
+    /// refusals by sender id.
+    pub fn reloaded(
+        &self,
+        offered: &BTreeMap<String, Result<AppSettings, String>>,
         projects: &Projects,
         limits: &AppLimits,
-    ) -> Result<Option<Arc<GcmRouter>>, String> {
-        let apps = App::configured("gcm", apps, projects, limits)?;
-        Ok(apps.map(|apps| Arc::new(GcmRouter { apps })))
+    ) -> (GcmRouter, Vec<(String, String)>) {
+        let (apps, refused) = App::reloaded("gcm", offered, &self.apps, projects, limits);
+        (GcmRouter { apps }, refused)
+    }
+
+    /// The apps served, as [`Projects::after`] takes them.
+    pub fn apps(&self) -> impl Iterator<Item = &Arc<App>> {
+        self.apps.values()
+    }
+
+    /// How many sender ids are served.
+    pub fn len(&self) -> usize {
+        self.apps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.apps.is_empty()
+    }
+
+    /// The names of what is served, in no order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.apps.keys().map(String::as_str)
     }
 }
 
