@@ -188,9 +188,13 @@ impl Projects {
         let identity = Identity::of(app)?;
         let mut built = self.built.lock().map_err(|e| e.to_string())?;
         match built.get(&app.project_id) {
-            Some(existing) if existing.identity.settings == identity.settings => {
-                Ok(existing.clone())
-            }
+            Some(existing) if existing.identity == identity => Ok(existing.clone()),
+            // One project, one client and one token: a second key for it
+            // would never be used, so it is refused rather than ignored.
+            Some(existing) if existing.identity.settings == identity.settings => Err(format!(
+                "project {} is named by another app with a different credential",
+                app.project_id
+            )),
             Some(_) => Err(format!(
                 "project {} is named by another app with a different base_url, timeout or max_in_flight",
                 app.project_id
@@ -427,6 +431,41 @@ impl FcmError {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    fn app(project_id: &str, credential: String) -> AppSettings {
+        AppSettings {
+            project_id: project_id.into(),
+            credential,
+            base_url: Some("http://127.0.0.1:9".into()),
+            timeout: None,
+            max_in_flight: None,
+        }
+    }
+
+    /// Apps naming one project share its client and token; one naming it
+    /// with another key is refused at once, not silently served with the
+    /// first app's.
+    #[test]
+    fn apps_of_one_project_share_it_and_a_second_key_is_refused() {
+        let key = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../certs/fcm-service-account.json"
+        ))
+        .expect("certs/fcm-service-account.json");
+        let mut other: Value = serde_json::from_str(&key).expect("the key's JSON");
+        other["client_email"] = json!("other@try-bridges.iam.gserviceaccount.com");
+        let projects = Projects::default();
+        let first = projects
+            .get(&app("shared", key.clone()))
+            .expect("the first app");
+        let second = projects.get(&app("shared", key)).expect("the second app");
+        assert!(Arc::ptr_eq(&first, &second), "one project, one client");
+        let refused = projects
+            .get(&app("shared", other.to_string()))
+            .err()
+            .expect("a second key for the project is refused");
+        assert!(refused.contains("different credential"), "{refused}");
+    }
 
     #[test]
     fn fcm_errors_are_read() {
