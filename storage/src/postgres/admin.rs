@@ -107,3 +107,133 @@ impl PostgresStore {
         ])
     }
 }
+
+/// What `db preflight` found.
+#[derive(Debug, Default)]
+pub struct Preflight {
+    /// What must be fixed before a node can run on these tables.
+    pub problems: Vec<String>,
+}
+
+/// The columns each table needs: autopush-rs's that we read or write, and
+/// our own (`create-tables` adds those to tables autopush-rs made).
+const ROUTER_COLUMNS: &[&str] = &[
+    "uaid",
+    "connected_at",
+    "router_type",
+    "router_data",
+    "last_connect",
+    "node_id",
+    "record_version",
+    "version",
+    "expiry",
+];
+const ROUTER_OWN: &[&str] = &["over_msg_limit", "min_urgency", "wake_route", "last_wake"];
+const META_COLUMNS: &[&str] = &["uaid", "channel_id"];
+const MESSAGE_COLUMNS: &[&str] = &[
+    "uaid",
+    "channel_id",
+    "chid_message_id",
+    "version",
+    "ttl",
+    "expiry",
+    "topic",
+    "timestamp",
+    "data",
+    "sortkey_timestamp",
+    "headers",
+];
+const MESSAGE_OWN: &[&str] = &["urgency", "durable"];
+
+impl PostgresStore {
+    /// Check that the tables exist with every column this server reads and
+    /// writes (an autopush-rs schema lacks only our own, which
+    /// `create-tables` adds), then that these credentials can write, read
+    /// and delete a user with a channel and a message.
+    pub async fn preflight(&self) -> Result<Preflight> {
+        let s = &self.settings;
+        let tables = [
+            (&s.router_table, ROUTER_COLUMNS, ROUTER_OWN),
+            (&s.meta_table, META_COLUMNS, &[][..]),
+            (&s.message_table, MESSAGE_COLUMNS, MESSAGE_OWN),
+        ];
+        let names: Vec<&str> = tables.iter().map(|(t, _, _)| t.as_str()).collect();
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT table_name::text, column_name::text FROM information_schema.columns \
+                 WHERE table_schema::text = coalesce($1::text, current_schema()) \
+                 AND table_name::text = ANY($2::text[])",
+                &[&s.schema, &names],
+            )
+            .await
+            .map_err(|e| backend("preflight", e))?;
+        drop(client);
+        let found: std::collections::HashSet<(String, String)> =
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+        let mut problems = Vec::new();
+        for (table, columns, own) in tables {
+            let qualified = s.qualified(table);
+            if !found.iter().any(|(t, _)| t == table) {
+                problems.push(format!(
+                    "table {qualified} (`autopush db create-tables` makes it)"
+                ));
+                continue;
+            }
+            for column in columns.iter() {
+                if !found.contains(&(table.clone(), column.to_string())) {
+                    problems.push(format!("column {qualified}.{column}"));
+                }
+            }
+            for column in own.iter() {
+                if !found.contains(&(table.clone(), column.to_string())) {
+                    problems.push(format!(
+                        "column {qualified}.{column} (ours: `autopush db create-tables` adds it)"
+                    ));
+                }
+            }
+        }
+        if problems.is_empty()
+            && let Err(e) = self.round_trip().await
+        {
+            problems.push(format!("a write, read and delete: {e}"));
+        }
+        Ok(Preflight { problems })
+    }
+
+    /// Write a user with a channel and a message, read them and remove them.
+    async fn round_trip(&self) -> Result<()> {
+        use crate::Storage;
+        use autopush_common::{Notification, User, time::now_secs};
+        let uaid = uuid::Uuid::new_v4();
+        let chid = uuid::Uuid::new_v4();
+        let now = now_secs();
+        self.add_user(&User::new_webpush(uaid, "preflight", now * 1000))
+            .await?;
+        let check = async {
+            self.add_channel(&uaid, &chid, 1).await?;
+            let message = Notification {
+                channel_id: chid,
+                version: "preflight".into(),
+                ttl: 60,
+                timestamp: now,
+                topic: None,
+                sortkey_timestamp: Some(now * 1_000_000),
+                data: None,
+                headers: None,
+                urgency: None,
+                durable: false,
+            };
+            self.save_messages(&uaid, vec![message]).await?;
+            match self.get_user_and_channel(&uaid, &chid).await? {
+                Some((_, true)) if self.count_messages(&uaid, 1).await? == 1 => Ok(()),
+                _ => Err(crate::StorageError::Backend(
+                    "what was written did not read back".into(),
+                )),
+            }
+        };
+        let checked = check.await;
+        self.remove_user(&uaid).await?;
+        checked
+    }
+}

@@ -1,0 +1,153 @@
+//! A PostgreSQL `--db` end to end, on a private cluster: the `db`
+//! subcommands, split mode with two connection nodes and an endpoint node,
+//! and an outage.
+
+use autopush_tests::server::run_autopush;
+use autopush_tests::{Node, SendOptions, Server, WsClient, bigtable, postgres, scenarios};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `autopush ARGS --db DSN --db-settings {schema}` on the shared cluster.
+async fn db_command(schema: &str, args: &[&str]) -> std::process::Output {
+    let dsn = &postgres::local().await.dsn;
+    let settings = postgres::db_settings(schema);
+    let mut all = args.to_vec();
+    all.extend(["--db", dsn, "--db-settings", &settings]);
+    run_autopush(&all).await
+}
+
+#[tokio::test]
+async fn db_commands_create_and_check_the_tables() {
+    let schema = postgres::schema_name();
+    let out = db_command(&schema, &["db", "preflight"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains(&format!("missing: table {schema}.router")),
+        "{}",
+        text(&out.stdout)
+    );
+
+    for _ in 0..2 {
+        // Again: nothing to do, and no error.
+        let out = db_command(&schema, &["db", "create-tables"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(&format!("tables {schema}.router, {schema}.meta")),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+
+    let out = db_command(&schema, &["db", "preflight"]).await;
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("ready:"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = db_command(&schema, &["db", "drop-old-users", "--months", "2"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--drop-idle-users-after-days"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// What every node of one cluster shares: the schema and fresh keys.
+async fn shared_args(schema: &str) -> Vec<String> {
+    let mut args = vec![format!("--db-settings={}", postgres::db_settings(schema))];
+    args.extend(scenarios::cluster_keys().await);
+    args
+}
+
+/// Nodes of a role on the PostgreSQL at `host` (`HOST:PORT`), with `args`.
+fn node_on(host: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node + use<> {
+    let dsn = format!("postgres://postgres@{host}/postgres");
+    move |role| Node {
+        role,
+        db: Some(dsn.clone()),
+        args: args.clone(),
+        ..Node::default()
+    }
+}
+
+/// `HOST:PORT` of the shared cluster.
+async fn host() -> String {
+    let dsn = &postgres::local().await.dsn;
+    let rest = dsn.split_once('@').map_or("", |(_, rest)| rest);
+    rest.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// A fresh schema with its tables made.
+async fn fresh_schema() -> String {
+    let settings = postgres::fresh_settings().await;
+    settings.schema.unwrap_or_default()
+}
+
+/// The DynamoDB suite's scenario on PostgreSQL: an endpoint node and two
+/// connection nodes on one schema, a client moving between the connection
+/// nodes, pushes racing its moves, nothing lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
+    let schema = fresh_schema().await;
+    let node = node_on(&host().await, shared_args(&schema).await);
+    let endpoint = Server::start_node(node("endpoint")).await;
+    let connection = || Node {
+        endpoint_url: Some(endpoint.endpoint_base()),
+        ..node("connection")
+    };
+    let a = Server::start_node(connection()).await;
+    let b = Server::start_node(connection()).await;
+    scenarios::clients_move_between_nodes(&endpoint, &a, &b).await;
+}
+
+/// PostgreSQL unreachable: senders get 503 errno 201 with Retry-After,
+/// clients saying hello a 503 and a 1013 close; when it is back, the
+/// node's pool connects again by itself and what was accepted before
+/// arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
+    let schema = fresh_schema().await;
+    let outage = bigtable::Outage::start(&host().await).await;
+    let node = Server::start_node(node_on(&outage.host, shared_args(&schema).await)("all")).await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+    sub.push_text("before").await;
+
+    outage.begin();
+    let refused = sub.send(&SendOptions::text("refused")).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["errno"], 201, "{}", refused.body);
+    // Backend detail stays in the log.
+    assert!(
+        !refused.body.contains("PostgreSQL") && !refused.body.contains(&outage.host),
+        "{}",
+        refused.body
+    );
+    let mut ws = WsClient::connect(&node.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 503, "{reply}");
+    assert_eq!(ws.expect_closed().await.code, Some(1013));
+
+    outage.end();
+    // As a client told 1013 does: try again until the node answers.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    let mut ws = loop {
+        let mut ws = WsClient::connect(&node.ws_url()).await;
+        if ws.hello(Some(&uaid)).await["status"] == 200 {
+            break ws;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "hello still refused after the outage ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "before");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+}
