@@ -151,3 +151,93 @@ async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
     ws.ack_notification(&n).await;
     ws.assert_nothing_arrives().await;
 }
+
+/// The housekeeping steps on PostgreSQL: idle webpush users go page by
+/// page with their channels and messages, bridge users and recent ones
+/// stay; expired messages go in bounded batches, live ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_drops_idle_users_and_expired_messages_in_batches() {
+    use autopush_common::time::now_secs;
+    use autopush_common::{Notification, RouterType, User};
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    let store = postgres::fresh_store().await;
+    let message = |chid: Uuid, ttl: u64, at: u64| Notification {
+        channel_id: chid,
+        version: format!("v{at}"),
+        ttl,
+        timestamp: now_secs() - 10,
+        topic: None,
+        sortkey_timestamp: Some(at),
+        data: Some("x".into()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    };
+    let mut idle = Vec::new();
+    let mut kept = Vec::new();
+    for i in 0..7u64 {
+        let uaid = Uuid::new_v4();
+        let mut user = User::new_webpush(uaid, "http://n", 1000 + i);
+        if i % 3 == 0 {
+            user.router_type = RouterType::Fcm;
+            kept.push(uaid);
+        } else if i % 3 == 1 {
+            user.last_connect = 10_000_000;
+            user.connected_at = 10_000_000;
+            kept.push(uaid);
+        } else {
+            idle.push(uaid);
+        }
+        store.add_user(&user).await.unwrap();
+        let chid = Uuid::new_v4();
+        assert!(store.add_channel(&uaid, &chid, 10).await.unwrap());
+        // Two expired (a TTL of 5 s, 10 s ago) and one live message each.
+        store
+            .save_messages(
+                &uaid,
+                vec![
+                    message(chid, 5, 1),
+                    message(chid, 5, 2),
+                    message(chid, 600, 3),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let mut removed = 0;
+    let mut steps = 0;
+    loop {
+        let step = store.drop_idle_users(5_000_000, 2).await.unwrap();
+        removed += step.removed;
+        steps += 1;
+        if step.finished_pass {
+            break;
+        }
+        assert!(steps < 20, "the idle-user sweep never finished its pass");
+    }
+    assert_eq!(removed, idle.len());
+    assert!(steps >= 4, "7 users in pages of 2 took {steps} steps");
+    for uaid in &idle {
+        assert!(store.get_user(uaid).await.unwrap().is_none());
+        assert!(store.get_channels(uaid).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(uaid, 10).await.unwrap(), 0);
+    }
+    let mut swept = 0;
+    loop {
+        let step = store.sweep_expired_messages(3).await.unwrap();
+        assert!(step.removed <= 3, "{step:?}");
+        swept += step.removed;
+        if step.finished_pass {
+            break;
+        }
+    }
+    assert_eq!(swept, kept.len() * 2);
+    for uaid in &kept {
+        assert!(store.get_user(uaid).await.unwrap().is_some());
+        let left = store.fetch_messages(uaid, 10).await.unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left[0].version, "v3");
+    }
+}
