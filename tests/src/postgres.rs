@@ -5,7 +5,8 @@
 //! directory go when the test binary exits, however it exits.
 //!
 //! Each test gets its own schema ([`fresh_settings`]), so tests share the
-//! cluster without seeing each other's rows.
+//! cluster without seeing each other's rows. `pg_stat_statements` is
+//! loaded, for tests that count statements.
 
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -116,7 +117,8 @@ impl LocalPostgres {
         // Durability is off: the cluster lives as long as the test run.
         let script = r#""$0" -D "$1/data" -p "$2" -k "$1" -c listen_addresses=127.0.0.1 \
             -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
-            -c max_connections=300 >"$1/log" 2>&1 & pid=$!
+            -c max_connections=300 -c shared_preload_libraries=pg_stat_statements \
+            >"$1/log" 2>&1 & pid=$!
             cat >/dev/null; kill $pid; wait $pid; rm -rf "$1""#;
         let postgres = bin_dir().join("postgres");
         let postgres = postgres.to_str().expect("utf-8 path");
@@ -173,6 +175,22 @@ impl LocalPostgres {
     pub fn settings(&self, schema: &str) -> PostgresSettings {
         PostgresSettings::parse(&self.dsn, Some(&db_settings(schema))).expect("postgres settings")
     }
+}
+
+/// `sql` run by `psql` on the shared cluster: its rows, `|` between
+/// columns.
+pub async fn psql(sql: &str) -> String {
+    let dsn = &local().await.dsn;
+    let out = Command::new(bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", dsn, "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A fresh schema name for one test.

@@ -3,7 +3,9 @@
 //! and an outage.
 
 use autopush_tests::server::run_autopush;
-use autopush_tests::{Node, SendOptions, Server, WsClient, bigtable, postgres, scenarios};
+use autopush_tests::{
+    Node, SendOptions, Server, Subscription, WsClient, bigtable, postgres, scenarios,
+};
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -240,4 +242,71 @@ async fn housekeeping_drops_idle_users_and_expired_messages_in_batches() {
         assert_eq!(left.len(), 1, "{left:?}");
         assert_eq!(left[0].version, "v3");
     }
+}
+
+/// Statements of `schema` the server ran so far, by statement.
+async fn statements(schema: &str) -> std::collections::BTreeMap<String, u64> {
+    let rows = postgres::psql(&format!(
+        "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+         WHERE query LIKE '%{schema}.%'"
+    ))
+    .await;
+    rows.lines()
+        .filter_map(|line| line.split_once('|'))
+        .map(|(calls, query)| (query.to_owned(), calls.parse().unwrap_or(0)))
+        .collect()
+}
+
+/// What an acked direct push costs on PostgreSQL, counted by the server
+/// (`pg_stat_statements`): the endpoint's read of the user and its channel
+/// (one statement), the durable copy's insert, and the ack's delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_per_acked_direct_push() {
+    const PUSHES: u64 = 10;
+    postgres::psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await;
+    let schema = fresh_schema().await;
+    let node = Server::start_node(node_on(&host().await, shared_args(&schema).await)("all")).await;
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let before = statements(&schema).await;
+    for i in 0..PUSHES {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    // The last ack's delete may still be on its way.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    let spent = loop {
+        let after = statements(&schema).await;
+        let spent: std::collections::BTreeMap<String, u64> = after
+            .into_iter()
+            .map(|(q, n)| {
+                let was = before.get(&q).copied().unwrap_or(0);
+                (q, n - was)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let deletes: u64 = spent
+            .iter()
+            .filter(|(q, _)| q.starts_with("DELETE FROM"))
+            .map(|(_, n)| n)
+            .sum();
+        if deletes >= PUSHES {
+            break spent;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks not settled: {spent:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let total: u64 = spent.values().sum();
+    for (query, calls) in &spent {
+        eprintln!("{calls:>4}  {}", &query[..query.len().min(110)]);
+    }
+    eprintln!(
+        "{total} statements for {PUSHES} acked direct pushes: {:.2} per push",
+        total as f64 / PUSHES as f64
+    );
+    assert!(total <= 3 * PUSHES, "{spent:#?}");
 }
