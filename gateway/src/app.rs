@@ -22,6 +22,7 @@ use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
 use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
+use autopush_storage::postgres::{PostgresSettings, PostgresStore};
 use autopush_webpush::NodeClient;
 use autopush_webpush::{Waker, WebPushRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -75,6 +76,10 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
             let store = open_bigtable(bigtable).await?;
             let store = store.with_receipt_retention(settings.receipt_retention);
             (answering(store, "bigtable").await?, "bigtable")
+        }
+        Db::Postgres(postgres) => {
+            let store = open_postgres(postgres)?;
+            (answering(store, "postgres://...").await?, "postgres")
         }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
@@ -222,6 +227,18 @@ pub async fn open_bigtable(settings: &BigtableSettings) -> Result<BigtableStore,
     BigtableStore::connect(settings.clone())
         .await
         .map_err(|e| format!("--db bigtable: {e}"))
+}
+
+/// The PostgreSQL store of a `postgres://` --db; connections open as calls
+/// need them.
+pub fn open_postgres(settings: &PostgresSettings) -> Result<PostgresStore, String> {
+    info!(
+        hosts = settings.config.get_hosts().len(),
+        schema = settings.schema.as_deref().unwrap_or("(search path)"),
+        pool_size = settings.pool_size,
+        "PostgreSQL"
+    );
+    PostgresStore::connect(settings.clone()).map_err(|e| format!("--db postgres://...: {e}"))
 }
 
 /// How often a session refreshes its client's `last_connect`: daily, or a

@@ -1,4 +1,4 @@
-//! `autopush db ...`: DynamoDB and Bigtable maintenance for operators, and
+//! `autopush db ...`: DynamoDB, Bigtable and PostgreSQL maintenance for operators, and
 //! the embedded store's recovery of a direct journal it refused.
 
 use std::path::{Path, PathBuf};
@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 
-use crate::app::{open_bigtable, open_dynamodb, open_embedded};
+use crate::app::{open_bigtable, open_dynamodb, open_embedded, open_postgres};
 use crate::settings::{Db, Settings};
 
 #[derive(Subcommand, Debug)]
@@ -14,7 +14,8 @@ pub enum DbCommand {
     /// Create the router and message tables (on-demand capacity, the
     /// last_connect index, TTL on expiry) unless they exist, and warn on a
     /// server without TTL (dynalite); on Bigtable the table and its router,
-    /// message and message_topic families with autopush-rs's GC policies
+    /// message and message_topic families with autopush-rs's GC policies; on
+    /// PostgreSQL autopush-rs's tables and indexes, with our own columns
     CreateTables,
     /// Check that the tables exist and these credentials can read and write
     /// them; lists what is missing and exits non-zero if anything is (a
@@ -59,6 +60,9 @@ pub async fn run(settings: &Settings, command: DbCommand) -> Result<(), String> 
     }
     if let Db::Bigtable(bigtable) = &settings.db {
         return run_bigtable(bigtable, command).await;
+    }
+    if let Db::Postgres(postgres) = &settings.db {
+        return run_postgres(postgres, command).await;
     }
     if let DbCommand::MoveLegacyCells = command {
         return nothing_to_move();
@@ -200,6 +204,37 @@ async fn run_bigtable(
                 )),
             }
         }
+        DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
+    }
+}
+
+/// `db create-tables` and `db preflight` on PostgreSQL (autopush-rs's
+/// tables, and our own columns and index in them).
+async fn run_postgres(
+    settings: &crate::settings::PostgresSettings,
+    command: DbCommand,
+) -> Result<(), String> {
+    let store = open_postgres(settings)?;
+    match command {
+        DbCommand::CreateTables => print_lines(store.create_tables().await),
+        DbCommand::Preflight => {
+            let found = store.preflight().await.map_err(|e| e.to_string())?;
+            verdict(
+                &found.problems,
+                format!(
+                    "tables {}, {} and {} have every column used here, and these credentials can write, read and delete in them",
+                    settings.qualified(&settings.router_table),
+                    settings.qualified(&settings.meta_table),
+                    settings.qualified(&settings.message_table),
+                ),
+            )
+        }
+        DbCommand::DropOldUsers { .. } => Err(
+            "`autopush db drop-old-users` works on --db dynamodb; on PostgreSQL the node's \
+             sweep drops idle users (--drop-idle-users-after-days)"
+                .into(),
+        ),
+        DbCommand::MoveLegacyCells => nothing_to_move(),
         DbCommand::ReplayJournal { .. } => Err(REPLAY_JOURNAL_ONLY_EMBEDDED.into()),
     }
 }

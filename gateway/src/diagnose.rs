@@ -54,7 +54,7 @@ pub async fn run(settings: &Settings, url: &str) -> Result<Report, String> {
     };
     let data_dir = match &settings.db {
         Db::Embedded(dir) => Some(std::path::absolute(dir).unwrap_or_else(|_| dir.clone())),
-        Db::DynamoDb | Db::Bigtable(_) => None,
+        Db::DynamoDb | Db::Bigtable(_) | Db::Postgres(_) => None,
     };
     if let Some(dir) = &data_dir {
         let elsewhere = point_elsewhere(settings);

@@ -66,13 +66,16 @@ pub struct SettingsLayer {
     /// The TLS certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1), with --tls-cert [default: off]
     #[arg(long, env = "AUTOPUSH_TLS_KEY", global = true)]
     pub tls_key: Option<PathBuf>,
-    /// Storage: a directory for the embedded store, `dynamodb`, or Bigtable
-    /// as `grpc://HOST:PORT` (or `bigtable` for Google's endpoint) [default: ./autopush-data]
+    /// Storage: a directory for the embedded store, `dynamodb`, Bigtable
+    /// as `grpc://HOST:PORT` (or `bigtable` for Google's endpoint), or
+    /// PostgreSQL as `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` [default: ./autopush-data]
     #[arg(long, env = "AUTOPUSH_DB", global = true)]
     pub db: Option<String>,
     /// Bigtable settings as autopush-rs's JSON `db_settings`: `table_name`
     /// (projects/P/instances/I/tables/T), `app_profile_id`, `router_family`,
-    /// `message_family`, `message_topic_family`; with a Bigtable --db
+    /// `message_family`, `message_topic_family`; with a Bigtable --db.
+    /// PostgreSQL's: `schema`, `router_table`, `message_table`, `meta_table`,
+    /// `reliability_table`, `max_router_ttl`, and our `pool_size` [default: 16]
     #[arg(long, env = "AUTOPUSH_DB_SETTINGS", global = true)]
     pub db_settings: Option<String>,
     /// MiB of the database file the embedded store keeps in memory, on top
@@ -136,7 +139,8 @@ pub struct SettingsLayer {
     pub durable_direct: Option<bool>,
     /// Seconds a message's receipt (`GET` on its `Location` URL) answers
     /// after its final state; 0 turns receipts off [default: 86400; 0 on
-    /// Bigtable, where autopush-rs cannot read a receipt row]
+    /// Bigtable, where autopush-rs cannot read a receipt row, and on
+    /// PostgreSQL, which keeps none yet]
     #[arg(long, env = "AUTOPUSH_RECEIPT_RETENTION", global = true)]
     pub receipt_retention: Option<u64>,
     /// Most channels (subscriptions) one user agent may hold [default: 1000]
@@ -399,6 +403,7 @@ impl SettingsLayer {
         or(&mut self.db, || "./autopush-data".into());
         let db = self.db.as_deref().unwrap_or_default();
         let bigtable = db == "bigtable" || db.starts_with("grpc://");
+        let postgres = is_postgres(db);
         // Any other URL is a store not served here, refused on its own.
         if db != "dynamodb" && !bigtable && !db.contains("://") {
             or(&mut self.db_cache_mib, || {
@@ -417,7 +422,7 @@ impl SettingsLayer {
         // On Bigtable receipts are off unless asked for: autopush-rs fails
         // a fetch on a receipt row, and going back to it must stay a swap.
         or(&mut self.receipt_retention, || {
-            if bigtable { 0 } else { 86_400 }
+            if bigtable || postgres { 0 } else { 86_400 }
         });
         or(&mut self.max_channels, || 1000);
         or(&mut self.sweep_interval, || 600.0);
@@ -613,13 +618,21 @@ pub enum Db {
     Embedded(PathBuf),
     DynamoDb,
     Bigtable(BigtableSettings),
+    /// Boxed: the parsed DSN is large beside the other variants.
+    Postgres(Box<PostgresSettings>),
 }
 
 pub use autopush_storage::bigtable::BigtableSettings;
+pub use autopush_storage::postgres::PostgresSettings;
+
+/// A PostgreSQL DSN, in either of libpq's URL schemes.
+fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://")
+}
 
 /// The stores `--db` names, for the error that refuses another.
-const STORES_SERVED: &str = "a directory (the embedded store), `dynamodb`, or Bigtable as \
-     `grpc://HOST:PORT` or `bigtable`";
+const STORES_SERVED: &str = "a directory (the embedded store), `dynamodb`, Bigtable as \
+     `grpc://HOST:PORT` or `bigtable`, or PostgreSQL as `postgres://USER@HOST/DATABASE`";
 
 /// `--db` and `--db-settings`: a Bigtable DSN in autopush-rs's shape
 /// (`grpc://HOST:PORT`) or `bigtable`, with `BIGTABLE_EMULATOR_HOST`
@@ -632,6 +645,9 @@ fn db_from(db: Option<&str>, db_settings: Option<&str>, setting: &str) -> Result
             return BigtableSettings::parse(dsn, db_settings, emulator.as_deref())
                 .map(Db::Bigtable);
         }
+        Some(dsn) if is_postgres(dsn) => {
+            return PostgresSettings::parse(dsn, db_settings).map(|s| Db::Postgres(Box::new(s)));
+        }
         Some(url) if url.contains("://") => {
             let scheme = url.split("://").next().unwrap_or_default();
             return Err(format!(
@@ -643,7 +659,10 @@ fn db_from(db: Option<&str>, db_settings: Option<&str>, setting: &str) -> Result
         None => Db::Embedded(PathBuf::from("./autopush-data")),
     };
     match db_settings {
-        Some(_) => Err("db_settings applies to a Bigtable --db (grpc://HOST:PORT) only".into()),
+        Some(_) => Err(
+            "db_settings applies to a Bigtable --db (grpc://HOST:PORT) or a PostgreSQL one (postgres://...) only"
+                .into(),
+        ),
         None => Ok(db),
     }
 }
@@ -896,6 +915,12 @@ impl Settings {
                     p.add(format!("{} applies to --db dynamodb only", name(key)));
                 }
             }
+        }
+        if matches!(db, Db::Postgres(_)) && l.receipt_retention.is_some_and(|r| r > 0) {
+            p.add(format!(
+                "{} must be 0 on PostgreSQL, which keeps no receipts yet",
+                name("receipt_retention")
+            ));
         }
         let db_cache = match (&db, l.db_cache_mib) {
             (Db::Embedded(_), Some(mib)) => match mib.checked_mul(1 << 20) {
@@ -1163,6 +1188,33 @@ mod tests {
     }
 
     #[test]
+    fn postgres_takes_a_dsn_and_autopush_rs_db_settings() {
+        let layer = |db: &str, db_settings: Option<&str>| SettingsLayer {
+            db: Some(db.into()),
+            db_settings: db_settings.map(str::to_owned),
+            ..Default::default()
+        };
+        let tables = r#"{"schema": "push", "router_table": "r", "pool_size": 8}"#;
+        let s =
+            Settings::from_layer(layer("postgres://push:pw@db/autopush", Some(tables))).unwrap();
+        let Db::Postgres(postgres) = &s.db else {
+            panic!("not PostgreSQL: {:?}", s.db)
+        };
+        assert_eq!(postgres.qualified(&postgres.router_table), "push.r");
+        assert_eq!(postgres.pool_size, 8);
+        assert_eq!(s.receipt_retention, 0);
+        let asked = SettingsLayer {
+            receipt_retention: Some(60),
+            ..layer("postgresql://u@h/d", None)
+        };
+        let e = Settings::from_layer(asked).unwrap_err();
+        assert!(e.contains("keeps no receipts yet"), "{e}");
+        let e =
+            Settings::from_layer(layer("postgres://u:pw@h/d", Some(r#"{"x": 1}"#))).unwrap_err();
+        assert!(e.contains("unknown key") && !e.contains("pw"), "{e}");
+    }
+
+    #[test]
     fn dynamodb_table_names_are_checked() {
         let layer = |db: &str, router: &str| SettingsLayer {
             db: Some(db.into()),
@@ -1397,7 +1449,7 @@ mod tests {
 
     #[test]
     fn a_store_url_not_served_is_refused_never_a_directory() {
-        for url in ["postgres://u:pw@127.0.0.1:5999/autopush", "redis://h:6379"] {
+        for url in ["mysql://u:pw@127.0.0.1:5999/autopush", "redis://h:6379"] {
             let layer = SettingsLayer {
                 db: Some(url.into()),
                 ..Default::default()

@@ -69,6 +69,7 @@ const CASES: &[Case] = &[
         Db::Embedded(dir) => dir.display().to_string(),
         Db::DynamoDb => "dynamodb".into(),
         Db::Bigtable(bigtable) => bigtable.table_name.clone(),
+        Db::Postgres(postgres) => postgres.qualified(&postgres.router_table),
     }),
     case("db_cache_mib", "16", "32", |s| {
         (s.db_cache >> 20).to_string()

@@ -4,7 +4,9 @@
 //! implements it. The embedded backend ([`embedded::EmbeddedStore`], redb) is
 //! the zero-configuration default for a single process; the DynamoDB backend
 //! ([`dynamodb::DynamoStore`]) is shared by any number of nodes, and so is
-//! the Bigtable backend ([`bigtable::BigtableStore`], autopush-rs's schema).
+//! the Bigtable backend ([`bigtable::BigtableStore`], autopush-rs's schema)
+//! and the PostgreSQL backend ([`postgres::PostgresStore`], autopush-rs's
+//! schema too).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,6 +20,7 @@ pub mod bigtable;
 pub mod dynamodb;
 pub mod embedded;
 pub mod metered;
+pub mod postgres;
 pub mod receipt;
 pub mod sweeper;
 

@@ -41,6 +41,7 @@ pub mod http;
 pub mod mailbox;
 pub mod nginx;
 pub mod node;
+pub mod postgres;
 pub mod prometheus;
 pub mod py;
 pub mod receipt;

@@ -347,7 +347,7 @@ async fn a_busy_port_is_named_with_the_other_problems_before_anything_is_made() 
 async fn a_store_url_not_served_is_refused_never_a_directory() {
     let cwd = tempfile::tempdir().expect("temp dir");
     for url in [
-        "postgres://u:pw@127.0.0.1:5999/autopush",
+        "mysql://u:pw@127.0.0.1:5999/autopush",
         "redis://127.0.0.1:6379",
     ] {
         let mut command = tokio::process::Command::from(server::autopush_command());

@@ -1,8 +1,8 @@
 //! One behavioural suite for the `Storage` trait, run against every
 //! backend: the embedded store (redb in a temp dir), DynamoDB (local moto
 //! and dynalite servers, see `autopush_tests::dynamo`) and Bigtable
-//! (Google's emulator, see `autopush_tests::bigtable`), so they cannot
-//! drift.
+//! (Google's emulator, see `autopush_tests::bigtable`) and PostgreSQL (a
+//! private cluster, see `autopush_tests::postgres`), so they cannot drift.
 //! Each test is written once in `suite` and instantiated per backend by
 //! `for_backend!`.
 
@@ -12,7 +12,7 @@ use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::{Notification, RouterType, User, WakeRoute, time::now_secs};
 use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
-use autopush_tests::{bigtable as emulator, dynamo};
+use autopush_tests::{bigtable as emulator, dynamo, postgres as pg};
 use tempfile::TempDir;
 use uuid::Uuid;
 
@@ -48,6 +48,13 @@ async fn dynalite() -> Backend {
 async fn bigtable() -> Backend {
     Backend {
         store: Arc::new(emulator::fresh_store().await),
+        _dir: None,
+    }
+}
+
+async fn postgres() -> Backend {
+    Backend {
+        store: Arc::new(pg::fresh_store().await),
         _dir: None,
     }
 }
@@ -1090,7 +1097,7 @@ macro_rules! suite_for {
     };
 }
 
-suite_for!(embedded, dynamodb, dynalite, bigtable);
+suite_for!(embedded, dynamodb, dynalite, bigtable, postgres);
 
 macro_rules! receipts_for {
     ($($backend:ident),*) => {

@@ -18,7 +18,8 @@
 //!   reported, and `gone` only for a message no call settled: a removal's
 //!   `gone` never overwrites a `delivered` or `deleted`.
 //!
-//! It runs on every backend (DynamoDB on moto and on dynalite) for a few
+//! It runs on every backend (DynamoDB on moto and on dynalite, Bigtable's
+//! emulator, a private PostgreSQL cluster) for a few
 //! seconds in `cargo test`; `RACE_SECONDS=60 cargo test -p autopush-tests
 //! --test storage_races` hunts longer, and `RACE_SEED` replays a seed a
 //! failure printed.
@@ -36,7 +37,7 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiResult, Notification, RouterType, User};
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_storage::{Storage, StorageError, StoredMessage, embedded::EmbeddedStore};
-use autopush_tests::{bigtable, dynamo};
+use autopush_tests::{bigtable, dynamo, postgres};
 use http::{HeaderMap, HeaderValue, Method};
 use uuid::Uuid;
 
@@ -563,6 +564,11 @@ async fn dynalite_under_random_concurrent_operations() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bigtable_under_random_concurrent_operations() {
     hunt(Arc::new(bigtable::fresh_store().await)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_under_random_concurrent_operations() {
+    hunt(Arc::new(postgres::fresh_store().await)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

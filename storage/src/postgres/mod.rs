@@ -1,0 +1,815 @@
+//! The PostgreSQL backend, on autopush-rs's schema (its `schema.psql`):
+//! the `router` table (a row per user), `meta` (a row per channel) and
+//! `message` (a row per stored message, keyed by the user and the
+//! message's sort key, autopush-rs's `chid_message_id`).
+//!
+//! Our own state that autopush-rs has no column for is in columns it never
+//! names (it reads and writes rows by column name): `over_msg_limit`,
+//! `min_urgency`, `wake_route` and `last_wake` on `router`, `urgency` and
+//! `durable` on `message`. `last_connect` is autopush-rs's own `router`
+//! column, which it leaves alone.
+//!
+//! Every change to a row is one statement conditional on what the caller
+//! saw (`UPDATE ... WHERE`, `DELETE ... WHERE`, `INSERT ... ON CONFLICT DO
+//! UPDATE ... WHERE`); a user's removal takes its channels and messages in
+//! the same statement. Expired messages are filtered on read and deleted
+//! by the sweep, in bounded batches. Statements are prepared once per
+//! connection; independent ones of a call are pipelined on one connection.
+//!
+//! Receipts (`--receipt-retention`) are not kept here yet.
+
+pub mod admin;
+pub mod settings;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use autopush_common::receipt::MessageState;
+use autopush_common::time::now_secs;
+use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+use uuid::Uuid;
+
+use crate::{Result, Storage, StorageError, StoredMessage, SweepStep};
+pub use settings::PostgresSettings;
+
+/// How long a call waits for a connection of the pool, or for a new one.
+const POOL_WAIT: Duration = Duration::from_secs(5);
+
+/// The `router` columns a [`User`] is read from, in [`user_from_row`]'s order.
+const USER_COLUMNS: &str = "router_type, router_data, node_id, connected_at, last_connect, \
+     over_msg_limit, min_urgency, wake_route, last_wake";
+
+/// The `message` columns a [`Notification`] is read from, in
+/// [`message_from_row`]'s order.
+const MESSAGE_COLUMNS: &str = "channel_id, version, ttl, timestamp, topic, sortkey_timestamp, data, headers, urgency, durable";
+
+/// Every statement, with the table names of the settings in it.
+struct Sql {
+    add_user: String,
+    take_over_user: String,
+    touch_user: String,
+    set_router_data: String,
+    get_user: String,
+    get_user_and_channel: String,
+    remove_user: String,
+    remove_user_if_unchanged: String,
+    remove_node_id: String,
+    set_min_urgency: String,
+    set_wake_route: String,
+    remove_wake_route: String,
+    claim_wake: String,
+    add_channel: String,
+    get_channels: String,
+    has_channel: String,
+    remove_channel: String,
+    save_topic: String,
+    save_plain: String,
+    fetch_messages: String,
+    count_messages: String,
+    remove_message: String,
+    settle_message: String,
+    read_message: String,
+    health_check: String,
+    sweep_expired: String,
+    drop_idle_users: String,
+}
+
+impl Sql {
+    fn new(s: &PostgresSettings) -> Sql {
+        let r = s.qualified(&s.router_table);
+        let m = s.qualified(&s.message_table);
+        let c = s.qualified(&s.meta_table);
+        // A user's removal, given `doomed`, a statement returning the
+        // removed router rows' `uaid`: its channels and messages go in the
+        // same statement.
+        let removal = |doomed: &str| {
+            format!(
+                "WITH gone AS ({doomed} RETURNING uaid), \
+                 m AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone)), \
+                 c AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)) \
+                 SELECT count(*) FROM gone"
+            )
+        };
+        let save = |condition: &str| {
+            format!(
+                "INSERT INTO {m} AS old (uaid, channel_id, chid_message_id, version, ttl, expiry, \
+                 topic, timestamp, data, sortkey_timestamp, headers, urgency, durable) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                 ON CONFLICT (uaid, chid_message_id) DO UPDATE SET channel_id = EXCLUDED.channel_id, \
+                 version = EXCLUDED.version, ttl = EXCLUDED.ttl, expiry = EXCLUDED.expiry, \
+                 topic = EXCLUDED.topic, timestamp = EXCLUDED.timestamp, data = EXCLUDED.data, \
+                 sortkey_timestamp = EXCLUDED.sortkey_timestamp, headers = EXCLUDED.headers, \
+                 urgency = EXCLUDED.urgency, durable = EXCLUDED.durable \
+                 WHERE {condition} RETURNING 1"
+            )
+        };
+        Sql {
+            add_user: format!(
+                "INSERT INTO {r} (uaid, router_type, router_data, node_id, connected_at, \
+                 last_connect, over_msg_limit, min_urgency, wake_route, last_wake, \
+                 record_version, version, expiry) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 1, $11, $12) \
+                 ON CONFLICT (uaid) DO UPDATE SET router_type = EXCLUDED.router_type, \
+                 router_data = EXCLUDED.router_data, node_id = EXCLUDED.node_id, \
+                 connected_at = EXCLUDED.connected_at, last_connect = EXCLUDED.last_connect, \
+                 over_msg_limit = EXCLUDED.over_msg_limit, min_urgency = EXCLUDED.min_urgency, \
+                 wake_route = EXCLUDED.wake_route, last_wake = EXCLUDED.last_wake, \
+                 record_version = EXCLUDED.record_version, version = EXCLUDED.version, \
+                 expiry = EXCLUDED.expiry"
+            ),
+            // A record from before connected_at was kept reads as 0.
+            take_over_user: format!(
+                "UPDATE {r} SET node_id = $2, connected_at = $3, last_connect = $4, \
+                 over_msg_limit = $5, version = $6, expiry = $7 \
+                 WHERE uaid = $1 AND coalesce(connected_at, 0) = $8"
+            ),
+            touch_user: format!("UPDATE {r} SET last_connect = $2, expiry = $3 WHERE uaid = $1"),
+            // JSON compared as JSON: key order and spacing do not matter.
+            set_router_data: format!(
+                "UPDATE {r} SET router_data = $3 \
+                 WHERE uaid = $1 AND coalesce(router_data, 'null')::jsonb = $2::text::jsonb"
+            ),
+            get_user: format!("SELECT {USER_COLUMNS} FROM {r} WHERE uaid = $1"),
+            get_user_and_channel: format!(
+                "SELECT {USER_COLUMNS}, \
+                 EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2) \
+                 FROM {r} WHERE uaid = $1"
+            ),
+            // Channels and messages go even where no router row is.
+            remove_user: format!(
+                "WITH gone AS (DELETE FROM {r} WHERE uaid = $1), \
+                 m AS (DELETE FROM {m} WHERE uaid = $1), \
+                 c AS (DELETE FROM {c} WHERE uaid = $1) SELECT 1"
+            ),
+            remove_user_if_unchanged: removal(&format!(
+                "DELETE FROM {r} WHERE uaid = $1 AND coalesce(connected_at, 0) = $2 \
+                 AND coalesce(router_data, 'null')::jsonb = $3::text::jsonb"
+            )),
+            remove_node_id: format!(
+                "UPDATE {r} SET node_id = NULL \
+                 WHERE uaid = $1 AND node_id = $2 AND connected_at = $3"
+            ),
+            set_min_urgency: format!(
+                "UPDATE {r} SET min_urgency = $4 \
+                 WHERE uaid = $1 AND node_id = $2 AND connected_at = $3"
+            ),
+            set_wake_route: format!("UPDATE {r} SET wake_route = $2 WHERE uaid = $1"),
+            remove_wake_route: format!(
+                "UPDATE {r} SET wake_route = NULL WHERE uaid = $1 AND wake_route = $2"
+            ),
+            claim_wake: format!(
+                "UPDATE {r} SET last_wake = $3 WHERE uaid = $1 AND coalesce(last_wake, 0) = $2"
+            ),
+            // The insert's statement sees the channels as they were before
+            // it: a channel the user had already counts as subscribed.
+            add_channel: format!(
+                "WITH added AS (INSERT INTO {c} (uaid, channel_id) \
+                 SELECT $1::text, $2::text WHERE (SELECT count(*) FROM {c} WHERE uaid = $1) < $3 \
+                 ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM added) \
+                 OR EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2)"
+            ),
+            get_channels: format!("SELECT channel_id FROM {c} WHERE uaid = $1"),
+            has_channel: format!(
+                "SELECT EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2)"
+            ),
+            remove_channel: format!("DELETE FROM {c} WHERE uaid = $1 AND channel_id = $2"),
+            // A Topic message replaces the stored one unless that is newer.
+            save_topic: save("coalesce(old.sortkey_timestamp, 0) <= EXCLUDED.sortkey_timestamp"),
+            // Any other never replaces a different message under its key.
+            save_plain: save("old.version = EXCLUDED.version"),
+            // Sort keys put Topic messages first, the rest in arrival order.
+            fetch_messages: format!(
+                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND expiry > $2 \
+                 ORDER BY chid_message_id LIMIT $3"
+            ),
+            count_messages: format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 LIMIT $3) AS s"
+            ),
+            remove_message: format!(
+                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3"
+            ),
+            // Expired is final: such a message is never settled.
+            settle_message: format!(
+                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3 \
+                 AND expiry > $4"
+            ),
+            read_message: format!(
+                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = $2"
+            ),
+            health_check: format!(
+                "SELECT EXISTS (SELECT 1 FROM {r}), EXISTS (SELECT 1 FROM {m}), \
+                 EXISTS (SELECT 1 FROM {c})"
+            ),
+            // The expiry is looked at again on the row deleted: a message
+            // stored under the key since stays.
+            sweep_expired: format!(
+                "DELETE FROM {m} WHERE expiry <= $1 AND (uaid, chid_message_id) IN \
+                 (SELECT uaid, chid_message_id FROM {m} WHERE expiry <= $1 LIMIT $2)"
+            ),
+            // One page of users after the cursor; of those, idle webpush
+            // users go (idle looked at again on the row deleted). A user
+            // autopush-rs wrote has no last_connect: its connected_at says.
+            drop_idle_users: format!(
+                "WITH page AS (SELECT uaid FROM {r} WHERE uaid > $1 ORDER BY uaid LIMIT $2), \
+                 gone AS (DELETE FROM {r} WHERE uaid IN (SELECT uaid FROM page) \
+                 AND router_type = 'webpush' AND greatest(last_connect, connected_at) < $3 \
+                 RETURNING uaid), \
+                 m AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone)), \
+                 c AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)) \
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM page), \
+                 (SELECT max(uaid) FROM page)"
+            ),
+        }
+    }
+}
+
+pub struct PostgresStore {
+    pool: Pool,
+    settings: PostgresSettings,
+    sql: Sql,
+    /// The last user of the idle-user sweep's last page.
+    user_cursor: Mutex<String>,
+}
+
+/// A failed statement: the server's message when it answered, else what
+/// went wrong on the way. A missing table is [`StorageError::NoTable`].
+fn backend(op: &str, e: tokio_postgres::Error) -> StorageError {
+    match e.as_db_error() {
+        Some(db) if db.code() == &tokio_postgres::error::SqlState::UNDEFINED_TABLE => {
+            StorageError::NoTable(format!("PostgreSQL {op}: {}", db.message()))
+        }
+        Some(db) => StorageError::Backend(format!(
+            "PostgreSQL {op}: {} ({})",
+            db.message(),
+            db.code().code()
+        )),
+        None => {
+            let cause = std::error::Error::source(&e)
+                .map(|c| format!(": {c}"))
+                .unwrap_or_default();
+            StorageError::Backend(format!("PostgreSQL {op}: {e}{cause}"))
+        }
+    }
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StorageError {
+    StorageError::Corrupt(format!("PostgreSQL {what}: {e}"))
+}
+
+/// `uaid` as stored: hex without dashes, as autopush-rs writes it.
+fn hex(uuid: &Uuid) -> String {
+    uuid.simple().to_string()
+}
+
+/// Unsigned values in `bigint` columns.
+fn big(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+fn unsigned(n: Option<i64>) -> u64 {
+    n.map_or(0, |n| n.max(0) as u64)
+}
+
+/// `router_data` as stored: JSON text, `null` for none (autopush-rs reads
+/// the column as JSON and fails on SQL NULL).
+fn router_data_text(data: Option<&serde_json::Value>) -> String {
+    data.map_or_else(|| "null".to_owned(), |d| d.to_string())
+}
+
+fn user_from_row(uaid: &Uuid, row: &Row) -> Result<User> {
+    let router_type: Option<String> = row.get(0);
+    let router_type = router_type.unwrap_or_else(|| "webpush".into());
+    let router_type = RouterType::from_path(&router_type).ok_or_else(|| {
+        corrupt(
+            "router_type",
+            format!("unknown router type {router_type:?}"),
+        )
+    })?;
+    let router_data: Option<String> = row.get(1);
+    let router_data = match router_data.as_deref() {
+        None | Some("") | Some("null") => None,
+        Some(text) => Some(serde_json::from_str(text).map_err(|e| corrupt("router_data", e))?),
+    };
+    let min_urgency: Option<String> = row.get(6);
+    let wake_route: Option<String> = row.get(7);
+    Ok(User {
+        uaid: *uaid,
+        router_type,
+        router_data,
+        node_id: row.get(2),
+        connected_at: unsigned(row.get(3)),
+        last_connect: unsigned(row.get(4)),
+        over_msg_limit: row.get::<_, Option<bool>>(5).unwrap_or(false),
+        current_month: None,
+        min_urgency: min_urgency
+            .as_deref()
+            .and_then(Urgency::parse)
+            .unwrap_or(Urgency::VeryLow),
+        wake_route: wake_route.as_deref().and_then(WakeRoute::from_json),
+        last_wake: unsigned(row.get(8)),
+    })
+}
+
+fn message_from_row(row: &Row) -> Result<Notification> {
+    let channel_id: Option<String> = row.get(0);
+    let channel_id = Uuid::parse_str(channel_id.as_deref().unwrap_or_default())
+        .map_err(|e| corrupt("message channel_id", e))?;
+    let headers: Option<String> = row.get(7);
+    let headers = match headers.as_deref() {
+        None | Some("") | Some("null") | Some("{}") => None,
+        Some(text) => Some(serde_json::from_str(text).map_err(|e| corrupt("message headers", e))?),
+    };
+    let urgency: Option<String> = row.get(8);
+    Ok(Notification {
+        channel_id,
+        version: row.get::<_, Option<String>>(1).unwrap_or_default(),
+        ttl: unsigned(row.get(2)),
+        timestamp: unsigned(row.get(3)),
+        topic: row.get::<_, Option<String>>(4).filter(|t| !t.is_empty()),
+        sortkey_timestamp: row.get::<_, Option<i64>>(5).map(|t| t.max(0) as u64),
+        // autopush-rs writes an empty body as ''.
+        data: row.get::<_, Option<String>>(6).filter(|d| !d.is_empty()),
+        headers,
+        urgency: urgency.as_deref().and_then(Urgency::parse),
+        durable: row.get::<_, Option<bool>>(9).unwrap_or(false),
+    })
+}
+
+/// A message's row values, owned, in the order of the save statements.
+struct MessageRow {
+    uaid: String,
+    channel_id: String,
+    sort_key: String,
+    version: String,
+    ttl: i64,
+    expiry: i64,
+    topic: Option<String>,
+    timestamp: i64,
+    data: String,
+    sortkey_timestamp: Option<i64>,
+    headers: String,
+    urgency: Option<&'static str>,
+    durable: bool,
+}
+
+impl MessageRow {
+    fn new(uaid: &Uuid, m: &Notification) -> Result<MessageRow> {
+        Ok(MessageRow {
+            uaid: hex(uaid),
+            channel_id: hex(&m.channel_id),
+            sort_key: m.sort_key(),
+            version: m.version.clone(),
+            ttl: big(m.ttl),
+            expiry: big(m.expiry()),
+            topic: m.topic.clone().filter(|t| !t.is_empty()),
+            timestamp: big(m.timestamp),
+            data: m.data.clone().unwrap_or_default(),
+            sortkey_timestamp: m.sortkey_timestamp.map(big),
+            headers: serde_json::to_string(&m.headers).map_err(|e| corrupt("headers", e))?,
+            urgency: m.urgency.map(Urgency::as_str),
+            durable: m.durable,
+        })
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.uaid,
+            &self.channel_id,
+            &self.sort_key,
+            &self.version,
+            &self.ttl,
+            &self.expiry,
+            &self.topic,
+            &self.timestamp,
+            &self.data,
+            &self.sortkey_timestamp,
+            &self.headers,
+            &self.urgency,
+            &self.durable,
+        ]
+    }
+}
+
+impl PostgresStore {
+    /// A store on the database `settings` name. Connections are opened as
+    /// calls need them, up to `pool_size`; none is opened here.
+    pub fn connect(settings: PostgresSettings) -> Result<Self> {
+        let manager = Manager::from_config(
+            settings.config.clone(),
+            NoTls,
+            ManagerConfig {
+                // A connection the server closed (a restart, a failover) is
+                // dropped, not handed out.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(settings.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(POOL_WAIT))
+            .create_timeout(Some(POOL_WAIT))
+            .build()
+            .map_err(|e| StorageError::Backend(format!("PostgreSQL pool: {e}")))?;
+        Ok(PostgresStore {
+            pool,
+            sql: Sql::new(&settings),
+            settings,
+            user_cursor: Mutex::new(String::new()),
+        })
+    }
+
+    pub fn settings(&self) -> &PostgresSettings {
+        &self.settings
+    }
+
+    /// A connection of the pool.
+    async fn client(&self) -> Result<Object> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => backend("connect", e),
+            other => StorageError::Backend(format!("PostgreSQL connect: {other}")),
+        })
+    }
+
+    /// Run `sql` (prepared once per connection) and return its rows.
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| backend("prepare", e))?;
+        client
+            .query(&statement, params)
+            .await
+            .map_err(|e| backend("query", e))
+    }
+
+    /// Run `sql` and return how many rows it changed.
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| backend("prepare", e))?;
+        client
+            .execute(&statement, params)
+            .await
+            .map_err(|e| backend("execute", e))
+    }
+
+    /// The one value of the one row `sql` returns.
+    async fn one<T>(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<T>
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        let rows = self.query(sql, params).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StorageError::Backend("PostgreSQL: no row returned".into()))?;
+        row.try_get(0).map_err(|e| backend("read", e))
+    }
+
+    /// A router row's `expiry`, as autopush-rs writes it: seconds.
+    fn router_expiry(&self) -> i64 {
+        big(now_secs().saturating_add(self.settings.max_router_ttl))
+    }
+
+    /// A fresh `version` of the router row, as autopush-rs gives each
+    /// connection (it requires one to clear `node_id`).
+    fn record_version() -> String {
+        hex(&Uuid::new_v4())
+    }
+}
+
+#[async_trait]
+impl Storage for PostgresStore {
+    async fn add_user(&self, user: &User) -> Result<()> {
+        let wake_route = user.wake_route.as_ref().map(WakeRoute::to_json);
+        let min_urgency = (user.min_urgency != Urgency::VeryLow).then(|| user.min_urgency.as_str());
+        self.execute(
+            &self.sql.add_user,
+            &[
+                &hex(&user.uaid),
+                &user.router_type.as_str(),
+                &router_data_text(user.router_data.as_ref()),
+                &user.node_id,
+                &big(user.connected_at),
+                &big(user.last_connect),
+                &user.over_msg_limit,
+                &min_urgency,
+                &wake_route,
+                &big(user.last_wake),
+                &Self::record_version(),
+                &self.router_expiry(),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn take_over_user(&self, user: &User, seen_connected_at: u64) -> Result<bool> {
+        let changed = self
+            .execute(
+                &self.sql.take_over_user,
+                &[
+                    &hex(&user.uaid),
+                    &user.node_id,
+                    &big(user.connected_at),
+                    &big(user.last_connect),
+                    &user.over_msg_limit,
+                    &Self::record_version(),
+                    &self.router_expiry(),
+                    &big(seen_connected_at),
+                ],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn touch_user(&self, uaid: &Uuid, last_connect: u64) -> Result<bool> {
+        let changed = self
+            .execute(
+                &self.sql.touch_user,
+                &[&hex(uaid), &big(last_connect), &self.router_expiry()],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn set_router_data(
+        &self,
+        uaid: &Uuid,
+        seen: Option<&serde_json::Value>,
+        router_data: &serde_json::Value,
+    ) -> Result<bool> {
+        let changed = self
+            .execute(
+                &self.sql.set_router_data,
+                &[
+                    &hex(uaid),
+                    &router_data_text(seen),
+                    &router_data_text(Some(router_data)),
+                ],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
+        let rows = self.query(&self.sql.get_user, &[&hex(uaid)]).await?;
+        rows.first().map(|row| user_from_row(uaid, row)).transpose()
+    }
+
+    async fn get_user_and_channel(
+        &self,
+        uaid: &Uuid,
+        channel_id: &Uuid,
+    ) -> Result<Option<(User, bool)>> {
+        let rows = self
+            .query(
+                &self.sql.get_user_and_channel,
+                &[&hex(uaid), &hex(channel_id)],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let subscribed: bool = row.try_get(9).map_err(|e| backend("read", e))?;
+        Ok(Some((user_from_row(uaid, row)?, subscribed)))
+    }
+
+    async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
+        let _: i32 = self.one(&self.sql.remove_user, &[&hex(uaid)]).await?;
+        Ok(())
+    }
+
+    async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let removed: i64 = self
+            .one(
+                &self.sql.remove_user_if_unchanged,
+                &[
+                    &hex(&seen.uaid),
+                    &big(seen.connected_at),
+                    &router_data_text(seen.router_data.as_ref()),
+                ],
+            )
+            .await?;
+        Ok(removed > 0)
+    }
+
+    async fn remove_node_id(&self, uaid: &Uuid, node_id: &str, connected_at: u64) -> Result<bool> {
+        let changed = self
+            .execute(
+                &self.sql.remove_node_id,
+                &[&hex(uaid), &node_id, &big(connected_at)],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn set_min_urgency(
+        &self,
+        uaid: &Uuid,
+        node_id: &str,
+        connected_at: u64,
+        min: Urgency,
+    ) -> Result<bool> {
+        let min = (min != Urgency::VeryLow).then(|| min.as_str());
+        let changed = self
+            .execute(
+                &self.sql.set_min_urgency,
+                &[&hex(uaid), &node_id, &big(connected_at), &min],
+            )
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn set_wake_route(&self, uaid: &Uuid, route: Option<&WakeRoute>) -> Result<bool> {
+        let route = route.map(WakeRoute::to_json);
+        let changed = self
+            .execute(&self.sql.set_wake_route, &[&hex(uaid), &route])
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn remove_wake_route(&self, uaid: &Uuid, seen: &WakeRoute) -> Result<bool> {
+        let changed = self
+            .execute(&self.sql.remove_wake_route, &[&hex(uaid), &seen.to_json()])
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn claim_wake(&self, uaid: &Uuid, seen: u64, now: u64) -> Result<bool> {
+        let changed = self
+            .execute(&self.sql.claim_wake, &[&hex(uaid), &big(seen), &big(now)])
+            .await?;
+        Ok(changed > 0)
+    }
+
+    async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
+        self.one(
+            &self.sql.add_channel,
+            &[&hex(uaid), &hex(channel_id), &big(limit as u64)],
+        )
+        .await
+    }
+
+    async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
+        let rows = self.query(&self.sql.get_channels, &[&hex(uaid)]).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|row| row.get::<_, Option<String>>(0))
+            .filter_map(|c| Uuid::parse_str(&c).ok())
+            .collect())
+    }
+
+    async fn has_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        self.one(&self.sql.has_channel, &[&hex(uaid), &hex(channel_id)])
+            .await
+    }
+
+    async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
+        let removed = self
+            .execute(&self.sql.remove_channel, &[&hex(uaid), &hex(channel_id)])
+            .await?;
+        Ok(removed > 0)
+    }
+
+    /// One conditional insert per message, pipelined on one connection in
+    /// the batch's order (so a key twice in a batch ends as its last).
+    async fn save_messages(&self, uaid: &Uuid, messages: Vec<Notification>) -> Result<()> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let rows = messages
+            .iter()
+            .map(|m| MessageRow::new(uaid, m))
+            .collect::<Result<Vec<_>>>()?;
+        let client = self.client().await?;
+        let (topic, plain) = tokio::try_join!(
+            client.prepare_cached(&self.sql.save_topic),
+            client.prepare_cached(&self.sql.save_plain),
+        )
+        .map_err(|e| backend("prepare", e))?;
+        let params: Vec<_> = rows.iter().map(MessageRow::params).collect();
+        let written =
+            futures_util::future::try_join_all(rows.iter().zip(&params).map(|(row, params)| {
+                let statement = if row.topic.is_some() { &topic } else { &plain };
+                client.execute(statement, params)
+            }))
+            .await
+            .map_err(|e| backend("save", e))?;
+        match rows
+            .iter()
+            .zip(written)
+            .find(|(row, n)| row.topic.is_none() && *n == 0)
+        {
+            Some((row, _)) => Err(StorageError::KeyTaken(row.sort_key.clone())),
+            None => Ok(()),
+        }
+    }
+
+    async fn fetch_messages(&self, uaid: &Uuid, limit: usize) -> Result<Vec<Notification>> {
+        let rows = self
+            .query(
+                &self.sql.fetch_messages,
+                &[&hex(uaid), &big(now_secs()), &big(limit as u64)],
+            )
+            .await?;
+        rows.iter().map(message_from_row).collect()
+    }
+
+    async fn count_messages(&self, uaid: &Uuid, up_to: usize) -> Result<usize> {
+        let count: i64 = self
+            .one(
+                &self.sql.count_messages,
+                &[&hex(uaid), &big(now_secs()), &big(up_to as u64)],
+            )
+            .await?;
+        Ok(count.max(0) as usize)
+    }
+
+    async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
+        let removed = self
+            .execute(&self.sql.remove_message, &[&hex(uaid), &sort_key, &version])
+            .await?;
+        Ok(removed > 0)
+    }
+
+    async fn settle_message(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        version: &str,
+        _state: MessageState,
+    ) -> Result<bool> {
+        let removed = self
+            .execute(
+                &self.sql.settle_message,
+                &[&hex(uaid), &sort_key, &version, &big(now_secs())],
+            )
+            .await?;
+        Ok(removed > 0)
+    }
+
+    async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
+        let rows = self
+            .query(&self.sql.read_message, &[&hex(uaid), &sort_key])
+            .await?;
+        rows.first()
+            .map(|row| message_from_row(row).map(StoredMessage::Pending))
+            .transpose()
+    }
+
+    async fn health_check(&self) -> Result<()> {
+        self.query(&self.sql.health_check, &[]).await?;
+        Ok(())
+    }
+
+    async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
+        let removed = self
+            .execute(
+                &self.sql.sweep_expired,
+                &[&big(now_secs()), &big(budget as u64)],
+            )
+            .await? as usize;
+        Ok(SweepStep {
+            removed,
+            finished_pass: removed < budget,
+        })
+    }
+
+    async fn drop_idle_users(&self, last_connect_before: u64, budget: usize) -> Result<SweepStep> {
+        let after = self
+            .user_cursor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let rows = self
+            .query(
+                &self.sql.drop_idle_users,
+                &[&after, &big(budget as u64), &big(last_connect_before)],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| StorageError::Backend("PostgreSQL: no row returned".into()))?;
+        let removed: i64 = row.try_get(0).map_err(|e| backend("read", e))?;
+        let seen: i64 = row.try_get(1).map_err(|e| backend("read", e))?;
+        let last: Option<String> = row.try_get(2).map_err(|e| backend("read", e))?;
+        let finished_pass = (seen as usize) < budget;
+        *self.user_cursor.lock().unwrap_or_else(|p| p.into_inner()) = match finished_pass {
+            true => String::new(),
+            false => last.unwrap_or_default(),
+        };
+        Ok(SweepStep {
+            removed: removed.max(0) as usize,
+            finished_pass,
+        })
+    }
+}

@@ -1,0 +1,312 @@
+//! A PostgreSQL `--db` end to end, on a private cluster: the `db`
+//! subcommands, split mode with two connection nodes and an endpoint node,
+//! and an outage.
+
+use autopush_tests::server::run_autopush;
+use autopush_tests::{
+    Node, SendOptions, Server, Subscription, WsClient, bigtable, postgres, scenarios,
+};
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `autopush ARGS --db DSN --db-settings {schema}` on the shared cluster.
+async fn db_command(schema: &str, args: &[&str]) -> std::process::Output {
+    let dsn = &postgres::local().await.dsn;
+    let settings = postgres::db_settings(schema);
+    let mut all = args.to_vec();
+    all.extend(["--db", dsn, "--db-settings", &settings]);
+    run_autopush(&all).await
+}
+
+#[tokio::test]
+async fn db_commands_create_and_check_the_tables() {
+    let schema = postgres::schema_name();
+    let out = db_command(&schema, &["db", "preflight"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stdout).contains(&format!("missing: table {schema}.router")),
+        "{}",
+        text(&out.stdout)
+    );
+
+    for _ in 0..2 {
+        // Again: nothing to do, and no error.
+        let out = db_command(&schema, &["db", "create-tables"]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains(&format!("tables {schema}.router, {schema}.meta")),
+            "{}",
+            text(&out.stdout)
+        );
+    }
+
+    let out = db_command(&schema, &["db", "preflight"]).await;
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).starts_with("ready:"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = db_command(&schema, &["db", "drop-old-users", "--months", "2"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--drop-idle-users-after-days"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// What every node of one cluster shares: the schema and fresh keys.
+async fn shared_args(schema: &str) -> Vec<String> {
+    let mut args = vec![format!("--db-settings={}", postgres::db_settings(schema))];
+    args.extend(scenarios::cluster_keys().await);
+    args
+}
+
+/// Nodes of a role on the PostgreSQL at `host` (`HOST:PORT`), with `args`.
+fn node_on(host: &str, args: Vec<String>) -> impl Fn(&'static str) -> Node + use<> {
+    let dsn = format!("postgres://postgres@{host}/postgres");
+    move |role| Node {
+        role,
+        db: Some(dsn.clone()),
+        args: args.clone(),
+        ..Node::default()
+    }
+}
+
+/// `HOST:PORT` of the shared cluster.
+async fn host() -> String {
+    let dsn = &postgres::local().await.dsn;
+    let rest = dsn.split_once('@').map_or("", |(_, rest)| rest);
+    rest.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// A fresh schema with its tables made.
+async fn fresh_schema() -> String {
+    let settings = postgres::fresh_settings().await;
+    settings.schema.unwrap_or_default()
+}
+
+/// The DynamoDB suite's scenario on PostgreSQL: an endpoint node and two
+/// connection nodes on one schema, a client moving between the connection
+/// nodes, pushes racing its moves, nothing lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_move_between_connection_nodes_without_loss_or_duplicates() {
+    let schema = fresh_schema().await;
+    let node = node_on(&host().await, shared_args(&schema).await);
+    let endpoint = Server::start_node(node("endpoint")).await;
+    let connection = || Node {
+        endpoint_url: Some(endpoint.endpoint_base()),
+        ..node("connection")
+    };
+    let a = Server::start_node(connection()).await;
+    let b = Server::start_node(connection()).await;
+    scenarios::clients_move_between_nodes(&endpoint, &a, &b).await;
+}
+
+/// PostgreSQL unreachable: senders get 503 errno 201 with Retry-After,
+/// clients saying hello a 503 and a 1013 close; when it is back, the
+/// node's pool connects again by itself and what was accepted before
+/// arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_503_and_1013_and_nothing_accepted_is_lost() {
+    let schema = fresh_schema().await;
+    let outage = bigtable::Outage::start(&host().await).await;
+    let node = Server::start_node(node_on(&outage.host, shared_args(&schema).await)("all")).await;
+    let (uaid, sub) = node.offline_subscription(false).await;
+    sub.push_text("before").await;
+
+    outage.begin();
+    let refused = sub.send(&SendOptions::text("refused")).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["errno"], 201, "{}", refused.body);
+    // Backend detail stays in the log.
+    assert!(
+        !refused.body.contains("PostgreSQL") && !refused.body.contains(&outage.host),
+        "{}",
+        refused.body
+    );
+    let mut ws = WsClient::connect(&node.ws_url()).await;
+    let reply = ws.hello(Some(&uaid)).await;
+    assert_eq!(reply["status"], 503, "{reply}");
+    assert_eq!(ws.expect_closed().await.code, Some(1013));
+
+    outage.end();
+    // As a client told 1013 does: try again until the node answers.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    let mut ws = loop {
+        let mut ws = WsClient::connect(&node.ws_url()).await;
+        if ws.hello(Some(&uaid)).await["status"] == 200 {
+            break ws;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "hello still refused after the outage ended"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let (n, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "before");
+    ws.ack_notification(&n).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// The housekeeping steps on PostgreSQL: idle webpush users go page by
+/// page with their channels and messages, bridge users and recent ones
+/// stay; expired messages go in bounded batches, live ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_drops_idle_users_and_expired_messages_in_batches() {
+    use autopush_common::time::now_secs;
+    use autopush_common::{Notification, RouterType, User};
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    let store = postgres::fresh_store().await;
+    let message = |chid: Uuid, ttl: u64, at: u64| Notification {
+        channel_id: chid,
+        version: format!("v{at}"),
+        ttl,
+        timestamp: now_secs() - 10,
+        topic: None,
+        sortkey_timestamp: Some(at),
+        data: Some("x".into()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    };
+    let mut idle = Vec::new();
+    let mut kept = Vec::new();
+    for i in 0..7u64 {
+        let uaid = Uuid::new_v4();
+        let mut user = User::new_webpush(uaid, "http://n", 1000 + i);
+        if i % 3 == 0 {
+            user.router_type = RouterType::Fcm;
+            kept.push(uaid);
+        } else if i % 3 == 1 {
+            user.last_connect = 10_000_000;
+            user.connected_at = 10_000_000;
+            kept.push(uaid);
+        } else {
+            idle.push(uaid);
+        }
+        store.add_user(&user).await.unwrap();
+        let chid = Uuid::new_v4();
+        assert!(store.add_channel(&uaid, &chid, 10).await.unwrap());
+        // Two expired (a TTL of 5 s, 10 s ago) and one live message each.
+        store
+            .save_messages(
+                &uaid,
+                vec![
+                    message(chid, 5, 1),
+                    message(chid, 5, 2),
+                    message(chid, 600, 3),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let mut removed = 0;
+    let mut steps = 0;
+    loop {
+        let step = store.drop_idle_users(5_000_000, 2).await.unwrap();
+        removed += step.removed;
+        steps += 1;
+        if step.finished_pass {
+            break;
+        }
+        assert!(steps < 20, "the idle-user sweep never finished its pass");
+    }
+    assert_eq!(removed, idle.len());
+    assert!(steps >= 4, "7 users in pages of 2 took {steps} steps");
+    for uaid in &idle {
+        assert!(store.get_user(uaid).await.unwrap().is_none());
+        assert!(store.get_channels(uaid).await.unwrap().is_empty());
+        assert_eq!(store.count_messages(uaid, 10).await.unwrap(), 0);
+    }
+    let mut swept = 0;
+    loop {
+        let step = store.sweep_expired_messages(3).await.unwrap();
+        assert!(step.removed <= 3, "{step:?}");
+        swept += step.removed;
+        if step.finished_pass {
+            break;
+        }
+    }
+    assert_eq!(swept, kept.len() * 2);
+    for uaid in &kept {
+        assert!(store.get_user(uaid).await.unwrap().is_some());
+        let left = store.fetch_messages(uaid, 10).await.unwrap();
+        assert_eq!(left.len(), 1, "{left:?}");
+        assert_eq!(left[0].version, "v3");
+    }
+}
+
+/// Statements of `schema` the server ran so far, by statement.
+async fn statements(schema: &str) -> std::collections::BTreeMap<String, u64> {
+    let rows = postgres::psql(&format!(
+        "SELECT calls, regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements \
+         WHERE query LIKE '%{schema}.%'"
+    ))
+    .await;
+    rows.lines()
+        .filter_map(|line| line.split_once('|'))
+        .map(|(calls, query)| (query.to_owned(), calls.parse().unwrap_or(0)))
+        .collect()
+}
+
+/// What an acked direct push costs on PostgreSQL, counted by the server
+/// (`pg_stat_statements`): the endpoint's read of the user and its channel
+/// (one statement), the durable copy's insert, and the ack's delete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_per_acked_direct_push() {
+    const PUSHES: u64 = 10;
+    postgres::psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await;
+    let schema = fresh_schema().await;
+    let node = Server::start_node(node_on(&host().await, shared_args(&schema).await)("all")).await;
+    let mut ws = node.client().await;
+    let sub = Subscription::new(&mut ws).await;
+    let before = statements(&schema).await;
+    for i in 0..PUSHES {
+        sub.push_text(&format!("direct {i}")).await;
+        let (n, _) = sub.receive(&mut ws).await;
+        ws.ack_notification(&n).await;
+    }
+    // The last ack's delete may still be on its way.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    let spent = loop {
+        let after = statements(&schema).await;
+        let spent: std::collections::BTreeMap<String, u64> = after
+            .into_iter()
+            .map(|(q, n)| {
+                let was = before.get(&q).copied().unwrap_or(0);
+                (q, n - was)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        let deletes: u64 = spent
+            .iter()
+            .filter(|(q, _)| q.starts_with("DELETE FROM"))
+            .map(|(_, n)| n)
+            .sum();
+        if deletes >= PUSHES {
+            break spent;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "acks not settled: {spent:#?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let total: u64 = spent.values().sum();
+    for (query, calls) in &spent {
+        eprintln!("{calls:>4}  {}", &query[..query.len().min(110)]);
+    }
+    eprintln!(
+        "{total} statements for {PUSHES} acked direct pushes: {:.2} per push",
+        total as f64 / PUSHES as f64
+    );
+    assert!(total <= 3 * PUSHES, "{spent:#?}");
+}
