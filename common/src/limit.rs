@@ -102,11 +102,11 @@ impl Bucket {
         if taken { Ok(standing) } else { Err(standing) }
     }
 
-    /// Whether a token is there at `now`, without taking it, or how long
-    /// until one is.
-    fn ready(&self, rate: Rate, now: Instant) -> Result<(), Duration> {
+    /// Whether a token is there at `now`, without taking it, or where the
+    /// bucket stands without.
+    fn ready(&self, rate: Rate, now: Instant) -> Result<(), Standing> {
         let mut peek = *self;
-        peek.take(rate, now)
+        peek.take_standing(rate, now).map(drop)
     }
 
     fn refill(&mut self, rate: Rate, now: Instant) {
@@ -237,12 +237,25 @@ impl AddressLimiter {
             .inspect_err(|_| crate::metrics::rate_limited(limit, self.len()))
     }
 
-    /// Whether `client`'s site and host have a token, without taking one.
-    pub fn ready_counted(&self, client: IpAddr, limit: &'static str) -> Result<(), Duration> {
+    /// Whether `client`'s site and host have a token, without taking one;
+    /// refused, where the one without stands.
+    pub fn ready_counted(
+        &self,
+        client: IpAddr,
+        limit: &'static str,
+    ) -> Result<(), (Span, Standing)> {
         let now = Instant::now();
         site_key(client)
-            .map_or(Ok(()), |site| self.sites.ready_at(&site, now))
-            .and_then(|()| self.hosts.ready_at(&address_key(client), now))
+            .map_or(Ok(()), |site| {
+                self.sites
+                    .ready_at(&site, now)
+                    .map_err(|refused| (Span::Site, refused))
+            })
+            .and_then(|()| {
+                self.hosts
+                    .ready_at(&address_key(client), now)
+                    .map_err(|refused| (Span::Host, refused))
+            })
             .inspect_err(|_| crate::metrics::rate_limited(limit, self.len()))
     }
 
@@ -339,21 +352,21 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
     }
 
     /// Whether `key` has a token, without taking it: a key never seen has
-    /// its whole burst (and is not added).
-    pub fn ready(&self, key: &K) -> Result<(), Duration> {
+    /// its whole burst (and is not added). Refused, where it stands.
+    pub fn ready(&self, key: &K) -> Result<(), Standing> {
         self.ready_at(key, Instant::now())
     }
 
     /// [`Limiter::ready`], counting a refusal as [`Limiter::check_counted`]
     /// does.
-    pub fn ready_counted(&self, key: &K, limit: &'static str) -> Result<(), Duration> {
+    pub fn ready_counted(&self, key: &K, limit: &'static str) -> Result<(), Standing> {
         self.ready(key).inspect_err(|_| {
             crate::metrics::rate_limited(limit, self.len());
         })
     }
 
     /// [`Limiter::ready`] at `now`.
-    pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
+    pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Standing> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
         let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         shard
@@ -472,7 +485,8 @@ mod tests {
         for _ in 0..2 {
             assert!(limiter.check_at(&1, start).is_ok());
         }
-        assert_eq!(limiter.ready_at(&1, start), Err(Duration::from_millis(500)));
+        let refused = limiter.ready_at(&1, start).unwrap_err();
+        assert_eq!(refused.next_token(), Duration::from_millis(500));
         assert!(
             limiter
                 .ready_at(&1, start + Duration::from_millis(500))

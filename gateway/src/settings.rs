@@ -187,6 +187,12 @@ pub struct SettingsLayer {
     /// turns the limit off [default: 1000,10000]
     #[arg(long, env = "AUTOPUSH_SENDER_LIMIT", global = true)]
     pub sender_limit: Option<String>,
+    /// Named senders' own rates instead of `--sender-limit`, as
+    /// space-separated `KEY=PER_SECOND,BURST` entries, KEY a VAPID public
+    /// key as `k=` spells it (base64url, 65 bytes); `0` for no limit
+    /// [default: none]
+    #[arg(long, env = "AUTOPUSH_SENDER_LIMITS", global = true)]
+    pub sender_limits: Option<String>,
     /// Pushes per subscription not signed with a key it pins (unsigned, or
     /// to a v1 endpoint), as `PER_SECOND,BURST` [default: 10,100]
     #[arg(long, env = "AUTOPUSH_SUBSCRIPTION_LIMIT", global = true)]
@@ -716,6 +722,8 @@ fn seconds(name: &str, value: f64) -> Result<Duration, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateLimits {
     pub sender: Option<Rate>,
+    /// `--sender-limits`: named senders' own rates.
+    pub senders: Vec<SenderLimit>,
     pub subscription: Option<Rate>,
     pub source_ip: Option<Rate>,
     pub registration: Option<Rate>,
@@ -725,6 +733,10 @@ pub struct RateLimits {
     pub max_keys: usize,
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
+
+/// A named sender's rate (`None`: no limit), by its key's SHA-256, as a
+/// verified sender is known.
+pub type SenderLimit = ([u8; 32], Option<Rate>);
 
 /// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
 /// for no limit.
@@ -743,6 +755,28 @@ fn rate(name: &str, value: &str) -> Result<Option<Rate>, String> {
             "{name} must be PER_SECOND,BURST (e.g. 10,100) or 0 for no limit, got {value:?}"
         )),
     }
+}
+
+/// `--sender-limits`: space-separated `KEY=PER_SECOND,BURST` entries, each
+/// KEY a VAPID public key (as `k=` spells it) named once; each key by its
+/// SHA-256, as a verified sender is known.
+fn sender_limits(name: &str, value: Option<&str>) -> Result<Vec<SenderLimit>, String> {
+    use sha2::{Digest, Sha256};
+    let mut senders: Vec<SenderLimit> = Vec::new();
+    for entry in value.unwrap_or_default().split_ascii_whitespace() {
+        let (key, rate_text) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{name}: {entry:?} is not KEY=PER_SECOND,BURST"))?;
+        let key =
+            crate::vapid::decode_public_key(key).map_err(|e| format!("{name}: {entry:?}: {e}"))?;
+        let key_hash: [u8; 32] = Sha256::digest(&key).into();
+        let rate = rate(&format!("{name}: {entry:?}:"), rate_text)?;
+        if senders.iter().any(|(named, _)| *named == key_hash) {
+            return Err(format!("{name}: {entry:?} names a key already named"));
+        }
+        senders.push((key_hash, rate));
+    }
+    Ok(senders)
 }
 
 /// The items of a comma-separated setting, trimmed, empty ones skipped.
@@ -975,8 +1009,13 @@ impl Settings {
             bridge_app,
             matrix_gateway,
         ] = rates;
+        let senders = p.take(
+            sender_limits(&name("sender_limits"), l.sender_limits.as_deref()),
+            Vec::new(),
+        );
         let limits = RateLimits {
             sender,
+            senders,
             subscription,
             source_ip,
             registration,
