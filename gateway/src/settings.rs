@@ -197,9 +197,10 @@ pub struct SettingsLayer {
     /// to a v1 endpoint), as `PER_SECOND,BURST` [default: 10,100]
     #[arg(long, env = "AUTOPUSH_SUBSCRIPTION_LIMIT", global = true)]
     pub subscription_limit: Option<String>,
-    /// The same pushes per source address (an IPv6 /64), as
-    /// `PER_SECOND,BURST`; also, in a bucket of its own, pushes whose VAPID
-    /// signature fails [default: 100,1000]
+    /// The same pushes per source address (an IPv6 /64), but for those
+    /// signed by a token this node has verified, as `PER_SECOND,BURST`;
+    /// also, in a bucket of its own, pushes whose VAPID signature fails
+    /// [default: 100,1000]
     #[arg(long, env = "AUTOPUSH_SOURCE_IP_LIMIT", global = true)]
     pub source_ip_limit: Option<String>,
     /// `/v1` registrations per source address (an IPv6 /64), as

@@ -109,6 +109,8 @@ pub struct FairUse {
 pub struct Binding {
     pub policy: &'static str,
     pub standing: Standing,
+    /// This limit refused the push.
+    pub refused: bool,
 }
 
 impl Binding {
@@ -304,7 +306,14 @@ fn take_address(
     match limiter.take_counted(client, policy.limit) {
         Ok((span, standing)) => {
             let policy = policy.policy(span);
-            Binding::closer(binding, Binding { policy, standing });
+            Binding::closer(
+                binding,
+                Binding {
+                    policy,
+                    standing,
+                    refused: false,
+                },
+            );
             Ok(())
         }
         Err((span, refused)) => Err(refuse(policy.policy(span), policy.what, refused, binding)),
@@ -334,7 +343,14 @@ fn settle(
 ) -> ApiResult<()> {
     match taken {
         Ok(standing) => {
-            Binding::closer(binding, Binding { policy, standing });
+            Binding::closer(
+                binding,
+                Binding {
+                    policy,
+                    standing,
+                    refused: false,
+                },
+            );
             Ok(())
         }
         Err(refused) => Err(refuse(policy, what, refused, binding)),
@@ -352,6 +368,7 @@ fn refuse(
     *binding = Some(Binding {
         policy,
         standing: refused,
+        refused: true,
     });
     ApiError::TooManyRequests {
         what,

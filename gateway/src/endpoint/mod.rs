@@ -135,6 +135,10 @@ pub fn routes(
                         metrics::push_answered(router_type, e.status().as_u16(), Some(e.errno()))
                     }
                 }
+                // A push accepted, or refused by a limit: not one refused
+                // for another reason (a bridge app's limit, a full mailbox)
+                // after the limits passed it.
+                let binding = binding.filter(|b| result.is_ok() || b.refused);
                 let mut response = render(result);
                 if let Some(binding) = binding {
                     binding.add_headers(response.headers_mut());
