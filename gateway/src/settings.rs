@@ -1139,6 +1139,29 @@ mod tests {
     }
 
     #[test]
+    fn sender_limits_name_keys_by_their_hash_and_refuse_what_is_not_one() {
+        use sha2::{Digest, Sha256};
+        let key = "BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc";
+        let hash: [u8; 32] = Sha256::digest(crate::vapid::decode_public_key(key).unwrap()).into();
+        let limits = sender_limits("--sender-limits", Some(&format!("  {key}=0.5,20 "))).unwrap();
+        assert_eq!(limits, [(hash, Rate::new(0.5, 20.0))]);
+        let unlimited = sender_limits("--sender-limits", Some(&format!("{key}=0"))).unwrap();
+        assert_eq!(unlimited, [(hash, None)]);
+        assert!(sender_limits("--sender-limits", None).unwrap().is_empty());
+        for bad in [
+            key.to_owned(),
+            format!("{key}=fast"),
+            format!("{}=1,1", &key[1..]),
+            format!("{key}=1,1 {key}=2,2"),
+        ] {
+            let error = sender_limits("--sender-limits", Some(&bad)).unwrap_err();
+            assert!(error.starts_with("--sender-limits"), "{bad}: {error}");
+            let entry = bad.split(' ').next_back().unwrap();
+            assert!(error.contains(entry), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn bigtable_takes_autopush_rs_dsn_and_db_settings() {
         let layer = |db: &str, db_settings: Option<&str>| SettingsLayer {
             db: Some(db.into()),

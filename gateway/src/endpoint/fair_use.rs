@@ -405,6 +405,84 @@ mod tests {
         matches!(result, Err(ApiError::TooManyRequests { .. }))
     }
 
+    fn headers(binding: &Binding) -> (String, String) {
+        let mut out = HeaderMap::new();
+        binding.add_headers(&mut out);
+        let text = |name: &str| out[name].to_str().unwrap().to_owned();
+        (text("ratelimit-policy"), text("ratelimit"))
+    }
+
+    #[test]
+    fn the_headers_name_the_bucket_and_where_it_stands() {
+        let rate = Rate::new(1000.0, 10_000.0).unwrap();
+        let standing = Standing {
+            tokens: 9957.4,
+            rate,
+        };
+        let binding = Binding {
+            policy: "sender",
+            standing,
+            refused: false,
+        };
+        assert_eq!(
+            headers(&binding),
+            (
+                r#""sender";q=10000;w=10"#.to_owned(),
+                r#""sender";r=9957;t=0"#.to_owned()
+            )
+        );
+        // Refused at a token every 100 s: the window ends within Retry-After.
+        let slow = Rate::new(0.01, 3.0).unwrap();
+        let refused = Standing {
+            tokens: 0.25,
+            rate: slow,
+        };
+        let binding = Binding {
+            policy: "source_ip",
+            standing: refused,
+            refused: true,
+        };
+        assert_eq!(
+            headers(&binding),
+            (
+                r#""source_ip";q=3;w=300"#.to_owned(),
+                r#""source_ip";r=0;t=75"#.to_owned()
+            )
+        );
+        assert_eq!(retry_after_secs(refused.next_token()), 75);
+    }
+
+    #[test]
+    fn the_binding_limit_is_the_one_with_fewest_left() {
+        let limits = fair_use(3.0);
+        let (uaid, channel_id) = (Uuid::new_v4(), Uuid::new_v4());
+        let (client, other) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let closest = |binding: Option<Binding>| {
+            let binding = binding.unwrap();
+            (binding.policy, binding.standing.remaining())
+        };
+        let mut binding = None;
+        limits
+            .unpinned_push(uaid, channel_id, &mut binding)
+            .unwrap();
+        limits.unproven_push(client, &mut None).unwrap();
+        limits.unproven_push(client, &mut binding).unwrap();
+        assert_eq!(closest(binding), ("source_ip", 1));
+        let mut binding = None;
+        limits
+            .unpinned_push(uaid, channel_id, &mut binding)
+            .unwrap();
+        limits.unproven_push(other, &mut binding).unwrap();
+        assert_eq!(closest(binding), ("subscription", 1));
+        limits.unpinned_push(uaid, channel_id, &mut None).unwrap();
+        assert!(refused(limits.unpinned_push(
+            uaid,
+            channel_id,
+            &mut binding
+        )));
+        assert!(binding.is_some_and(|b| b.refused && b.policy == "subscription"));
+    }
+
     #[test]
     fn registrations_from_one_ipv6_64_share_a_bucket() {
         let limits = fair_use(2.0);
