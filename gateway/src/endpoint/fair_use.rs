@@ -34,9 +34,10 @@
 //! spreading over N nodes, a sender gets up to N times the rate.
 //!
 //! Over any limit is 429 with `Retry-After`, never 403 (a Matrix homeserver
-//! deletes a pusher on 403). A push's answer names the limit it stands
-//! closest to, the one with the fewest requests left, in the IETF
-//! `RateLimit-Policy` and `RateLimit` headers ([`Binding`]).
+//! deletes a pusher on 403). A push's 201, or a limit's 429, names the
+//! limit the push stands closest to (the one with the fewest requests
+//! left, or the one that refused it) in the IETF `RateLimit-Policy` and
+//! `RateLimit` headers ([`Binding`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
