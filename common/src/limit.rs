@@ -39,6 +39,30 @@ impl Rate {
     }
 }
 
+/// Where a key stands in its bucket once a request is counted: the tokens
+/// left (below 1 when refused) and the rate they come at. What the IETF
+/// `RateLimit` headers report.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Standing {
+    pub tokens: f64,
+    pub rate: Rate,
+}
+
+impl Standing {
+    /// Whole requests that may still be made at once.
+    pub fn remaining(&self) -> u64 {
+        self.tokens.max(0.0).floor() as u64
+    }
+
+    /// How long until the next whole token: the time within which no more
+    /// than [`Standing::remaining`] requests can pass, and, for a refused
+    /// request, the wait before a retry can.
+    pub fn next_token(&self) -> Duration {
+        let fraction = self.tokens.max(0.0).fract();
+        Duration::from_secs_f64((1.0 - fraction) / self.rate.per_second)
+    }
+}
+
 /// One token bucket: what [`Limiter`] keeps per key, and what a single
 /// holder (one session's pings) keeps for itself.
 #[derive(Clone, Copy, Debug)]
@@ -58,22 +82,31 @@ impl Bucket {
 
     /// Take a token at `now`, or say how long until one is there.
     pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
-        self.refill(rate, now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64(
-                (1.0 - self.tokens) / rate.per_second,
-            ))
-        }
+        self.take_standing(rate, now)
+            .map(drop)
+            .map_err(|refused| refused.next_token())
     }
 
-    /// Whether a token is there at `now`, without taking it, or how long
-    /// until one is.
-    fn ready(&self, rate: Rate, now: Instant) -> Result<(), Duration> {
+    /// Take a token at `now`; where the bucket stands after, or, refused,
+    /// where it stands without it.
+    pub fn take_standing(&mut self, rate: Rate, now: Instant) -> Result<Standing, Standing> {
+        self.refill(rate, now);
+        let taken = self.tokens >= 1.0;
+        if taken {
+            self.tokens -= 1.0;
+        }
+        let standing = Standing {
+            tokens: self.tokens,
+            rate,
+        };
+        if taken { Ok(standing) } else { Err(standing) }
+    }
+
+    /// Whether a token is there at `now`, without taking it, or where the
+    /// bucket stands without.
+    fn ready(&self, rate: Rate, now: Instant) -> Result<(), Standing> {
         let mut peek = *self;
-        peek.take(rate, now)
+        peek.take_standing(rate, now).map(drop)
     }
 
     fn refill(&mut self, rate: Rate, now: Instant) {
@@ -116,6 +149,15 @@ fn site_key(client: IpAddr) -> Option<IpAddr> {
     }
 }
 
+/// Which bucket of an [`AddressLimiter`] a standing is of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Span {
+    /// The host: an IPv4 address or an IPv6 /64.
+    Host,
+    /// The IPv6 /48 around it, at [`SITE_HOSTS`] times the rate.
+    Site,
+}
+
 /// A limit by source address: a bucket per host ([`address_key`]) and, for
 /// IPv6, one per enclosing /48 at [`SITE_HOSTS`] times the rate. The site
 /// is charged first, so a /48 out of its budget is refused before any of its
@@ -154,18 +196,66 @@ impl AddressLimiter {
 
     /// [`AddressLimiter::check`] at `now`.
     pub fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Duration> {
-        if let Some(site) = site_key(client) {
-            self.sites.check_at(&site, now)?;
-        }
-        self.hosts.check_at(&address_key(client), now)
+        self.take_at(client, now)
+            .map(drop)
+            .map_err(|(_, refused)| refused.next_token())
     }
 
-    /// Whether `client`'s site and host have a token, without taking one.
-    pub fn ready_counted(&self, client: IpAddr, limit: &'static str) -> Result<(), Duration> {
+    /// Take a token for `client`'s site and host; where the one with the
+    /// fewer left stands, or where the one that refused stands.
+    pub fn take_at(
+        &self,
+        client: IpAddr,
+        now: Instant,
+    ) -> Result<(Span, Standing), (Span, Standing)> {
+        let site = match site_key(client) {
+            Some(site) => Some(
+                self.sites
+                    .take_at(&site, now)
+                    .map_err(|refused| (Span::Site, refused))?,
+            ),
+            None => None,
+        };
+        let host = self
+            .hosts
+            .take_at(&address_key(client), now)
+            .map_err(|refused| (Span::Host, refused))?;
+        Ok(match site {
+            Some(site) if site.remaining() < host.remaining() => (Span::Site, site),
+            _ => (Span::Host, host),
+        })
+    }
+
+    /// [`AddressLimiter::take_at`] now, counting a refusal as
+    /// [`Limiter::check_counted`] does.
+    pub fn take_counted(
+        &self,
+        client: IpAddr,
+        limit: &'static str,
+    ) -> Result<(Span, Standing), (Span, Standing)> {
+        self.take_at(client, Instant::now())
+            .inspect_err(|_| crate::metrics::rate_limited(limit, self.len()))
+    }
+
+    /// Whether `client`'s site and host have a token, without taking one;
+    /// refused, where the one without stands.
+    pub fn ready_counted(
+        &self,
+        client: IpAddr,
+        limit: &'static str,
+    ) -> Result<(), (Span, Standing)> {
         let now = Instant::now();
         site_key(client)
-            .map_or(Ok(()), |site| self.sites.ready_at(&site, now))
-            .and_then(|()| self.hosts.ready_at(&address_key(client), now))
+            .map_or(Ok(()), |site| {
+                self.sites
+                    .ready_at(&site, now)
+                    .map_err(|refused| (Span::Site, refused))
+            })
+            .and_then(|()| {
+                self.hosts
+                    .ready_at(&address_key(client), now)
+                    .map_err(|refused| (Span::Host, refused))
+            })
             .inspect_err(|_| crate::metrics::rate_limited(limit, self.len()))
     }
 
@@ -229,6 +319,22 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
 
     /// [`Limiter::check`] at `now` (tests drive the clock).
     pub fn check_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
+        self.take_at(key, now)
+            .map(drop)
+            .map_err(|refused| refused.next_token())
+    }
+
+    /// [`Limiter::take_at`] now, counting a refusal as
+    /// [`Limiter::check_counted`] does.
+    pub fn take_counted(&self, key: &K, limit: &'static str) -> Result<Standing, Standing> {
+        self.take_at(key, Instant::now()).inspect_err(|_| {
+            crate::metrics::rate_limited(limit, self.len());
+        })
+    }
+
+    /// Take a token for `key` at `now`: where its bucket stands after, or,
+    /// refused, where it stands. One lock, as [`Limiter::check_at`].
+    pub fn take_at(&self, key: &K, now: Instant) -> Result<Standing, Standing> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
         let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         if !shard.buckets.contains_key(key) && shard.buckets.len() >= self.per_shard {
@@ -242,25 +348,25 @@ impl<K: Hash + Eq + Clone> Limiter<K> {
                 slot.insert(Bucket::full(rate, now))
             }
         };
-        bucket.take(rate, now)
+        bucket.take_standing(rate, now)
     }
 
     /// Whether `key` has a token, without taking it: a key never seen has
-    /// its whole burst (and is not added).
-    pub fn ready(&self, key: &K) -> Result<(), Duration> {
+    /// its whole burst (and is not added). Refused, where it stands.
+    pub fn ready(&self, key: &K) -> Result<(), Standing> {
         self.ready_at(key, Instant::now())
     }
 
     /// [`Limiter::ready`], counting a refusal as [`Limiter::check_counted`]
     /// does.
-    pub fn ready_counted(&self, key: &K, limit: &'static str) -> Result<(), Duration> {
+    pub fn ready_counted(&self, key: &K, limit: &'static str) -> Result<(), Standing> {
         self.ready(key).inspect_err(|_| {
             crate::metrics::rate_limited(limit, self.len());
         })
     }
 
     /// [`Limiter::ready`] at `now`.
-    pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Duration> {
+    pub fn ready_at(&self, key: &K, now: Instant) -> Result<(), Standing> {
         let shard = &self.shards[self.hasher.hash_one(key) as usize % SHARDS];
         let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
         shard
@@ -325,6 +431,52 @@ mod tests {
     }
 
     #[test]
+    fn a_take_tells_where_its_bucket_stands() {
+        let limiter = limiter(0.5, 3.0, 100);
+        let start = Instant::now();
+        let standing = limiter.take_at(&1, start).unwrap();
+        assert_eq!(standing.remaining(), 2);
+        assert_eq!(standing.rate, Rate::new(0.5, 3.0).unwrap());
+        limiter.take_at(&1, start).unwrap();
+        let last = limiter.take_at(&1, start).unwrap();
+        assert_eq!(
+            (last.remaining(), last.next_token()),
+            (0, Duration::from_secs(2))
+        );
+        let refused = limiter
+            .take_at(&1, start + Duration::from_millis(500))
+            .unwrap_err();
+        assert_eq!(refused.remaining(), 0);
+        assert_eq!(refused.next_token(), Duration::from_millis(1500));
+        // A refused take leaves the bucket as it was.
+        let later = start + Duration::from_secs(2);
+        assert_eq!(limiter.take_at(&1, later).unwrap().remaining(), 0);
+    }
+
+    #[test]
+    fn an_address_reports_the_bucket_with_fewer_left() {
+        let rate = Rate::new(0.001, 2.0).unwrap();
+        let limiter = AddressLimiter::new(rate, 1000);
+        let start = Instant::now();
+        let (span, standing) = limiter
+            .take_at("192.0.2.1".parse().unwrap(), start)
+            .unwrap();
+        assert_eq!((span, standing.remaining()), (Span::Host, 1));
+        // /64s of one /48 taking its 32 tokens: the site has fewer left
+        // than a fresh host once 31 are gone, and then refuses.
+        let ip = |n: u16| -> IpAddr { format!("2001:db8:1:{n:x}::1").parse().unwrap() };
+        for n in 0..15 {
+            for _ in 0..2 {
+                assert_eq!(limiter.take_at(ip(n), start).unwrap().0, Span::Host);
+            }
+        }
+        assert_eq!(limiter.take_at(ip(15), start).unwrap().0, Span::Host);
+        let (span, standing) = limiter.take_at(ip(16), start).unwrap();
+        assert_eq!((span, standing.remaining()), (Span::Site, 0));
+        assert_eq!(limiter.take_at(ip(17), start).unwrap_err().0, Span::Site);
+    }
+
+    #[test]
     fn ready_peeks_without_taking() {
         let limiter = limiter(2.0, 2.0, 100);
         let start = Instant::now();
@@ -333,7 +485,8 @@ mod tests {
         for _ in 0..2 {
             assert!(limiter.check_at(&1, start).is_ok());
         }
-        assert_eq!(limiter.ready_at(&1, start), Err(Duration::from_millis(500)));
+        let refused = limiter.ready_at(&1, start).unwrap_err();
+        assert_eq!(refused.next_token(), Duration::from_millis(500));
         assert!(
             limiter
                 .ready_at(&1, start + Duration::from_millis(500))

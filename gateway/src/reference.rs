@@ -33,6 +33,9 @@ fn example(key: &str) -> Option<&'static str> {
         "fcm_credentials_file" => r#""/run/secrets/autopush_fcm_credentials.json""#,
         "gcm_credentials_file" => r#""/run/secrets/autopush_gcm_credentials.json""#,
         "max_connections" => "100000",
+        "sender_limits" => {
+            r#""BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc=5000,50000""#
+        }
         "trusted_proxies" => r#""10.0.0.0/8""#,
         "unsigned_node_calls_from" => r#""10.0.2.0/24""#,
         "autopush_rs_nodes" => r#""10.0.3.0/24""#,

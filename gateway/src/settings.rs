@@ -191,13 +191,20 @@ pub struct SettingsLayer {
     /// turns the limit off [default: 1000,10000]
     #[arg(long, env = "AUTOPUSH_SENDER_LIMIT", global = true)]
     pub sender_limit: Option<String>,
+    /// Named senders' own rates instead of `--sender-limit`, as
+    /// space-separated `KEY=PER_SECOND,BURST` entries, KEY a VAPID public
+    /// key as `k=` spells it (base64url, 65 bytes); `0` for no limit
+    /// [default: none]
+    #[arg(long, env = "AUTOPUSH_SENDER_LIMITS", global = true)]
+    pub sender_limits: Option<String>,
     /// Pushes per subscription not signed with a key it pins (unsigned, or
     /// to a v1 endpoint), as `PER_SECOND,BURST` [default: 10,100]
     #[arg(long, env = "AUTOPUSH_SUBSCRIPTION_LIMIT", global = true)]
     pub subscription_limit: Option<String>,
-    /// The same pushes per source address (an IPv6 /64), as
-    /// `PER_SECOND,BURST`; also, in a bucket of its own, pushes whose VAPID
-    /// signature fails [default: 100,1000]
+    /// The same pushes per source address (an IPv6 /64), but for those
+    /// signed by a token this node has verified, as `PER_SECOND,BURST`;
+    /// also, in a bucket of its own, pushes whose VAPID signature fails
+    /// [default: 100,1000]
     #[arg(long, env = "AUTOPUSH_SOURCE_IP_LIMIT", global = true)]
     pub source_ip_limit: Option<String>,
     /// `/v1` registrations per source address (an IPv6 /64), as
@@ -768,6 +775,8 @@ fn seconds(name: &str, value: f64) -> Result<Duration, String> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RateLimits {
     pub sender: Option<Rate>,
+    /// `--sender-limits`: named senders' own rates.
+    pub senders: Vec<SenderLimit>,
     pub subscription: Option<Rate>,
     pub source_ip: Option<Rate>,
     pub registration: Option<Rate>,
@@ -777,6 +786,10 @@ pub struct RateLimits {
     pub max_keys: usize,
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
+
+/// A named sender's rate (`None`: no limit), by its key's SHA-256, as a
+/// verified sender is known.
+pub type SenderLimit = ([u8; 32], Option<Rate>);
 
 /// A rate setting: `PER_SECOND,BURST` (burst defaults to the rate), or `0`
 /// for no limit.
@@ -795,6 +808,28 @@ fn rate(name: &str, value: &str) -> Result<Option<Rate>, String> {
             "{name} must be PER_SECOND,BURST (e.g. 10,100) or 0 for no limit, got {value:?}"
         )),
     }
+}
+
+/// `--sender-limits`: space-separated `KEY=PER_SECOND,BURST` entries, each
+/// KEY a VAPID public key (as `k=` spells it) named once; each key by its
+/// SHA-256, as a verified sender is known.
+fn sender_limits(name: &str, value: Option<&str>) -> Result<Vec<SenderLimit>, String> {
+    use sha2::{Digest, Sha256};
+    let mut senders: Vec<SenderLimit> = Vec::new();
+    for entry in value.unwrap_or_default().split_ascii_whitespace() {
+        let (key, rate_text) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{name}: {entry:?} is not KEY=PER_SECOND,BURST"))?;
+        let key =
+            crate::vapid::decode_public_key(key).map_err(|e| format!("{name}: {entry:?}: {e}"))?;
+        let key_hash: [u8; 32] = Sha256::digest(&key).into();
+        let rate = rate(&format!("{name}: {entry:?}:"), rate_text)?;
+        if senders.iter().any(|(named, _)| *named == key_hash) {
+            return Err(format!("{name}: {entry:?} names a key already named"));
+        }
+        senders.push((key_hash, rate));
+    }
+    Ok(senders)
 }
 
 /// The items of a comma-separated setting, trimmed, empty ones skipped.
@@ -1033,8 +1068,13 @@ impl Settings {
             bridge_app,
             matrix_gateway,
         ] = rates;
+        let senders = p.take(
+            sender_limits(&name("sender_limits"), l.sender_limits.as_deref()),
+            Vec::new(),
+        );
         let limits = RateLimits {
             sender,
+            senders,
             subscription,
             source_ip,
             registration,
@@ -1155,6 +1195,29 @@ mod tests {
         );
         assert!(networks("n", Some("::/0")).is_err());
         assert!(networks("n", Some("example.com")).is_err());
+    }
+
+    #[test]
+    fn sender_limits_name_keys_by_their_hash_and_refuse_what_is_not_one() {
+        use sha2::{Digest, Sha256};
+        let key = "BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc";
+        let hash: [u8; 32] = Sha256::digest(crate::vapid::decode_public_key(key).unwrap()).into();
+        let limits = sender_limits("--sender-limits", Some(&format!("  {key}=0.5,20 "))).unwrap();
+        assert_eq!(limits, [(hash, Rate::new(0.5, 20.0))]);
+        let unlimited = sender_limits("--sender-limits", Some(&format!("{key}=0"))).unwrap();
+        assert_eq!(unlimited, [(hash, None)]);
+        assert!(sender_limits("--sender-limits", None).unwrap().is_empty());
+        for bad in [
+            key.to_owned(),
+            format!("{key}=fast"),
+            format!("{}=1,1", &key[1..]),
+            format!("{key}=1,1 {key}=2,2"),
+        ] {
+            let error = sender_limits("--sender-limits", Some(&bad)).unwrap_err();
+            assert!(error.starts_with("--sender-limits"), "{bad}: {error}");
+            let entry = bad.split(' ').next_back().unwrap();
+            assert!(error.contains(entry), "{bad}: {error}");
+        }
     }
 
     #[test]

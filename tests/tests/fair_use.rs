@@ -393,3 +393,252 @@ async fn pinned_endpoint(ws: &mut WsClient, key: &SigningKey) -> String {
         .expect("pushEndpoint")
         .to_string()
 }
+
+/// `count` v1 subscriptions (pinning no key) of a user agent that has gone
+/// away: their pushes are stored, so each answers 201 until a limit says
+/// otherwise.
+async fn v1_endpoints(server: &Server, count: usize) -> Vec<String> {
+    let mut ws = server.client().await;
+    let mut endpoints = Vec::with_capacity(count);
+    for _ in 0..count {
+        let reply = ws.register(&new_channel_id(), None).await;
+        let endpoint = reply["pushEndpoint"].as_str().expect("pushEndpoint");
+        endpoints.push(endpoint.to_owned());
+    }
+    ws.close().await;
+    endpoints
+}
+
+/// A push to `endpoint` carrying `authorization` as it is (one token
+/// reused, as senders do), from 127.0.0.1.
+async fn push_with(endpoint: &str, authorization: &str) -> HttpReply {
+    http::post_push(
+        endpoint,
+        &[("ttl", "60"), ("authorization", authorization)],
+        None,
+    )
+    .await
+}
+
+fn auth_count(scrape: &Scrape, outcome: &str) -> f64 {
+    scrape.value("notification_auth", &[("outcome", outcome)])
+}
+
+/// A sender reusing one verified token is the sender, whatever address it
+/// shares: its pushes to v1 subscriptions count against its key, not its
+/// address, and cost no signature check. Keys that cost a verification
+/// still count against the address, so fresh keys from there are refused
+/// once its budget is spent, before their signature is checked.
+#[tokio::test]
+async fn a_verified_token_is_limited_by_its_key_not_its_address() {
+    let server = Server::start_with(&["--source-ip-limit", "0.01,5"]).await;
+    let endpoints = v1_endpoints(&server, 205).await;
+    let key = SigningKey::generate();
+    let authorization = key.authorization(&server.endpoint_base(), "mailto:ops@example.com");
+    for (n, endpoint) in endpoints[..200].iter().enumerate() {
+        let reply = push_with(endpoint, &authorization).await;
+        assert_eq!(
+            reply.status,
+            201,
+            "push {} of 200 by one key and token from one address: {}",
+            n + 1,
+            reply.text
+        );
+    }
+    // The first cost a verification, charged to the address: 4 of its 5
+    // are left for fresh keys.
+    for (n, endpoint) in endpoints[200..204].iter().enumerate() {
+        let fresh = SigningKey::generate();
+        let reply = signed_push(&server, endpoint, &fresh).await;
+        assert_eq!(reply.status, 201, "fresh key {}: {}", n + 1, reply.text);
+    }
+    assert_429(
+        &signed_push(&server, &endpoints[204], &SigningKey::generate()).await,
+        "a 5th fresh key from the address",
+    );
+    // The token that is known still passes.
+    push_with(&endpoints[204], &authorization)
+        .await
+        .assert_created();
+    let scrape = Scrape::parse(
+        &http::get(&format!("{}/metrics", server.router_base()))
+            .await
+            .text,
+    );
+    assert_eq!(auth_count(&scrape, "verified"), 5.0, "signatures checked");
+    assert_eq!(auth_count(&scrape, "cached"), 200.0, "tokens known");
+    assert_eq!(refused(&server, "source_ip").await, 1.0);
+}
+
+/// `--sender-limits` gives a named key its own rate instead of
+/// `--sender-limit`: here more than the others get, and its pushes beyond
+/// its burst are refused with 429 while another key's are not.
+#[tokio::test]
+async fn a_named_sender_has_its_own_rate() {
+    let named = SigningKey::generate();
+    let entry = format!("{}=0.01,5", autopush_crypto::b64(named.public_key()));
+    let other_named = format!(
+        "{}=0",
+        autopush_crypto::b64(SigningKey::generate().public_key())
+    );
+    let limits = format!("{entry} {other_named}");
+    let server =
+        Server::start_with(&["--sender-limit", "0.01,2", "--sender-limits", &limits]).await;
+    let endpoints = v1_endpoints(&server, 12).await;
+    let authorization = named.authorization(&server.endpoint_base(), "mailto:ops@example.com");
+    for (n, endpoint) in endpoints[..5].iter().enumerate() {
+        let reply = push_with(endpoint, &authorization).await;
+        assert_eq!(
+            reply.status,
+            201,
+            "the named sender's push {}: {}",
+            n + 1,
+            reply.text
+        );
+    }
+    assert_429(
+        &push_with(&endpoints[5], &authorization).await,
+        "the named sender's 6th push",
+    );
+    // Another key has --sender-limit's 2, refused or not the named one.
+    let other = SigningKey::generate();
+    let other_authorization =
+        other.authorization(&server.endpoint_base(), "mailto:ops@example.com");
+    for endpoint in &endpoints[6..8] {
+        push_with(endpoint, &other_authorization)
+            .await
+            .assert_created();
+    }
+    assert_429(
+        &push_with(&endpoints[8], &other_authorization).await,
+        "another key's 3rd push",
+    );
+    assert_eq!(refused(&server, "sender").await, 2.0);
+}
+
+/// A malformed `--sender-limits` entry stops start-up, naming the setting
+/// and the entry.
+#[tokio::test]
+async fn a_malformed_sender_limit_is_named_at_start_up() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().display().to_string();
+    let key = autopush_crypto::b64(SigningKey::generate().public_key());
+    let good = format!("{key}=1,10");
+    for entry in [
+        "not-a-key=1,10".to_owned(),
+        format!("{key}=fast"),
+        key.clone(),
+        format!("{key}=1,1"),
+    ] {
+        let limits = format!("{good} {entry}");
+        let ports = server::port_flags();
+        let ports: Vec<&str> = ports.iter().map(String::as_str).collect();
+        let args = [
+            &["all", "--db", &db, "--sender-limits", &limits][..],
+            &ports,
+        ]
+        .concat();
+        let out = server::run_autopush(&args).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{entry:?} accepted: {stderr}");
+        assert!(stderr.contains("--sender-limits"), "{entry:?}: {stderr}");
+        assert!(stderr.contains(entry.as_str()), "{entry:?}: {stderr}");
+    }
+}
+
+/// One `RateLimit-Policy` or `RateLimit` item, `"name";key=value;...`:
+/// its name and integer parameters.
+fn rate_limit_item(reply: &HttpReply, header: &str, what: &str) -> (String, Vec<(String, u64)>) {
+    let value = reply
+        .header(header)
+        .unwrap_or_else(|| panic!("{what}: no {header} header ({})", reply.status));
+    let mut parts = value.split(';');
+    let name = parts.next().unwrap_or_default();
+    let name = name
+        .strip_prefix('"')
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{what}: {header}: {value:?} does not start with a string"));
+    let params = parts
+        .map(|p| {
+            let (k, v) = p.split_once('=').expect("key=value");
+            let v = v
+                .parse()
+                .unwrap_or_else(|_| panic!("{what}: {header}: {value:?}: {k} is no integer"));
+            (k.to_owned(), v)
+        })
+        .collect();
+    (name.to_owned(), params)
+}
+
+/// The binding limit's name, its policy's q and w, and its r and t.
+fn rate_limit(reply: &HttpReply, what: &str) -> (String, [u64; 4]) {
+    let (policy, p) = rate_limit_item(reply, "ratelimit-policy", what);
+    let (limit, l) = rate_limit_item(reply, "ratelimit", what);
+    assert_eq!(policy, limit, "{what}: the two headers name one policy");
+    let keys = |params: &[(String, u64)]| params.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+    assert_eq!(keys(&p), ["q", "w"], "{what}: policy parameters");
+    assert_eq!(keys(&l), ["r", "t"], "{what}: limit parameters");
+    (policy, [p[0].1, p[1].1, l[0].1, l[1].1])
+}
+
+/// Each 201 and 429 of a push names, in the IETF RateLimit headers, the
+/// limit it stands closest to: the fewest requests left, or the one that
+/// refused. A bucket's policy is its burst over the seconds it takes to
+/// refill; what is left counts down with each push, and on a 429 the
+/// effective window ends no later than Retry-After.
+#[tokio::test]
+async fn each_answer_names_the_limit_that_binds() {
+    let server = Server::start_with(&[
+        "--sender-limit",
+        "0.01,3",
+        "--subscription-limit",
+        "0.01,10",
+        "--source-ip-limit",
+        "0.01,2",
+    ])
+    .await;
+    let endpoints = v1_endpoints(&server, 1).await;
+    let unsigned = |n: usize| {
+        let endpoint = endpoints[0].clone();
+        async move {
+            let reply = http::post_push(&endpoint, &[("ttl", "60")], None).await;
+            (reply, format!("unsigned push {n}"))
+        }
+    };
+    // The address has 2 to the subscription's 10: it binds.
+    for (n, left) in [(1, 1), (2, 0)] {
+        let (reply, what) = unsigned(n).await;
+        reply.assert_created();
+        let (name, [q, w, r, t]) = rate_limit(&reply, &what);
+        assert_eq!(
+            (name.as_str(), q, w, r),
+            ("source_ip", 2, 200, left),
+            "{what}"
+        );
+        assert!(t <= 100, "{what}: t={t}");
+    }
+    let (over, what) = unsigned(3).await;
+    assert_429(&over, &what);
+    let (name, [q, w, r, t]) = rate_limit(&over, &what);
+    assert_eq!((name.as_str(), q, w, r), ("source_ip", 2, 200, 0), "{what}");
+    let retry_after: u64 = over.header("retry-after").unwrap().parse().unwrap();
+    assert!(t <= retry_after, "{what}: t={t}, Retry-After {retry_after}");
+
+    // A pinned key counts against its sender alone.
+    let mut ws = server.client().await;
+    let key = SigningKey::generate();
+    let pinned = pinned_endpoint(&mut ws, &key).await;
+    for left in [2, 1, 0] {
+        let reply = signed_push(&server, &pinned, &key).await;
+        let what = format!("a signed push leaving {left}");
+        reply.assert_created();
+        let (name, [q, w, r, _]) = rate_limit(&reply, &what);
+        assert_eq!((name.as_str(), q, w, r), ("sender", 3, 300, left), "{what}");
+    }
+    let over = signed_push(&server, &pinned, &key).await;
+    assert_429(&over, "the sender's 4th push");
+    let (name, [q, w, r, t]) = rate_limit(&over, "the sender's 4th push");
+    assert_eq!((name.as_str(), q, w, r), ("sender", 3, 300, 0));
+    let retry_after: u64 = over.header("retry-after").unwrap().parse().unwrap();
+    assert!(t <= retry_after, "t={t}, Retry-After {retry_after}");
+}

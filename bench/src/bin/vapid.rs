@@ -5,8 +5,10 @@
 //! one token verified over and over, without the cache (an ECDSA P-256 verification
 //! each time) and with it (a header parse, a SHA-256 and a map lookup).
 //!
-//! Run with `cargo run --release -p autopush-bench --bin vapid [iterations]`;
-//! a debug build measures the unoptimised elliptic-curve code and means little.
+//! Run with `cargo run --release -p autopush-bench --bin vapid [iterations]
+//! [cold|cached]` (the second argument runs one path alone, e.g. under
+//! callgrind); a debug build measures the unoptimised elliptic-curve code and
+//! means little.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -24,12 +26,27 @@ fn main() {
     let cold = VapidVerifier::without_cache(AUDIENCE.to_owned());
     let cached = VapidVerifier::new(AUDIENCE.to_owned(), 1024);
 
+    match std::env::args().nth(2).as_deref() {
+        None => {}
+        Some("cold") => return report("cold", ns_per_verify(&cold, &authorization, iterations)),
+        Some("cached") => {
+            return report("cached", ns_per_verify(&cached, &authorization, iterations));
+        }
+        Some(_) => {
+            eprintln!("usage: vapid [iterations > 0] [cold|cached]");
+            std::process::exit(2);
+        }
+    }
     let cold_ns = ns_per_verify(&cold, &authorization, iterations);
     let cached_ns = ns_per_verify(&cached, &authorization, iterations);
     println!("{iterations} verifications of one token");
     println!("cold   (without_cache): {cold_ns:>10.0} ns/verify");
     println!("cached (new):           {cached_ns:>10.0} ns/verify");
     println!("speed-up: {:.0}x", cold_ns / cached_ns);
+}
+
+fn report(path: &str, ns: f64) {
+    println!("{path}: {ns:>10.0} ns/verify");
 }
 
 /// Mean wall-clock time per `verify`, after a short warm-up (which also fills the

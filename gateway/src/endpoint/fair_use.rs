@@ -1,36 +1,55 @@
 //! Rate limits on the public HTTP API, per sender where a sender is proven,
 //! else per subscription and source address.
 //!
-//! A key proves who sent a push only where the subscription pins it (a v2
-//! endpoint, made for one VAPID key): such a push counts against its
-//! sender, the key, alone, so a sender is never slowed by another behind
-//! the same address, and a noisy one is refused whatever address it comes
-//! from. On a v1 endpoint any key signs, and a key costs nothing to mint: a
-//! sender signing each push with a fresh one would escape every limit (and
-//! cost us an ECDSA verification each time). So a push to a subscription
-//! that pins no key counts, signed or not, against the subscription it
-//! targets and its source address, before its signature is checked; a
-//! signed one also counts against its key. A pinned key is public, so
-//! anyone can name it beside a forged signature: a push whose signature
-//! fails counts against its source address, and an address out of that
-//! budget is refused before any verification. A Matrix homeserver's
-//! notifications count, one per device, against its source address in a
-//! bucket of their own, and against each subscription they reach, as an
-//! unsigned push does. `/v1` registrations, which
-//! create users without credentials, count against their source address.
+//! A key proves who sent a push where the subscription pins it (a v2
+//! endpoint, made for one VAPID key), and where this node has already
+//! verified the token it signs (the VAPID cache: the same token with the
+//! same key, unexpired). Such a push counts against its sender, the key,
+//! alone: a sender is never slowed by another behind the same address (a
+//! NAT, a hosting provider, a homeserver), and a noisy one is refused
+//! whatever address it comes from. `--sender-limits` gives named keys
+//! their own rate instead of `--sender-limit`.
+//!
+//! Any other push costs proof: an unsigned one proves nothing, and a key
+//! costs nothing to mint, so a sender signing each push with a fresh key
+//! would escape every limit by key (and cost us an ECDSA verification each
+//! time). So a push to a subscription that pins no key counts against the
+//! subscription it targets, first (a push it refuses costs the address
+//! nothing), and, unless its token is one already verified, against its
+//! source address; all of it decided from the cache before any signature
+//! is checked, so a refused push costs no verification. A signed one also
+//! counts against its key once verified. Throwaway keys stay limited by
+//! address: each of them costs one verification, charged there.
+//!
+//! A pinned key is public, so anyone can name it beside a forged signature:
+//! a push whose signature fails counts against its source address, and an
+//! address out of that budget is refused before any verification (a token
+//! already verified needs none, so it is not refused for its address). A
+//! Matrix homeserver's notifications count, one per device, against its
+//! source address in a bucket of their own, and against each subscription
+//! they reach, as an unsigned push does. `/v1` registrations, which create
+//! users without credentials, count against their source address.
 //! Addresses count by [`AddressLimiter`] (an IPv6 host by its /64, and its
-//! /48 at 16 times the rate). Limits are
-//! per node: behind a load balancer spreading over N nodes, a sender gets
-//! up to N times the rate.
+//! /48 at 16 times the rate). Limits are per node: behind a load balancer
+//! spreading over N nodes, a sender gets up to N times the rate.
+//!
+//! Over any limit is 429 with `Retry-After`, never 403 (a Matrix homeserver
+//! deletes a pusher on 403). A push's 201, or a limit's 429, names the
+//! limit the push stands closest to (the one with the fewest requests
+//! left, or the one that refused it) in the IETF `RateLimit-Policy` and
+//! `RateLimit` headers ([`Binding`]).
 
+use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use autopush_common::endpoint::TokenInfo;
 use autopush_common::errors::retry_after_secs;
-use autopush_common::limit::{AddressLimiter, Limiter, Rate};
+use autopush_common::limit::{AddressLimiter, Bucket, Limiter, Rate, Span, Standing};
 use autopush_common::{ApiError, ApiResult, metrics};
 use uuid::Uuid;
+use warp::http::{HeaderMap, HeaderValue};
 
 use crate::settings::RateLimits;
 use crate::vapid::VapidIdentity;
@@ -38,8 +57,42 @@ use crate::vapid::VapidIdentity;
 /// How often the limiters' sizes are reported.
 pub const REPORT_EVERY: Duration = Duration::from_secs(10);
 
+/// A limit by address: its metric label, its policy names for a host and
+/// for the IPv6 /48 around it, and what a refusal names.
+struct AddressPolicy {
+    limit: &'static str,
+    site: &'static str,
+    what: &'static str,
+}
+
+const SOURCE_IP: AddressPolicy = AddressPolicy {
+    limit: "source_ip",
+    site: "source_ip_48",
+    what: "source address",
+};
+const FORGED: AddressPolicy = AddressPolicy {
+    limit: "forged",
+    site: "forged_48",
+    what: "source address",
+};
+const REGISTRATION: AddressPolicy = AddressPolicy {
+    limit: "registration",
+    site: "registration_48",
+    what: "source address",
+};
+const MATRIX_GATEWAY: AddressPolicy = AddressPolicy {
+    limit: "matrix_gateway",
+    site: "matrix_gateway_48",
+    what: "homeserver address",
+};
+
+/// A sender's own rate (`--sender-limits`); `None`: no limit.
+type NamedSender = Option<(Rate, Mutex<Bucket>)>;
+
 pub struct FairUse {
     sender: Option<Limiter<[u8; 32]>>,
+    /// Named senders, by their key's SHA-256.
+    senders: HashMap<[u8; 32], NamedSender>,
     subscription: Option<Limiter<(Uuid, Uuid)>>,
     source_ip: Option<AddressLimiter>,
     registration: Option<AddressLimiter>,
@@ -49,6 +102,48 @@ pub struct FairUse {
     matrix_gateway: Option<AddressLimiter>,
     /// Proxies whose `X-Forwarded-For` names the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+}
+
+/// The limit a push stands closest to (the fewest requests left), or the
+/// one that refused it: what its answer's `RateLimit` headers name.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Binding {
+    pub policy: &'static str,
+    pub standing: Standing,
+    /// This limit refused the push.
+    pub refused: bool,
+}
+
+impl Binding {
+    /// Keep in `binding` the closer of it and `candidate`.
+    fn closer(binding: &mut Option<Binding>, candidate: Binding) {
+        if binding.is_none_or(|b| candidate.standing.remaining() < b.standing.remaining()) {
+            *binding = Some(candidate);
+        }
+    }
+
+    /// `RateLimit-Policy: "name";q=BURST;w=SECONDS` (a token bucket's burst,
+    /// and the whole seconds it takes to refill from empty: its sustained
+    /// rate is q/w) and `RateLimit: "name";r=LEFT;t=SECONDS` (the requests
+    /// that may still pass at once, and the whole seconds before another
+    /// may), as draft-ietf-httpapi-ratelimit-headers spells them.
+    pub fn add_headers(&self, headers: &mut HeaderMap) {
+        let Standing { rate, .. } = self.standing;
+        let quota = rate.burst.floor() as u64;
+        let window = ((rate.burst / rate.per_second).round() as u64).max(1);
+        let policy = format!("\"{}\";q={quota};w={window}", self.policy);
+        let limit = format!(
+            "\"{}\";r={};t={}",
+            self.policy,
+            self.standing.remaining(),
+            self.standing.next_token().as_secs()
+        );
+        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", limit)] {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(name, value);
+            }
+        }
+    }
 }
 
 impl FairUse {
@@ -62,8 +157,17 @@ impl FairUse {
         fn addresses(rate: Option<Rate>, max_keys: usize) -> Option<AddressLimiter> {
             rate.map(|rate| AddressLimiter::new(rate, max_keys))
         }
+        let now = Instant::now();
         FairUse {
             sender: limiter(limits.sender, limits.max_keys),
+            senders: limits
+                .senders
+                .iter()
+                .map(|(key_hash, rate)| {
+                    let named = rate.map(|rate| (rate, Mutex::new(Bucket::full(rate, now))));
+                    (*key_hash, named)
+                })
+                .collect(),
             subscription: limiter(limits.subscription, limits.max_keys),
             source_ip: addresses(limits.source_ip, limits.max_keys),
             registration: addresses(limits.registration, limits.max_keys),
@@ -74,28 +178,38 @@ impl FairUse {
     }
 
     /// A push to the subscription `(uaid, channel_id)`, which pins no
-    /// VAPID key, from `client`: taken before any signature is checked, so
-    /// a refused push costs no verification. The subscription first: a
-    /// push it refuses costs the address nothing.
-    pub fn unpinned_push(&self, uaid: Uuid, channel_id: Uuid, client: IpAddr) -> ApiResult<()> {
+    /// VAPID key: taken before its token is looked at.
+    pub fn unpinned_push(
+        &self,
+        uaid: Uuid,
+        channel_id: Uuid,
+        binding: &mut Option<Binding>,
+    ) -> ApiResult<()> {
         take(
             &self.subscription,
             &(uaid, channel_id),
             "subscription",
             "subscription",
-        )?;
-        take_address(&self.source_ip, client, "source_ip", "source address")
+            binding,
+        )
+    }
+
+    /// A push from `client` that proves no sender (unsigned, or signed by a
+    /// token not verified yet) to a subscription that pins no key: taken
+    /// before any signature is checked.
+    pub fn unproven_push(&self, client: IpAddr, binding: &mut Option<Binding>) -> ApiResult<()> {
+        take_address(&self.source_ip, client, &SOURCE_IP, binding)
     }
 
     /// Before a signature from `client` is checked: refused while its
     /// address is out of budget for failed checks ([`FairUse::forged`]).
-    pub fn may_verify(&self, client: IpAddr) -> ApiResult<()> {
+    pub fn may_verify(&self, client: IpAddr, binding: &mut Option<Binding>) -> ApiResult<()> {
         let Some(limiter) = &self.forged else {
             return Ok(());
         };
         limiter
-            .ready_counted(client, "forged")
-            .map_err(too_many("source address"))
+            .ready_counted(client, FORGED.limit)
+            .map_err(|(span, refused)| refuse(FORGED.policy(span), FORGED.what, refused, binding))
     }
 
     /// A signature from `client` failed its check.
@@ -106,9 +220,27 @@ impl FairUse {
         }
     }
 
-    /// A push signed by `sender` (verified), to any subscription.
-    pub fn signed_push(&self, sender: &VapidIdentity) -> ApiResult<()> {
-        take(&self.sender, &sender.key_hash, "sender", "sender")
+    /// A push signed by `sender` (verified, or found in the cache), to any
+    /// subscription: counted at its own rate if it is named, else at
+    /// `--sender-limit`.
+    pub fn signed_push(
+        &self,
+        sender: &VapidIdentity,
+        binding: &mut Option<Binding>,
+    ) -> ApiResult<()> {
+        let Some(named) = self.senders.get(&sender.key_hash) else {
+            return take(&self.sender, &sender.key_hash, "sender", "sender", binding);
+        };
+        let Some((rate, bucket)) = named else {
+            return Ok(());
+        };
+        let taken = bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take_standing(*rate, Instant::now());
+        settle("sender", "sender", taken, binding).inspect_err(|_| {
+            metrics::rate_limited("sender", self.sender.as_ref().map_or(0, Limiter::len));
+        })
     }
 
     /// Report how many keys each limiter tracks (`rate_limit.keys`).
@@ -138,28 +270,27 @@ impl FairUse {
     /// A Matrix gateway notification for one device, from the homeserver
     /// at `client`: taken before its pushkey is looked at.
     pub fn matrix_notification(&self, client: IpAddr) -> ApiResult<()> {
-        take_address(
-            &self.matrix_gateway,
-            client,
-            "matrix_gateway",
-            "homeserver address",
-        )
+        take_address(&self.matrix_gateway, client, &MATRIX_GATEWAY, &mut None)
     }
 
     /// A Matrix gateway notification to `subscription`, which counts as
     /// an unsigned push to it does.
     pub fn matrix_subscription(&self, subscription: &TokenInfo) -> ApiResult<()> {
-        take(
-            &self.subscription,
-            &(subscription.uaid, subscription.channel_id),
-            "subscription",
-            "subscription",
-        )
+        self.unpinned_push(subscription.uaid, subscription.channel_id, &mut None)
     }
 
     /// A `/v1` registration from `client`.
     pub fn registration(&self, client: IpAddr) -> ApiResult<()> {
-        take_address(&self.registration, client, "registration", "source address")
+        take_address(&self.registration, client, &REGISTRATION, &mut None)
+    }
+}
+
+impl AddressPolicy {
+    fn policy(&self, span: Span) -> &'static str {
+        match span {
+            Span::Host => self.limit,
+            Span::Site => self.site,
+        }
     }
 }
 
@@ -167,13 +298,27 @@ impl FairUse {
 fn take_address(
     limiter: &Option<AddressLimiter>,
     client: IpAddr,
-    limit: &'static str,
-    what: &'static str,
+    policy: &AddressPolicy,
+    binding: &mut Option<Binding>,
 ) -> ApiResult<()> {
     let Some(limiter) = limiter else {
         return Ok(());
     };
-    limiter.check_counted(client, limit).map_err(too_many(what))
+    match limiter.take_counted(client, policy.limit) {
+        Ok((span, standing)) => {
+            let policy = policy.policy(span);
+            Binding::closer(
+                binding,
+                Binding {
+                    policy,
+                    standing,
+                    refused: false,
+                },
+            );
+            Ok(())
+        }
+        Err((span, refused)) => Err(refuse(policy.policy(span), policy.what, refused, binding)),
+    }
 }
 
 /// Take a token from `limiter` for `key`, or refuse with 429.
@@ -182,18 +327,53 @@ fn take<K: std::hash::Hash + Eq + Clone>(
     key: &K,
     limit: &'static str,
     what: &'static str,
+    binding: &mut Option<Binding>,
 ) -> ApiResult<()> {
     let Some(limiter) = limiter else {
         return Ok(());
     };
-    limiter.check_counted(key, limit).map_err(too_many(what))
+    settle(limit, what, limiter.take_counted(key, limit), binding)
 }
 
-/// The 429 for `what`, given how long until a token is there.
-fn too_many(what: &'static str) -> impl Fn(Duration) -> ApiError {
-    move |wait| ApiError::TooManyRequests {
+/// Note a take's standing under `policy` in `binding`, or refuse.
+fn settle(
+    policy: &'static str,
+    what: &'static str,
+    taken: Result<Standing, Standing>,
+    binding: &mut Option<Binding>,
+) -> ApiResult<()> {
+    match taken {
+        Ok(standing) => {
+            Binding::closer(
+                binding,
+                Binding {
+                    policy,
+                    standing,
+                    refused: false,
+                },
+            );
+            Ok(())
+        }
+        Err(refused) => Err(refuse(policy, what, refused, binding)),
+    }
+}
+
+/// The 429 for `what`, refused under `policy`: the binding limit is that
+/// one, whatever others stand at.
+fn refuse(
+    policy: &'static str,
+    what: &'static str,
+    refused: Standing,
+    binding: &mut Option<Binding>,
+) -> ApiError {
+    *binding = Some(Binding {
+        policy,
+        standing: refused,
+        refused: true,
+    });
+    ApiError::TooManyRequests {
         what,
-        retry_after: retry_after_secs(wait),
+        retry_after: retry_after_secs(refused.next_token()),
     }
 }
 
@@ -206,6 +386,7 @@ mod tests {
         let rate = Rate::new(0.001, burst);
         FairUse::new(&RateLimits {
             sender: rate,
+            senders: Vec::new(),
             subscription: rate,
             source_ip: rate,
             registration: rate,
@@ -225,6 +406,84 @@ mod tests {
         matches!(result, Err(ApiError::TooManyRequests { .. }))
     }
 
+    fn headers(binding: &Binding) -> (String, String) {
+        let mut out = HeaderMap::new();
+        binding.add_headers(&mut out);
+        let text = |name: &str| out[name].to_str().unwrap().to_owned();
+        (text("ratelimit-policy"), text("ratelimit"))
+    }
+
+    #[test]
+    fn the_headers_name_the_bucket_and_where_it_stands() {
+        let rate = Rate::new(1000.0, 10_000.0).unwrap();
+        let standing = Standing {
+            tokens: 9957.4,
+            rate,
+        };
+        let binding = Binding {
+            policy: "sender",
+            standing,
+            refused: false,
+        };
+        assert_eq!(
+            headers(&binding),
+            (
+                r#""sender";q=10000;w=10"#.to_owned(),
+                r#""sender";r=9957;t=0"#.to_owned()
+            )
+        );
+        // Refused at a token every 100 s: the window ends within Retry-After.
+        let slow = Rate::new(0.01, 3.0).unwrap();
+        let refused = Standing {
+            tokens: 0.25,
+            rate: slow,
+        };
+        let binding = Binding {
+            policy: "source_ip",
+            standing: refused,
+            refused: true,
+        };
+        assert_eq!(
+            headers(&binding),
+            (
+                r#""source_ip";q=3;w=300"#.to_owned(),
+                r#""source_ip";r=0;t=75"#.to_owned()
+            )
+        );
+        assert_eq!(retry_after_secs(refused.next_token()), 75);
+    }
+
+    #[test]
+    fn the_binding_limit_is_the_one_with_fewest_left() {
+        let limits = fair_use(3.0);
+        let (uaid, channel_id) = (Uuid::new_v4(), Uuid::new_v4());
+        let (client, other) = (ip("192.0.2.1"), ip("192.0.2.2"));
+        let closest = |binding: Option<Binding>| {
+            let binding = binding.unwrap();
+            (binding.policy, binding.standing.remaining())
+        };
+        let mut binding = None;
+        limits
+            .unpinned_push(uaid, channel_id, &mut binding)
+            .unwrap();
+        limits.unproven_push(client, &mut None).unwrap();
+        limits.unproven_push(client, &mut binding).unwrap();
+        assert_eq!(closest(binding), ("source_ip", 1));
+        let mut binding = None;
+        limits
+            .unpinned_push(uaid, channel_id, &mut binding)
+            .unwrap();
+        limits.unproven_push(other, &mut binding).unwrap();
+        assert_eq!(closest(binding), ("subscription", 1));
+        limits.unpinned_push(uaid, channel_id, &mut None).unwrap();
+        assert!(refused(limits.unpinned_push(
+            uaid,
+            channel_id,
+            &mut binding
+        )));
+        assert!(binding.is_some_and(|b| b.refused && b.policy == "subscription"));
+    }
+
     #[test]
     fn registrations_from_one_ipv6_64_share_a_bucket() {
         let limits = fair_use(2.0);
@@ -237,7 +496,7 @@ mod tests {
     #[test]
     fn unpinned_pushes_from_one_ipv6_64_share_a_bucket() {
         let limits = fair_use(2.0);
-        let push = |client: &str| limits.unpinned_push(Uuid::new_v4(), Uuid::new_v4(), ip(client));
+        let push = |client: &str| limits.unproven_push(ip(client), &mut None);
         assert!(push("2001:db8:1:2::1").is_ok());
         assert!(push("2001:db8:1:2::2").is_ok());
         assert!(refused(push("2001:db8:1:2:ffff::3")));

@@ -115,7 +115,7 @@ pub fn routes(
         .and(with_state.clone())
         .then(
             |version, token, headers: HeaderMap, peer, body, state: Arc<EndpointState>| async move {
-                let mut router_type = None;
+                let (mut router_type, mut binding) = (None, None);
                 let client = state.client(peer, &headers);
                 let result = match read_body(body, state.max_data_bytes).await {
                     Ok(body) => {
@@ -126,7 +126,7 @@ pub fn routes(
                             body,
                             client,
                         };
-                        webpush::send(state, push, &mut router_type).await
+                        webpush::send(state, push, &mut router_type, &mut binding).await
                     }
                     Err(e) => Err(e),
                 };
@@ -139,7 +139,15 @@ pub fn routes(
                         metrics::push_answered(router_type, e.status().as_u16(), Some(e.errno()))
                     }
                 }
-                render(result)
+                // A push accepted, or refused by a limit: not one refused
+                // for another reason (a bridge app's limit, a full mailbox)
+                // after the limits passed it.
+                let binding = binding.filter(|b| result.is_ok() || b.refused);
+                let mut response = render(result);
+                if let Some(binding) = binding {
+                    binding.add_headers(response.headers_mut());
+                }
+                response
             },
         );
     let cancel = warp::delete()

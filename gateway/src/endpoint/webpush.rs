@@ -18,9 +18,10 @@ use tracing::{debug, info};
 use warp::http::{HeaderMap, HeaderValue, StatusCode};
 use warp::reply::{Reply, Response};
 
+use super::fair_use::Binding;
 use super::headers::{self, PushHeaders};
 use super::{EndpointState, mailbox};
-use crate::vapid::VapidIdentity;
+use crate::vapid::{Claim, VapidError, VapidIdentity};
 
 /// One push request as it arrived.
 pub struct Push {
@@ -34,11 +35,13 @@ pub struct Push {
 }
 
 /// Accept a push and route it. `router_type` is set once the subscriber's
-/// router type is known (for the caller's metrics).
+/// router type is known, and `binding` to the limit the push stands
+/// closest to once it is counted (for the caller's metrics and headers).
 pub async fn send(
     state: Arc<EndpointState>,
     request: Push,
     router_type: &mut Option<RouterType>,
+    binding: &mut Option<Binding>,
 ) -> ApiResult<Response> {
     let Push {
         version,
@@ -49,30 +52,10 @@ pub async fn send(
     } = request;
     let subscription = state.crypto.parse_token(&version, &token)?;
     let push = headers::parse(&headers, !body.is_empty())?;
-    // Before any storage read, and where it can be before the signature
-    // is checked: a push over a rate costs us nothing more. A key that the
-    // subscription does not pin proves nothing (anyone mints one), so such
-    // a push counts as an unsigned one does, whatever it is signed with.
-    if subscription.key_hash.is_none() {
-        state
-            .fair_use
-            .unpinned_push(subscription.uaid, subscription.channel_id, client)?;
-    }
-    // Who sent it, proven by VAPID: kept for per-sender features and logs.
-    // An address whose signatures keep failing gets no more checks.
-    state.fair_use.may_verify(client)?;
-    let sender = authenticate(&state, &subscription, &headers).inspect_err(|e| {
-        if matches!(e, ApiError::InvalidAuthentication(_)) {
-            state.fair_use.forged(client);
-        }
-    })?;
-    if let Some(sender) = &sender {
-        state.fair_use.signed_push(sender)?;
-    }
+    let sender = authenticate(&state, &subscription, &headers, client, binding)?;
     let sender = sender.as_ref().and_then(|s| s.sub.as_deref());
     deliver(state, &subscription, push, body, sender, router_type).await
 }
-
 /// Route an accepted push to `subscription`: directly, stored, or through
 /// its bridge. `sender` names who signed it, for the logs.
 pub async fn deliver(
@@ -255,23 +238,58 @@ async fn forget_gone_device(state: &EndpointState, seen: &User) -> ApiResult<()>
 /// required, with the subscription's own key, on v2 endpoints (another key
 /// is refused before its signature is checked). Returns the verified
 /// sender, if the request was signed.
+///
+/// Counted before any storage read, and before its signature is checked
+/// ([`super::fair_use`]): a push over a rate costs us nothing more. A key
+/// the subscription does not pin proves nothing until this node has
+/// verified its token: until then such a push counts as an unsigned one
+/// does, against its subscription and its address.
 fn authenticate(
     state: &EndpointState,
     subscription: &TokenInfo,
     headers: &HeaderMap,
+    client: IpAddr,
+    binding: &mut Option<Binding>,
 ) -> ApiResult<Option<Arc<VapidIdentity>>> {
+    let fair_use = &state.fair_use;
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let pinned = subscription.key_hash.as_ref().map(|hash| &hash[..]);
-    let identity = state
-        .vapid
-        .verify_pinned(text("authorization"), text("crypto-key"), pinned)
-        .map_err(|e| ApiError::InvalidAuthentication(e.to_string()))?;
-    if pinned.is_some() && identity.is_none() {
-        return Err(ApiError::InvalidAuthentication(
-            "this subscription is restricted to a VAPID key: sign the request".into(),
-        ));
+    if pinned.is_none() {
+        fair_use.unpinned_push(subscription.uaid, subscription.channel_id, binding)?;
     }
-    Ok(identity)
+    // An address whose signatures keep failing gets no more checks.
+    let refused = |e: VapidError| {
+        fair_use.forged(client);
+        ApiError::InvalidAuthentication(e.to_string())
+    };
+    let identity = match state
+        .vapid
+        .look_up(text("authorization"), text("crypto-key"), pinned)
+        .map_err(refused)?
+    {
+        Claim::Verified(identity) => identity,
+        Claim::Unsigned if pinned.is_some() => {
+            return Err(ApiError::InvalidAuthentication(
+                "this subscription is restricted to a VAPID key: sign the request".into(),
+            ));
+        }
+        Claim::Unsigned => {
+            fair_use.unproven_push(client, binding)?;
+            return Ok(None);
+        }
+        Claim::Unverified(unverified) => {
+            if pinned.is_none() {
+                fair_use.unproven_push(client, binding)?;
+            }
+            fair_use.may_verify(client, binding)?;
+            state
+                .vapid
+                .verify_claim(unverified, pinned)
+                .map_err(refused)?
+        }
+    };
+    fair_use.signed_push(&identity, binding)?;
+    Ok(Some(identity))
 }
 
 /// The notification to route, and what its id says.

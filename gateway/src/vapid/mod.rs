@@ -131,6 +131,27 @@ impl VapidError {
     }
 }
 
+/// What a request's VAPID headers claim, as far as can be told without
+/// cryptography ([`VapidVerifier::look_up`]).
+pub enum Claim<'a> {
+    /// No VAPID credentials (no or blank `Authorization`).
+    Unsigned,
+    /// A token this node verified before with the same key, unexpired.
+    Verified(Arc<VapidIdentity>),
+    /// A token to check ([`VapidVerifier::verify_claim`]): an ECDSA
+    /// verification.
+    Unverified(Unverified<'a>),
+}
+
+/// A token and key found in the headers, not yet verified.
+pub struct Unverified<'a> {
+    credentials: Credentials<'a>,
+    /// Where it goes in the cache once verified (`None`: no cache).
+    cache_key: Option<CacheKey>,
+    /// The time it was looked up at, which its claims are checked against.
+    now: u64,
+}
+
 /// Where "now" comes from. Production uses the system clock; tests substitute a
 /// settable one so that expiry can be tested without sleeping.
 type Clock = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -217,51 +238,90 @@ impl VapidVerifier {
         crypto_key: Option<&str>,
         pinned: Option<&[u8]>,
     ) -> Result<Option<Arc<VapidIdentity>>, VapidError> {
-        match self.verify_counted(authorization, crypto_key, pinned) {
-            Ok(None) => Ok(None),
-            Ok(Some((identity, cached))) => {
-                metrics::vapid(if cached { "cached" } else { "verified" });
-                Ok(Some(identity))
-            }
-            Err(error) => {
-                metrics::vapid_failed(error.check());
-                Err(error)
-            }
+        match self.look_up(authorization, crypto_key, pinned)? {
+            Claim::Unsigned => Ok(None),
+            Claim::Verified(identity) => Ok(Some(identity)),
+            Claim::Unverified(unverified) => self.verify_claim(unverified, pinned).map(Some),
         }
     }
 
-    /// [`Self::verify`], also telling whether the cache answered.
-    fn verify_counted(
+    /// The first half of [`Self::verify_pinned`], without any
+    /// cryptography: the headers parsed, and the token looked up in the
+    /// cache. What a push costs is known from its answer, before it is
+    /// paid: a [`Claim::Unverified`] costs an ECDSA verification
+    /// ([`Self::verify_claim`]). A cached token's `exp` and pin are checked
+    /// here; `cached` and failures are counted as by [`Self::verify`].
+    pub fn look_up<'a>(
         &self,
-        authorization: Option<&str>,
-        crypto_key: Option<&str>,
+        authorization: Option<&'a str>,
+        crypto_key: Option<&'a str>,
         pinned: Option<&[u8]>,
-    ) -> Result<Option<(Arc<VapidIdentity>, bool)>, VapidError> {
+    ) -> Result<Claim<'a>, VapidError> {
+        self.look_up_uncounted(authorization, crypto_key, pinned)
+            .inspect(|claim| {
+                if let Claim::Verified(_) = claim {
+                    metrics::vapid("cached");
+                }
+            })
+            .inspect_err(|error| metrics::vapid_failed(error.check()))
+    }
+
+    fn look_up_uncounted<'a>(
+        &self,
+        authorization: Option<&'a str>,
+        crypto_key: Option<&'a str>,
+        pinned: Option<&[u8]>,
+    ) -> Result<Claim<'a>, VapidError> {
         let Some(credentials) = header::parse(authorization, crypto_key)? else {
-            return Ok(None);
+            return Ok(Claim::Unsigned);
         };
         let now = (self.clock)();
-
         let Some(cache) = &self.cache else {
-            return Ok(Some((
-                self.verify_uncached(&credentials, pinned, now)?,
-                false,
-            )));
+            return Ok(Claim::Unverified(Unverified {
+                credentials,
+                cache_key: None,
+                now,
+            }));
         };
         let cache_key = CacheKey::new(credentials.token, credentials.key);
-        if let Some(identity) = cache.get(&cache_key) {
-            if pinned.is_some_and(|pinned| !key_hash_matches(&identity.key_hash, pinned)) {
-                return Err(VapidError::NotPinned);
-            }
-            if let Err(error) = claims::check_exp(identity.exp, now) {
-                cache.remove(&cache_key);
-                return Err(error);
-            }
-            return Ok(Some((identity, true)));
+        let Some(identity) = cache.get(&cache_key) else {
+            return Ok(Claim::Unverified(Unverified {
+                credentials,
+                cache_key: Some(cache_key),
+                now,
+            }));
+        };
+        if pinned.is_some_and(|pinned| !key_hash_matches(&identity.key_hash, pinned)) {
+            return Err(VapidError::NotPinned);
         }
-        let identity = self.verify_uncached(&credentials, pinned, now)?;
-        cache.insert(cache_key, Arc::clone(&identity), now);
-        Ok(Some((identity, false)))
+        if let Err(error) = claims::check_exp(identity.exp, now) {
+            cache.remove(&cache_key);
+            return Err(error);
+        }
+        Ok(Claim::Verified(identity))
+    }
+
+    /// The second half of [`Self::verify_pinned`]: the full check of a
+    /// token [`Self::look_up`] did not find, remembered once it passes.
+    /// Counted `verified`, or `failed` with the rule that failed.
+    pub fn verify_claim(
+        &self,
+        unverified: Unverified<'_>,
+        pinned: Option<&[u8]>,
+    ) -> Result<Arc<VapidIdentity>, VapidError> {
+        let Unverified {
+            credentials,
+            cache_key,
+            now,
+        } = unverified;
+        let identity = self
+            .verify_uncached(&credentials, pinned, now)
+            .inspect_err(|error| metrics::vapid_failed(error.check()))?;
+        if let (Some(cache), Some(cache_key)) = (&self.cache, cache_key) {
+            cache.insert(cache_key, Arc::clone(&identity), now);
+        }
+        metrics::vapid("verified");
+        Ok(identity)
     }
 
     /// The full check: key, signature, claims. The order puts cheap checks first and
@@ -302,4 +362,10 @@ fn key_hash_matches(key_hash: &[u8; 32], pinned: &[u8]) -> bool {
         && key_hash
             .get(..pinned.len())
             .is_some_and(|prefix| prefix.ct_eq(pinned).into())
+}
+
+/// A VAPID public key as `k=` spells it (base64url of an uncompressed
+/// P-256 point), decoded and checked to be on the curve: the raw 65 bytes.
+pub fn decode_public_key(text: &str) -> Result<Vec<u8>, VapidError> {
+    jws::decode_public_key(text)
 }
