@@ -15,3 +15,8 @@ pub mod tls;
 mod tls_record;
 pub mod tls_stream;
 pub mod upgraded;
+
+/// The TLS tests' certificates and client, shared with the integration tests.
+#[cfg(test)]
+#[path = "../tests/support/mod.rs"]
+mod test_support;

@@ -432,21 +432,14 @@ impl AsyncWrite for TlsStream {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
     use rustls::pki_types::ServerName;
-    use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
     use crate::tls::{Certificates, TlsFiles};
 
-    fn cert_file(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../certs")
-            .join(name)
-    }
+    use crate::test_support::{cert_file, client_config};
 
     /// A key worn out every few records is updated, and the client reads
     /// on across every update.
@@ -487,21 +480,8 @@ mod tests {
             assert_eq!(&back, b"done");
         });
 
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
-            .expect("certs/tls-ca.pem")
-        {
-            roots.add(cert.expect("a CA certificate")).expect("a root");
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
         let tcp = TcpStream::connect(addr).await.expect("connect");
-        let mut client = tokio_rustls::TlsConnector::from(Arc::new(config))
+        let mut client = tokio_rustls::TlsConnector::from(client_config(rustls::DEFAULT_VERSIONS))
             .connect(ServerName::IpAddress(addr.ip().into()), tcp)
             .await
             .expect("a handshake");

@@ -5,17 +5,16 @@
 //! The heap is counted per thread: the server's connections live on a
 //! runtime of their own thread, its clients on another.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use autopush_serving::tls::{Certificates, TlsFiles};
 use rustls::pki_types::ServerName;
-use rustls::pki_types::pem::PemObject;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+
+mod support;
+use support::{cert_file, client_config};
 
 struct PerThread;
 
@@ -41,29 +40,6 @@ unsafe impl GlobalAlloc for PerThread {
 static ALLOCATOR: PerThread = PerThread;
 
 const CLIENTS: usize = 200;
-
-fn cert_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../certs")
-        .join(name)
-}
-
-fn client_config() -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
-        .expect("certs/tls-ca.pem")
-    {
-        roots.add(cert.expect("a CA certificate")).expect("a root");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Arc::new(config)
-}
 
 /// A client's exchange with the echo server: `hello` out, `hello` back.
 async fn exchange<S: AsyncReadExt + AsyncWriteExt + Unpin>(stream: &mut S, hello: &[u8]) {
@@ -135,7 +111,7 @@ fn serve(
     });
     let before = held_rx.recv().expect("the baseline");
     let (tls_clients, plain_clients) = runtime.block_on(async {
-        let config = client_config();
+        let config = client_config(rustls::DEFAULT_VERSIONS);
         let (mut tls_clients, mut plain_clients) = (Vec::new(), Vec::new());
         for _ in 0..CLIENTS {
             let tcp = TcpStream::connect(addr).await.expect("connect");

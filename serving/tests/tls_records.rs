@@ -5,40 +5,15 @@
 //! client (whose records rustls keeps protecting) is served as well.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
-use std::sync::Arc;
 
 use autopush_serving::tls::{Certificates, TlsFiles};
 use rustls::pki_types::ServerName;
-use rustls::pki_types::pem::PemObject;
 use rustls::{AlertDescription, ClientConnection};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-fn cert_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../certs")
-        .join(name)
-}
-
-fn client_config(
-    versions: &[&'static rustls::SupportedProtocolVersion],
-) -> Arc<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
-        .expect("certs/tls-ca.pem")
-    {
-        roots.add(cert.expect("a CA certificate")).expect("a root");
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Arc::new(config)
-}
+mod support;
+use support::{cert_file, client_config};
 
 /// An echo server on a free port; its address.
 async fn echo_server() -> std::net::SocketAddr {

@@ -1,0 +1,35 @@
+//! What the TLS tests share: the test certificates (made by
+//! `certs/make-tls.sh`) and a client that trusts their CA.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+
+/// A file of `certs/`.
+pub fn cert_file(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../certs")
+        .join(name)
+}
+
+/// A client on ring trusting the test CA, speaking `versions`
+/// (`rustls::DEFAULT_VERSIONS`: both 1.3 and 1.2).
+pub fn client_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
+        .expect("certs/tls-ca.pem")
+    {
+        roots.add(cert.expect("a CA certificate")).expect("a root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(versions)
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Arc::new(config)
+}
