@@ -46,6 +46,30 @@ fn rate_text(rate: Option<autopush_common::limit::Rate>) -> String {
         .unwrap_or_default()
 }
 
+/// A VAPID public key for `--sender-limits` (as `k=` spells it).
+const SENDER_KEY: &str =
+    "BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc";
+
+/// `--sender-limits` as it was given, from the rates kept by key hash:
+/// the one key the cases name is recognised by its SHA-256.
+fn sender_limits_text(s: &Settings) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(SENDER_KEY)
+        .expect("the test key");
+    let hash: [u8; 32] = sha2::Sha256::digest(key).into();
+    s.limits
+        .senders
+        .iter()
+        .map(|(named, rate)| {
+            let key = if *named == hash { SENDER_KEY } else { "?" };
+            format!("{key}={}", rate_text(*rate))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 const CASES: &[Case] = &[
     case("host", "127.0.0.2", "127.0.0.3", |s| s.host.clone()),
     case("port", "7001", "7002", |s| s.port.to_string()),
@@ -115,6 +139,12 @@ const CASES: &[Case] = &[
     case("sender_limit", "5,50", "6,60", |s| {
         rate_text(s.limits.sender)
     }),
+    case(
+        "sender_limits",
+        "BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc=5,50",
+        "BCdPnPTMwkQ4ASavS7d6K3u50FNrhaphBqiK_yRi1vyxL6CsFD1GHNxMd5KiXyQX5cWG7_U2MJWgFnYMO5sk3Tc=6,60",
+        sender_limits_text,
+    ),
     case("subscription_limit", "5,50", "6,60", |s| {
         rate_text(s.limits.subscription)
     }),
