@@ -304,21 +304,12 @@ fn take_address(
     let Some(limiter) = limiter else {
         return Ok(());
     };
-    match limiter.take_counted(client, policy.limit) {
-        Ok((span, standing)) => {
-            let policy = policy.policy(span);
-            Binding::closer(
-                binding,
-                Binding {
-                    policy,
-                    standing,
-                    refused: false,
-                },
-            );
-            Ok(())
-        }
-        Err((span, refused)) => Err(refuse(policy.policy(span), policy.what, refused, binding)),
-    }
+    // The span (host or site) that answered names the policy.
+    let (span, taken) = match limiter.take_counted(client, policy.limit) {
+        Ok((span, standing)) => (span, Ok(standing)),
+        Err((span, refused)) => (span, Err(refused)),
+    };
+    settle(policy.policy(span), policy.what, taken, binding)
 }
 
 /// Take a token from `limiter` for `key`, or refuse with 429.
