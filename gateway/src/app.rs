@@ -78,7 +78,7 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
             (answering(store, "bigtable").await?, "bigtable")
         }
         Db::Postgres(postgres) => {
-            let store = open_postgres(postgres)?;
+            let store = open_postgres(postgres)?.with_receipt_retention(settings.receipt_retention);
             (answering(store, "postgres://...").await?, "postgres")
         }
     };

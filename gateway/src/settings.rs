@@ -410,7 +410,6 @@ impl SettingsLayer {
         or(&mut self.db, || "./autopush-data".into());
         let db = self.db.as_deref().unwrap_or_default();
         let bigtable = db == "bigtable" || db.starts_with("grpc://");
-        let postgres = is_postgres(db);
         // Any other URL is a store not served here, refused on its own.
         if db != "dynamodb" && !bigtable && !db.contains("://") {
             or(&mut self.db_cache_mib, || {
@@ -429,7 +428,7 @@ impl SettingsLayer {
         // On Bigtable receipts are off unless asked for: autopush-rs fails
         // a fetch on a receipt row, and going back to it must stay a swap.
         or(&mut self.receipt_retention, || {
-            if bigtable || postgres { 0 } else { 86_400 }
+            if bigtable { 0 } else { 86_400 }
         });
         or(&mut self.max_channels, || 1000);
         or(&mut self.sweep_interval, || 600.0);
@@ -951,12 +950,6 @@ impl Settings {
                 }
             }
         }
-        if matches!(db, Db::Postgres(_)) && l.receipt_retention.is_some_and(|r| r > 0) {
-            p.add(format!(
-                "{} must be 0 on PostgreSQL, which keeps no receipts yet",
-                name("receipt_retention")
-            ));
-        }
         let db_cache = match (&db, l.db_cache_mib) {
             (Db::Embedded(_), Some(mib)) => match mib.checked_mul(1 << 20) {
                 Some(0) => {
@@ -1265,13 +1258,8 @@ mod tests {
         };
         assert_eq!(postgres.qualified(&postgres.router_table), "push.r");
         assert_eq!(postgres.pool_size, 8);
-        assert_eq!(s.receipt_retention, 0);
-        let asked = SettingsLayer {
-            receipt_retention: Some(60),
-            ..layer("postgresql://u@h/d", None)
-        };
-        let e = Settings::from_layer(asked).unwrap_err();
-        assert!(e.contains("keeps no receipts yet"), "{e}");
+        // Receipts are in a table of their own, which autopush-rs never reads.
+        assert_eq!(s.receipt_retention, 86_400);
         let e =
             Settings::from_layer(layer("postgres://u:pw@h/d", Some(r#"{"x": 1}"#))).unwrap_err();
         assert!(e.contains("unknown key") && !e.contains("pw"), "{e}");

@@ -1,10 +1,11 @@
 //! The storage backends the binary runs on, for tests that must hold on
 //! each: the embedded store, DynamoDB (on moto and on dynalite, which
-//! speak its API differently enough to matter, see [`crate::dynamo`]) and
-//! Bigtable (Google's emulator, see [`crate::bigtable`]).
+//! speak its API differently enough to matter, see [`crate::dynamo`]),
+//! Bigtable (Google's emulator, see [`crate::bigtable`]) and PostgreSQL (a
+//! private cluster, see [`crate::postgres`]).
 
 use crate::server::{Node, Server};
-use crate::{bigtable, dynamo};
+use crate::{bigtable, dynamo, postgres};
 
 #[derive(Clone, Copy, Debug)]
 pub enum Db {
@@ -14,6 +15,7 @@ pub enum Db {
     /// DynamoDB on dynalite.
     Dynalite,
     Bigtable,
+    Postgres,
 }
 
 /// A node on `db` (fresh tables for DynamoDB, a fresh table for Bigtable,
@@ -80,6 +82,18 @@ pub async fn node(db: Db, args: &[&str]) -> Node {
                 ..Node::default()
             }
         }
+        Db::Postgres => {
+            let settings = postgres::fresh_settings().await;
+            let schema = settings.schema.unwrap_or_default();
+            let mut shared = vec![format!("--db-settings={}", postgres::db_settings(&schema))];
+            shared.extend(keys());
+            shared.extend(args);
+            Node {
+                db: Some(postgres::local().await.dsn.clone()),
+                args: shared,
+                ..Node::default()
+            }
+        }
     }
 }
 
@@ -89,8 +103,8 @@ pub async fn start(db: Db, args: &[&str]) -> Server {
 }
 
 /// Tests `async fn test(db: Db)` of the calling module, run on every
-/// backend: `embedded::test`, `dynamodb::test` (moto), `dynalite::test`
-/// and `bigtable::test`.
+/// backend: `embedded::test`, `dynamodb::test` (moto), `dynalite::test`,
+/// `bigtable::test` and `postgres::test`.
 #[macro_export]
 macro_rules! on_every_backend {
     ($($test:ident),* $(,)?) => {
@@ -123,6 +137,14 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn $test() {
                     super::$test($crate::backend::Db::Bigtable).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test($crate::backend::Db::Postgres).await;
                 }
             )*
         }

@@ -597,3 +597,9 @@ async fn bigtable_with_receipts_under_random_concurrent_operations() {
     let store = bigtable::fresh_store().await.with_receipt_retention(3600);
     hunt_with_receipts(Arc::new(store)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_with_receipts_under_random_concurrent_operations() {
+    let store = postgres::fresh_store().await.with_receipt_retention(3600);
+    hunt_with_receipts(Arc::new(store)).await;
+}

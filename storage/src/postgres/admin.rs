@@ -1,6 +1,6 @@
 //! `autopush db create-tables` on PostgreSQL: autopush-rs's tables, their
-//! keys and indexes (its `schema.psql`), and the columns and index of our
-//! own that it never names.
+//! keys and indexes (its `schema.psql`), and the columns, index and
+//! receipt table of our own that it never names.
 
 use super::{PostgresStore, backend};
 use crate::Result;
@@ -17,11 +17,12 @@ impl PostgresStore {
     /// keep theirs.
     pub async fn create_tables(&self) -> Result<Vec<String>> {
         let s = &self.settings;
-        let (r, m, c, rel) = (
+        let (r, m, c, rel, rc) = (
             s.qualified(&s.router_table),
             s.qualified(&s.message_table),
             s.qualified(&s.meta_table),
             s.qualified(&s.reliability_table),
+            s.qualified(&s.receipt_table),
         );
         // autopush-rs's index names with its default table names; with
         // others, prefixed by the table, so two sets in a schema never
@@ -35,6 +36,7 @@ impl PostgresStore {
         let expiry_idx = index(&s.message_table, "message", "message_expiry_idx");
         let meta_uaid_idx = index(&s.meta_table, "meta", "meta_uaid_idx");
         let update_idx = index(&s.reliability_table, "reliability", "update_idx");
+        let receipt_expiry_idx = format!("{}_expiry_idx", s.receipt_table);
         let schema = match &s.schema {
             Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS {schema};"),
             None => String::new(),
@@ -91,6 +93,16 @@ impl PostgresStore {
             CREATE INDEX IF NOT EXISTS {meta_uaid_idx} ON {c} (uaid);
             CREATE INDEX IF NOT EXISTS {update_idx} ON {rel} (last_update_timestamp);
             CREATE INDEX IF NOT EXISTS {expiry_idx} ON {m} (expiry);
+            CREATE TABLE IF NOT EXISTS {rc} (
+                uaid varchar(40) NOT NULL,
+                chid_message_id text NOT NULL,
+                version text NOT NULL,
+                state varchar(16) NOT NULL,
+                updated bigint NOT NULL,
+                expiry bigint NOT NULL,
+                PRIMARY KEY (uaid, chid_message_id)
+            );
+            CREATE INDEX IF NOT EXISTS {receipt_expiry_idx} ON {rc} (expiry);
             COMMIT;"
         );
         let client = self.client().await?;
@@ -102,7 +114,8 @@ impl PostgresStore {
             format!("tables {r}, {c}, {m} and {rel} ready, with their indexes"),
             format!(
                 "our own columns: {r}.over_msg_limit, min_urgency, wake_route, last_wake; \
-                 {m}.urgency, durable; index {expiry_idx} for the expiry sweep"
+                 {m}.urgency, durable; index {expiry_idx} for the expiry sweep; \
+                 table {rc} for receipts"
             ),
         ])
     }
@@ -144,6 +157,15 @@ const MESSAGE_COLUMNS: &[&str] = &[
     "headers",
 ];
 const MESSAGE_OWN: &[&str] = &["urgency", "durable"];
+/// Our own table, all of it.
+const RECEIPT_OWN: &[&str] = &[
+    "uaid",
+    "chid_message_id",
+    "version",
+    "state",
+    "updated",
+    "expiry",
+];
 
 impl PostgresStore {
     /// Check that the tables exist with every column this server reads and
@@ -156,6 +178,7 @@ impl PostgresStore {
             (&s.router_table, ROUTER_COLUMNS, ROUTER_OWN),
             (&s.meta_table, META_COLUMNS, &[][..]),
             (&s.message_table, MESSAGE_COLUMNS, MESSAGE_OWN),
+            (&s.receipt_table, &[][..], RECEIPT_OWN),
         ];
         let names: Vec<&str> = tables.iter().map(|(t, _, _)| t.as_str()).collect();
         let client = self.client().await?;

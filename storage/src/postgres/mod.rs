@@ -16,7 +16,13 @@
 //! by the sweep, in bounded batches. Statements are prepared once per
 //! connection; independent ones of a call are pipelined on one connection.
 //!
-//! Receipts (`--receipt-retention`) are not kept here yet.
+//! Receipts (`--receipt-retention`) are rows of our own `receipt` table,
+//! which autopush-rs never reads: the statement that settles a message
+//! deletes its row and writes its receipt, so autopush-rs's nodes never
+//! deliver a receipt as a message. A Topic message's receipt is under a
+//! key of its own ([`receipt_key`]), where the Topic's next messages leave
+//! it. With receipts on, the sweep turns expired messages into `expired`
+//! receipts and deletes receipts past their retention.
 
 pub mod admin;
 pub mod settings;
@@ -26,6 +32,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute};
@@ -34,7 +41,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
-use crate::{Result, Storage, StorageError, StoredMessage, SweepStep};
+use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
 pub use settings::PostgresSettings;
 
 /// How long a call waits for a connection of the pool, or for a new one.
@@ -47,6 +54,41 @@ const USER_COLUMNS: &str = "router_type, router_data, node_id, connected_at, las
 /// The `message` columns a [`Notification`] is read from, in
 /// [`message_from_row`]'s order.
 const MESSAGE_COLUMNS: &str = "channel_id, version, ttl, timestamp, topic, sortkey_timestamp, data, headers, urgency, durable";
+
+/// The key of the receipt of a message row `row` (with its
+/// `chid_message_id` and `version`), as [`receipt_row_key`] makes it: a
+/// Topic message's own key, its sort key and its id's tag
+/// ([`receipt_key`]), any other message's sort key.
+fn receipt_key_sql(row: &str) -> String {
+    format!(
+        "CASE WHEN {row}.chid_message_id LIKE '01:%' THEN {row}.chid_message_id || ':' || \
+         left(encode(sha256(convert_to({row}.version, 'UTF8')), 'hex'), 16) \
+         ELSE {row}.chid_message_id END"
+    )
+}
+
+/// The key of message `version`'s receipt under `sort_key`.
+fn receipt_row_key(sort_key: &str, version: &str) -> String {
+    receipt_key(sort_key, version).unwrap_or_else(|| sort_key.to_owned())
+}
+
+/// A statement's part that writes the receipts of the messages a
+/// `DELETE ... RETURNING uaid, chid_message_id, version, expiry` named
+/// `gone` removed: `state` for each unexpired at `now`, `expired` (as of
+/// its deadline) for the rest, kept `retention` (the three are parameters).
+/// A receipt already there stays: it settled first.
+fn receipts_of(rc: &str, gone: &str, state: &str, now: &str, retention: &str) -> String {
+    let key = receipt_key_sql(gone);
+    format!(
+        "INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
+         SELECT uaid, key, version, state, updated, updated + {retention} FROM \
+         (SELECT {gone}.uaid, {key} AS key, {gone}.version, \
+         CASE WHEN coalesce({gone}.expiry, 0) > {now} THEN {state}::text ELSE 'expired' END AS state, \
+         CASE WHEN coalesce({gone}.expiry, 0) > {now} THEN {now} ELSE coalesce({gone}.expiry, 0) END AS updated \
+         FROM {gone}) AS settled WHERE updated + {retention} > {now} \
+         ON CONFLICT (uaid, chid_message_id) DO NOTHING"
+    )
+}
 
 /// Every statement, with the table names of the settings in it.
 struct Sql {
@@ -74,24 +116,48 @@ struct Sql {
     remove_message: String,
     settle_message: String,
     read_message: String,
+    read_receipt: String,
+    settle_unwritten: String,
     health_check: String,
     sweep_expired: String,
     drop_idle_users: String,
 }
 
 impl Sql {
-    fn new(s: &PostgresSettings) -> Sql {
+    /// The statements on the tables `s` names; with `retention` > 0 (receipts
+    /// on), those that remove messages write their receipts, with two
+    /// parameters more after the others: now and the retention (seconds).
+    fn new(s: &PostgresSettings, retention: u64) -> Sql {
         let r = s.qualified(&s.router_table);
         let m = s.qualified(&s.message_table);
         let c = s.qualified(&s.meta_table);
+        let rc = s.qualified(&s.receipt_table);
+        let receipts = retention > 0;
+        // With receipts on, `gone`'s receipts (of `state`) from the
+        // messages a `DELETE ... RETURNING` named `removed` took, as one
+        // more part of a WITH; parameters `now` and `retention`.
+        let keep = |removed: &str, state: &str, now: &str, retention: &str| match receipts {
+            true => format!(
+                ", kept AS ({})",
+                receipts_of(&rc, removed, state, now, retention)
+            ),
+            false => String::new(),
+        };
+        const TAKEN: &str = "RETURNING uaid, chid_message_id, version, expiry";
         // A user's removal, given `doomed`, a statement returning the
-        // removed router rows' `uaid`: its channels and messages go in the
-        // same statement.
-        let removal = |doomed: &str| {
+        // removed router rows' `uaid` with `n` parameters: its channels and
+        // messages go in the same statement.
+        let removal = |doomed: &str, n: usize| {
+            let kept = keep(
+                "msgs",
+                "'gone'",
+                &format!("${}", n + 1),
+                &format!("${}", n + 2),
+            );
             format!(
                 "WITH gone AS ({doomed} RETURNING uaid), \
-                 m AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone)), \
-                 c AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)) \
+                 msgs AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone) {TAKEN}), \
+                 chans AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)){kept} \
                  SELECT count(*) FROM gone"
             )
         };
@@ -143,13 +209,17 @@ impl Sql {
             // Channels and messages go even where no router row is.
             remove_user: format!(
                 "WITH gone AS (DELETE FROM {r} WHERE uaid = $1), \
-                 m AS (DELETE FROM {m} WHERE uaid = $1), \
-                 c AS (DELETE FROM {c} WHERE uaid = $1) SELECT 1"
+                 msgs AS (DELETE FROM {m} WHERE uaid = $1 {TAKEN}), \
+                 chans AS (DELETE FROM {c} WHERE uaid = $1){} SELECT 1",
+                keep("msgs", "'gone'", "$2", "$3")
             ),
-            remove_user_if_unchanged: removal(&format!(
-                "DELETE FROM {r} WHERE uaid = $1 AND coalesce(connected_at, 0) = $2 \
-                 AND coalesce(router_data, 'null')::jsonb = $3::text::jsonb"
-            )),
+            remove_user_if_unchanged: removal(
+                &format!(
+                    "DELETE FROM {r} WHERE uaid = $1 AND coalesce(connected_at, 0) = $2 \
+                     AND coalesce(router_data, 'null')::jsonb = $3::text::jsonb"
+                ),
+                3,
+            ),
             remove_node_id: format!(
                 "UPDATE {r} SET node_id = NULL \
                  WHERE uaid = $1 AND node_id = $2 AND connected_at = $3"
@@ -178,9 +248,39 @@ impl Sql {
             has_channel: format!(
                 "SELECT EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2)"
             ),
-            remove_channel: format!("DELETE FROM {c} WHERE uaid = $1 AND channel_id = $2"),
-            // A Topic message replaces the stored one unless that is newer.
-            save_topic: save("coalesce(old.sortkey_timestamp, 0) <= EXCLUDED.sortkey_timestamp"),
+            // With receipts on, the channel's pending messages become
+            // `gone` receipts in the same statement.
+            remove_channel: match receipts {
+                false => format!("DELETE FROM {c} WHERE uaid = $1 AND channel_id = $2"),
+                true => format!(
+                    "WITH gone AS (DELETE FROM {c} WHERE uaid = $1 AND channel_id = $2 RETURNING 1), \
+                     msgs AS (DELETE FROM {m} WHERE uaid = $1 AND channel_id = $2 \
+                     AND coalesce(expiry, 0) > $3 AND EXISTS (SELECT 1 FROM gone) {TAKEN}){} \
+                     SELECT count(*) FROM gone",
+                    keep("msgs", "'gone'", "$3", "$4")
+                ),
+            },
+            // A Topic message replaces the stored one unless that is newer;
+            // with receipts on, the one it replaced, as the statement's
+            // snapshot has it, leaves its `replaced` receipt (`expired` if
+            // past its TTL) under its own key. (Not `FOR UPDATE`: that
+            // skips a row the same statement's upsert changed first. Of two
+            // racing saves, the second's receipt names the message the
+            // first replaced; the first's message then reads `replaced`
+            // from the row, as a Topic message without a receipt does.)
+            save_topic: match receipts {
+                false => save("coalesce(old.sortkey_timestamp, 0) <= EXCLUDED.sortkey_timestamp"),
+                true => format!(
+                    "WITH before AS (SELECT uaid, chid_message_id, version, expiry FROM {m} \
+                     WHERE uaid = $1 AND chid_message_id = $3), \
+                     saved AS ({}), \
+                     replaced AS (SELECT * FROM before WHERE version IS DISTINCT FROM $4 \
+                     AND EXISTS (SELECT 1 FROM saved)){} \
+                     SELECT count(*) FROM saved",
+                    save("coalesce(old.sortkey_timestamp, 0) <= EXCLUDED.sortkey_timestamp"),
+                    keep("replaced", "'replaced'", "$14", "$15")
+                ),
+            },
             // Any other never replaces a different message under its key.
             save_plain: save("old.version = EXCLUDED.version"),
             // Sort keys put Topic messages first, the rest in arrival order.
@@ -194,24 +294,66 @@ impl Sql {
             remove_message: format!(
                 "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3"
             ),
-            // Expired is final: such a message is never settled.
-            settle_message: format!(
-                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3 \
-                 AND expiry > $4"
-            ),
+            // Expired is final: such a message is never settled. With
+            // receipts on, the row goes and its receipt ($5, under key $7,
+            // kept $6) comes in one statement.
+            settle_message: match receipts {
+                false => format!(
+                    "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3 \
+                     AND expiry > $4"
+                ),
+                true => format!(
+                    "WITH settled AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 \
+                     AND version = $3 AND expiry > $4 RETURNING 1), \
+                     kept AS (INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
+                     SELECT $1, $7, $3, $5, $4, $4 + $6 FROM settled \
+                     ON CONFLICT (uaid, chid_message_id) DO UPDATE SET version = EXCLUDED.version, \
+                     state = EXCLUDED.state, updated = EXCLUDED.updated, expiry = EXCLUDED.expiry) \
+                     SELECT count(*) FROM settled"
+                ),
+            },
             read_message: format!(
                 "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = $2"
             ),
+            read_receipt: format!(
+                "SELECT state, version, updated, expiry FROM {rc} \
+                 WHERE uaid = $1 AND chid_message_id = $2"
+            ),
+            // A receipt where none is; a copy written after all goes.
+            settle_unwritten: format!(
+                "WITH copy AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 \
+                 AND version = $3) \
+                 INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
+                 VALUES ($1, $7, $3, $5, $4, $4 + $6) ON CONFLICT (uaid, chid_message_id) DO NOTHING"
+            ),
+            // Every table the statements name: a missing one stops start-up.
             health_check: format!(
                 "SELECT EXISTS (SELECT 1 FROM {r}), EXISTS (SELECT 1 FROM {m}), \
-                 EXISTS (SELECT 1 FROM {c})"
+                 EXISTS (SELECT 1 FROM {c}){}",
+                match receipts {
+                    true => format!(", EXISTS (SELECT 1 FROM {rc})"),
+                    false => String::new(),
+                }
             ),
             // The expiry is looked at again on the row deleted: a message
             // stored under the key since stays.
-            sweep_expired: format!(
-                "DELETE FROM {m} WHERE expiry <= $1 AND (uaid, chid_message_id) IN \
-                 (SELECT uaid, chid_message_id FROM {m} WHERE expiry <= $1 LIMIT $2)"
-            ),
+            // With receipts on, expired messages become `expired` receipts
+            // and receipts past their retention go, as many again.
+            sweep_expired: match receipts {
+                false => format!(
+                    "DELETE FROM {m} WHERE expiry <= $1 AND (uaid, chid_message_id) IN \
+                     (SELECT uaid, chid_message_id FROM {m} WHERE expiry <= $1 LIMIT $2)"
+                ),
+                true => format!(
+                    "WITH msgs AS (DELETE FROM {m} WHERE expiry <= $1 AND (uaid, chid_message_id) IN \
+                     (SELECT uaid, chid_message_id FROM {m} WHERE expiry <= $1 LIMIT $2) {TAKEN}), \
+                     old AS (DELETE FROM {rc} WHERE expiry <= $1 AND (uaid, chid_message_id) IN \
+                     (SELECT uaid, chid_message_id FROM {rc} WHERE expiry <= $1 LIMIT $2) \
+                     RETURNING 1){} \
+                     SELECT (SELECT count(*) FROM msgs), (SELECT count(*) FROM old)",
+                    keep("msgs", "'expired'", "$1", "$3")
+                ),
+            },
             // One page of users after the cursor; of those, idle webpush
             // users go (idle looked at again on the row deleted). A user
             // autopush-rs wrote has no last_connect: its connected_at says.
@@ -220,10 +362,11 @@ impl Sql {
                  gone AS (DELETE FROM {r} WHERE uaid IN (SELECT uaid FROM page) \
                  AND router_type = 'webpush' AND greatest(last_connect, connected_at) < $3 \
                  RETURNING uaid), \
-                 m AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone)), \
-                 c AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)) \
+                 msgs AS (DELETE FROM {m} WHERE uaid IN (SELECT uaid FROM gone) {TAKEN}), \
+                 chans AS (DELETE FROM {c} WHERE uaid IN (SELECT uaid FROM gone)){} \
                  SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM page), \
-                 (SELECT max(uaid) FROM page)"
+                 (SELECT max(uaid) FROM page)",
+                keep("msgs", "'gone'", "$4", "$5")
             ),
         }
     }
@@ -233,6 +376,8 @@ pub struct PostgresStore {
     pool: Pool,
     settings: PostgresSettings,
     sql: Sql,
+    /// Seconds a receipt is kept; 0: none is.
+    retention: u64,
     /// The last user of the idle-user sweep's last page.
     user_cursor: Mutex<String>,
 }
@@ -341,6 +486,18 @@ fn message_from_row(row: &Row) -> Result<Notification> {
     })
 }
 
+fn receipt_from_row(row: &Row) -> Result<Receipt> {
+    let state: String = row.try_get(0).map_err(|e| backend("read", e))?;
+    let state = MessageState::parse(&state)
+        .ok_or_else(|| corrupt("receipt state", format!("unknown state {state:?}")))?;
+    Ok(Receipt {
+        state,
+        version: row.try_get(1).map_err(|e| backend("read", e))?,
+        updated: unsigned(row.try_get(2).map_err(|e| backend("read", e))?),
+        expiry: unsigned(row.try_get(3).map_err(|e| backend("read", e))?),
+    })
+}
+
 /// A message's row values, owned, in the order of the save statements.
 struct MessageRow {
     uaid: String,
@@ -418,10 +575,37 @@ impl PostgresStore {
             .map_err(|e| StorageError::Backend(format!("PostgreSQL pool: {e}")))?;
         Ok(PostgresStore {
             pool,
-            sql: Sql::new(&settings),
+            sql: Sql::new(&settings, 0),
             settings,
+            retention: 0,
             user_cursor: Mutex::new(String::new()),
         })
+    }
+
+    /// Keep a receipt of each settled message for `seconds` (0: none).
+    pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
+        self.retention = seconds;
+        self.sql = Sql::new(&self.settings, seconds);
+        self
+    }
+
+    /// With receipts on, `params` and the two more the statements that
+    /// keep receipts take: now and the retention.
+    fn with_receipts<'a>(
+        &self,
+        params: &[&'a (dyn ToSql + Sync)],
+        extra: &'a [i64; 2],
+    ) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut all = params.to_vec();
+        if self.retention > 0 {
+            all.extend(extra.iter().map(|n| n as &(dyn ToSql + Sync)));
+        }
+        all
+    }
+
+    /// Now and the retention, as [`Self::with_receipts`] passes them.
+    fn receipt_params(&self) -> [i64; 2] {
+        [big(now_secs()), big(self.retention)]
     }
 
     pub fn settings(&self) -> &PostgresSettings {
@@ -584,20 +768,20 @@ impl Storage for PostgresStore {
     }
 
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
-        let _: i32 = self.one(&self.sql.remove_user, &[&hex(uaid)]).await?;
+        let extra = self.receipt_params();
+        let uaid = hex(uaid);
+        let params = self.with_receipts(&[&uaid], &extra);
+        let _: i32 = self.one(&self.sql.remove_user, &params).await?;
         Ok(())
     }
 
     async fn remove_user_if_unchanged(&self, seen: &User) -> Result<bool> {
+        let extra = self.receipt_params();
+        let (uaid, connected_at) = (hex(&seen.uaid), big(seen.connected_at));
+        let router_data = router_data_text(seen.router_data.as_ref());
+        let params = self.with_receipts(&[&uaid, &connected_at, &router_data], &extra);
         let removed: i64 = self
-            .one(
-                &self.sql.remove_user_if_unchanged,
-                &[
-                    &hex(&seen.uaid),
-                    &big(seen.connected_at),
-                    &router_data_text(seen.router_data.as_ref()),
-                ],
-            )
+            .one(&self.sql.remove_user_if_unchanged, &params)
             .await?;
         Ok(removed > 0)
     }
@@ -674,9 +858,16 @@ impl Storage for PostgresStore {
     }
 
     async fn remove_channel(&self, uaid: &Uuid, channel_id: &Uuid) -> Result<bool> {
-        let removed = self
-            .execute(&self.sql.remove_channel, &[&hex(uaid), &hex(channel_id)])
-            .await?;
+        let extra = self.receipt_params();
+        let (uaid, channel_id) = (hex(uaid), hex(channel_id));
+        let params = self.with_receipts(&[&uaid, &channel_id], &extra);
+        let removed = match self.retention {
+            0 => self.execute(&self.sql.remove_channel, &params).await?,
+            _ => self
+                .one::<i64>(&self.sql.remove_channel, &params)
+                .await?
+                .max(0) as u64,
+        };
         Ok(removed > 0)
     }
 
@@ -696,7 +887,14 @@ impl Storage for PostgresStore {
             client.prepare_cached(&self.sql.save_plain),
         )
         .map_err(|e| backend("prepare", e))?;
-        let params: Vec<_> = rows.iter().map(MessageRow::params).collect();
+        let extra = self.receipt_params();
+        let params: Vec<_> = rows
+            .iter()
+            .map(|row| match row.topic {
+                Some(_) => self.with_receipts(&row.params(), &extra),
+                None => row.params().to_vec(),
+            })
+            .collect();
         let written =
             futures_util::future::try_join_all(rows.iter().zip(&params).map(|(row, params)| {
                 let statement = if row.topic.is_some() { &topic } else { &plain };
@@ -746,23 +944,105 @@ impl Storage for PostgresStore {
         uaid: &Uuid,
         sort_key: &str,
         version: &str,
-        _state: MessageState,
+        state: MessageState,
     ) -> Result<bool> {
-        let removed = self
-            .execute(
-                &self.sql.settle_message,
-                &[&hex(uaid), &sort_key, &version, &big(now_secs())],
-            )
-            .await?;
+        let (uaid, now) = (hex(uaid), big(now_secs()));
+        let removed = match self.retention {
+            0 => {
+                self.execute(
+                    &self.sql.settle_message,
+                    &[&uaid, &sort_key, &version, &now],
+                )
+                .await?
+            }
+            retention => {
+                let receipt_key = receipt_row_key(sort_key, version);
+                let settled: i64 = self
+                    .one(
+                        &self.sql.settle_message,
+                        &[
+                            &uaid,
+                            &sort_key,
+                            &version,
+                            &now,
+                            &state.as_str(),
+                            &big(retention),
+                            &receipt_key,
+                        ],
+                    )
+                    .await?;
+                settled.max(0) as u64
+            }
+        };
         Ok(removed > 0)
     }
 
+    /// Held copies, as on DynamoDB: a message its client acks within the
+    /// grace costs no write.
+    fn node_holds_direct_copies(&self) -> bool {
+        true
+    }
+
+    /// With receipts on, one statement: the receipt where none is, and a
+    /// copy written after all removed.
+    async fn settle_unwritten(
+        &self,
+        uaid: &Uuid,
+        message: &Notification,
+        state: MessageState,
+    ) -> Result<()> {
+        if self.retention == 0 {
+            return Ok(());
+        }
+        let sort_key = message.sort_key();
+        let receipt_key = receipt_row_key(&sort_key, &message.version);
+        self.execute(
+            &self.sql.settle_unwritten,
+            &[
+                &hex(uaid),
+                &sort_key,
+                &message.version,
+                &big(now_secs()),
+                &state.as_str(),
+                &big(self.retention),
+                &receipt_key,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The message row under `sort_key`, else (receipts on) the receipt
+    /// there: both asked at once, in one round trip.
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
-        let rows = self
-            .query(&self.sql.read_message, &[&hex(uaid), &sort_key])
-            .await?;
-        rows.first()
-            .map(|row| message_from_row(row).map(StoredMessage::Pending))
+        let uaid = hex(uaid);
+        if self.retention == 0 {
+            let rows = self
+                .query(&self.sql.read_message, &[&uaid, &sort_key])
+                .await?;
+            return rows
+                .first()
+                .map(|row| message_from_row(row).map(StoredMessage::Pending))
+                .transpose();
+        }
+        let client = self.client().await?;
+        let (message, receipt) = tokio::try_join!(
+            client.prepare_cached(&self.sql.read_message),
+            client.prepare_cached(&self.sql.read_receipt),
+        )
+        .map_err(|e| backend("prepare", e))?;
+        let params: [&(dyn ToSql + Sync); 2] = [&uaid, &sort_key];
+        let (messages, receipts) = tokio::try_join!(
+            client.query(&message, &params),
+            client.query(&receipt, &params),
+        )
+        .map_err(|e| backend("query", e))?;
+        if let Some(row) = messages.first() {
+            return message_from_row(row).map(|m| Some(StoredMessage::Pending(m)));
+        }
+        receipts
+            .first()
+            .map(|row| receipt_from_row(row).map(StoredMessage::Settled))
             .transpose()
     }
 
@@ -771,16 +1051,33 @@ impl Storage for PostgresStore {
         Ok(())
     }
 
+    /// With receipts on, as many receipts past their retention go too;
+    /// the pass is finished when neither filled the budget.
     async fn sweep_expired_messages(&self, budget: usize) -> Result<SweepStep> {
-        let removed = self
-            .execute(
-                &self.sql.sweep_expired,
-                &[&big(now_secs()), &big(budget as u64)],
-            )
-            .await? as usize;
+        let (now, limit) = (big(now_secs()), big(budget as u64));
+        let (removed, most) = match self.retention {
+            0 => {
+                let removed = self
+                    .execute(&self.sql.sweep_expired, &[&now, &limit])
+                    .await? as usize;
+                (removed, removed)
+            }
+            retention => {
+                let rows = self
+                    .query(&self.sql.sweep_expired, &[&now, &limit, &big(retention)])
+                    .await?;
+                let row = rows
+                    .first()
+                    .ok_or_else(|| StorageError::Backend("PostgreSQL: no row returned".into()))?;
+                let messages: i64 = row.try_get(0).map_err(|e| backend("read", e))?;
+                let receipts: i64 = row.try_get(1).map_err(|e| backend("read", e))?;
+                let (messages, receipts) = (messages.max(0) as usize, receipts.max(0) as usize);
+                (messages + receipts, messages.max(receipts))
+            }
+        };
         Ok(SweepStep {
             removed,
-            finished_pass: removed < budget,
+            finished_pass: most < budget,
         })
     }
 
@@ -790,12 +1087,10 @@ impl Storage for PostgresStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let rows = self
-            .query(
-                &self.sql.drop_idle_users,
-                &[&after, &big(budget as u64), &big(last_connect_before)],
-            )
-            .await?;
+        let extra = self.receipt_params();
+        let (limit, before) = (big(budget as u64), big(last_connect_before));
+        let params = self.with_receipts(&[&after, &limit, &before], &extra);
+        let rows = self.query(&self.sql.drop_idle_users, &params).await?;
         let row = rows
             .first()
             .ok_or_else(|| StorageError::Backend("PostgreSQL: no row returned".into()))?;

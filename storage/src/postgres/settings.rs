@@ -1,7 +1,7 @@
 //! `--db postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` and `db_settings`
 //! in autopush-rs's shape (`schema`, `router_table`, `message_table`,
 //! `meta_table`, `reliability_table`, `max_router_ttl`), so an operator's
-//! settings carry over; `pool_size` is ours.
+//! settings carry over; `receipt_table` and `pool_size` are ours.
 
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ pub struct PostgresSettings {
     pub message_table: String,
     pub meta_table: String,
     pub reliability_table: String,
+    /// Our own table of receipts, which autopush-rs never reads.
+    pub receipt_table: String,
     /// Seconds written as a router row's `expiry` past its last write.
     pub max_router_ttl: u64,
     /// Most connections this node opens.
@@ -55,6 +57,7 @@ impl PostgresSettings {
             message_table: "message".into(),
             meta_table: "meta".into(),
             reliability_table: "reliability".into(),
+            receipt_table: "receipt".into(),
             max_router_ttl: MAX_ROUTER_TTL,
             pool_size: DEFAULT_POOL_SIZE,
         };
@@ -81,6 +84,7 @@ impl PostgresSettings {
                 "message_table" => settings.message_table = name(&value)?,
                 "meta_table" => settings.meta_table = name(&value)?,
                 "reliability_table" => settings.reliability_table = name(&value)?,
+                "receipt_table" => settings.receipt_table = name(&value)?,
                 "max_router_ttl" => settings.max_router_ttl = count(&value)?,
                 "pool_size" => match count(&value)? {
                     0 => return Err("db_settings pool_size must be at least 1".into()),
@@ -89,7 +93,7 @@ impl PostgresSettings {
                 other => {
                     return Err(format!(
                         "db_settings: unknown key {other:?} for PostgreSQL (schema, router_table, \
-                         message_table, meta_table, reliability_table, max_router_ttl, pool_size)"
+                         message_table, meta_table, reliability_table, receipt_table, max_router_ttl, pool_size)"
                     ));
                 }
             }
