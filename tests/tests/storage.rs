@@ -765,6 +765,29 @@ mod suite {
         );
     }
 
+    /// Registrations racing for a user's last free channels never take
+    /// more than the cap between them.
+    pub async fn racing_registrations_stay_within_the_cap(store: Arc<dyn Storage>) {
+        const CAP: usize = 3;
+        for _ in 0..5 {
+            let uaid = Uuid::new_v4();
+            let racers = (0..8).map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move { store.add_channel(&uaid, &Uuid::new_v4(), CAP).await })
+            });
+            let added = futures_util::future::join_all(racers)
+                .await
+                .into_iter()
+                .filter(|r| matches!(r, Ok(Ok(true))))
+                .count();
+            let held = store.get_channels(&uaid).await.unwrap().len();
+            assert!(
+                added <= CAP && held <= CAP,
+                "{added} registrations said yes, {held} channels held, cap {CAP}"
+            );
+        }
+    }
+
     /// A connection takes a user over only if the record still holds the
     /// `connected_at` it read; a removed user is never re-created.
     pub async fn a_connection_takes_over_only_what_it_read(store: Arc<dyn Storage>) {
@@ -1094,6 +1117,7 @@ macro_rules! suite_for {
                 large_backlogs_are_read_across_pages,
                 a_fetch_never_deletes_a_topic_message_stored_meanwhile,
                 channels_per_user_are_capped,
+                racing_registrations_stay_within_the_cap,
                 a_connection_takes_over_only_what_it_read,
                 the_minimum_urgency_belongs_to_the_connection,
                 racing_connections_leave_exactly_one,

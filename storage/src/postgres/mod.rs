@@ -47,6 +47,11 @@ pub use settings::PostgresSettings;
 /// How long a call waits for a connection of the pool, or for a new one.
 const POOL_WAIT: Duration = Duration::from_secs(5);
 
+/// The first key of the advisory locks that serialize one user's
+/// registrations (ASCII "push"), kept apart from other users of advisory
+/// locks on the database.
+const USER_LOCK: i32 = 0x7075_7368;
+
 /// The `router` columns a [`User`] is read from, in [`user_from_row`]'s order.
 const USER_COLUMNS: &str = "router_type, router_data, node_id, connected_at, last_connect, \
      over_msg_limit, min_urgency, wake_route, last_wake";
@@ -106,6 +111,7 @@ struct Sql {
     remove_wake_route: String,
     claim_wake: String,
     add_channel: String,
+    lock_user: String,
     get_channels: String,
     has_channel: String,
     remove_channel: String,
@@ -236,7 +242,8 @@ impl Sql {
                 "UPDATE {r} SET last_wake = $3 WHERE uaid = $1 AND coalesce(last_wake, 0) = $2"
             ),
             // The insert's statement sees the channels as they were before
-            // it: a channel the user had already counts as subscribed.
+            // it: a channel the user had already counts as subscribed. It
+            // runs under `lock_user`, so the count it sees is not stale.
             add_channel: format!(
                 "WITH added AS (INSERT INTO {c} (uaid, channel_id) \
                  SELECT $1::text, $2::text WHERE (SELECT count(*) FROM {c} WHERE uaid = $1) < $3 \
@@ -244,6 +251,10 @@ impl Sql {
                  SELECT EXISTS (SELECT 1 FROM added) \
                  OR EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2)"
             ),
+            // One user's registrations, one at a time until their
+            // transaction ends (the first key names this use of advisory
+            // locks, the second the user).
+            lock_user: format!("SELECT pg_advisory_xact_lock({USER_LOCK}, hashtext($1))"),
             get_channels: format!("SELECT channel_id FROM {c} WHERE uaid = $1"),
             has_channel: format!(
                 "SELECT EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2)"
@@ -835,12 +846,29 @@ impl Storage for PostgresStore {
         Ok(changed > 0)
     }
 
+    /// The cap is counted under the user's lock, in a transaction sent in
+    /// one round trip: two registrations racing for the last free channel
+    /// would otherwise both see it free.
     async fn add_channel(&self, uaid: &Uuid, channel_id: &Uuid, limit: usize) -> Result<bool> {
-        self.one(
-            &self.sql.add_channel,
-            &[&hex(uaid), &hex(channel_id), &big(limit as u64)],
+        let client = self.client().await?;
+        let (lock, add) = tokio::try_join!(
+            client.prepare_cached(&self.sql.lock_user),
+            client.prepare_cached(&self.sql.add_channel),
         )
-        .await
+        .map_err(|e| backend("prepare", e))?;
+        let (uaid, channel_id, limit) = (hex(uaid), hex(channel_id), big(limit as u64));
+        // Each is sent on its first poll, in this order: an error in one
+        // leaves COMMIT to roll the transaction back.
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&uaid];
+        let add_params: [&(dyn ToSql + Sync); 3] = [&uaid, &channel_id, &limit];
+        let (_, _, added, _) = tokio::try_join!(
+            client.batch_execute("BEGIN"),
+            client.execute(&lock, &lock_params),
+            client.query_one(&add, &add_params),
+            client.batch_execute("COMMIT"),
+        )
+        .map_err(|e| backend("add channel", e))?;
+        added.try_get(0).map_err(|e| backend("read", e))
     }
 
     async fn get_channels(&self, uaid: &Uuid) -> Result<HashSet<Uuid>> {
