@@ -4,6 +4,12 @@
 //! Bigtable (Google's emulator, see [`crate::bigtable`]) and PostgreSQL (a
 //! private cluster, see [`crate::postgres`]).
 
+use std::sync::Arc;
+
+use autopush_storage::Storage;
+use autopush_storage::dynamodb::Tables;
+use autopush_storage::postgres::{PostgresSettings, PostgresStore};
+
 use crate::server::{Node, Server};
 use crate::{bigtable, dynamo, postgres};
 
@@ -95,6 +101,44 @@ pub async fn node(db: Db, args: &[&str]) -> Node {
             }
         }
     }
+}
+
+/// [`node`] on a shared store (DynamoDB, Bigtable, PostgreSQL), with the
+/// store its tables are on, for a test that starts several nodes from the
+/// node (they share its tables and keys) and looks at what they stored.
+pub async fn shared(db: Db, args: &[&str]) -> (Node, Arc<dyn Storage>) {
+    let node = node(db, args).await;
+    let arg = |name: &str| {
+        node.args
+            .iter()
+            .find_map(|a| a.strip_prefix(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let store: Arc<dyn Storage> = match db {
+        Db::Embedded => panic!("the embedded store is one node's own, not shared"),
+        Db::Dynamo | Db::Dynalite => {
+            let endpoint = match db {
+                Db::Dynalite => &dynamo::dynalite().await.endpoint,
+                _ => &dynamo::local().await.endpoint,
+            };
+            let tables = Tables {
+                router: arg("--router-table="),
+                message: arg("--message-table="),
+                ..dynamo::tables()
+            };
+            Arc::new(dynamo::connect(endpoint, tables).await)
+        }
+        Db::Bigtable => panic!("no test looks at Bigtable through shared() yet"),
+        Db::Postgres => Arc::new(
+            PostgresStore::connect(
+                PostgresSettings::parse(&postgres::local().await.dsn, Some(&arg("--db-settings=")))
+                    .expect("postgres settings"),
+            )
+            .expect("postgres store"),
+        ),
+    };
+    (node, store)
 }
 
 /// A server on `db` with extra `args` (see [`node`]).

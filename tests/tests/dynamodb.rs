@@ -1056,315 +1056,8 @@ async fn health_hits_share_one_storage_check_at_a_time() {
 
 // ---- the connection node holds a direct copy back for its grace ---------
 
-/// A cluster whose connection node A holds direct copies back for
-/// `grace_ms` (long enough to act inside it).
-async fn cluster_holding_for(grace_ms: u64) -> Cluster {
-    Cluster::start_with(dynamo::local().await, |a| {
-        a.env
-            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()))
-    })
-    .await
-}
-
-/// [`cluster_holding_for`], with the router key its nodes sign with, for a
-/// test that calls connection node A's router API as an endpoint would.
-async fn cluster_holding_with_key(grace_ms: u64) -> (Cluster, String) {
-    let mut router_key = String::new();
-    let cluster = Cluster::start_with(dynamo::local().await, |a| {
-        a.env
-            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()));
-        router_key = a
-            .args
-            .iter()
-            .find_map(|arg| arg.strip_prefix("--router-key="))
-            .expect("the cluster's router key")
-            .to_owned();
-    })
-    .await;
-    (cluster, router_key)
-}
-
-/// Stored messages of `uaid`, as the nodes stored them.
-async fn stored_count(cluster: &Cluster, uaid: &str) -> usize {
-    let store = dynamo::connect(&cluster.server.endpoint, cluster.tables.clone()).await;
-    let uaid = uuid::Uuid::parse_str(uaid).unwrap();
-    store.count_messages(&uaid, 10).await.unwrap()
-}
-
-/// `kill -9` of the connection node while it holds the copy of a message
-/// its client received but did not ack: the endpoint, whose call failed,
-/// writes the copy before its 201, and the client gets the message on the
-/// node it moves to.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_node_killed_inside_the_grace_loses_nothing() {
-    let mut cluster = cluster_holding_for(30_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let a = &mut cluster.a;
-    let (sent, ()) = tokio::join!(sub.push_text("held"), async {
-        let (_, d) = sub.receive(&mut ws).await;
-        assert_eq!(d.text, "held");
-        // Not acked: node A holds the only copy.
-        a.kill9();
-    });
-    sent.assert_created();
-
-    let mut ws = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    ws.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
-}
-
-/// `kill -9` of the endpoint while the connection node holds the copy: the
-/// node writes it at the grace's end all the same, and the client, which
-/// never acked, gets the message again at its next connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing() {
-    let mut cluster = cluster_holding_for(3_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    // The sender never hears back; its answer is not waited for.
-    let sender = sub.clone();
-    let sending = tokio::spawn(async move { sender.send(&SendOptions::text("held")).await });
-    let (_, d) = sub.receive(&mut ws).await;
-    assert_eq!(d.text, "held");
-    cluster.endpoint.kill9();
-    sending.abort();
-
-    autopush_tests::receipt::wait_until("node A writes the copy it held", async || {
-        stored_count(&cluster, &uaid).await == 1
-    })
-    .await;
-    ws.close().await;
-    let mut ws = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    ws.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
-}
-
-/// The client leaves node A for node B inside the grace without acking:
-/// B's storage check at hello comes before A writes the copy, so the
-/// endpoint, told the copy was written, finds the client on B and has B
-/// look again. The message arrives on B without another reconnect.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node() {
-    // Longer than a hello on a loaded machine, shorter than the endpoint's
-    // node call timeout (3 s): the node answers, after B's storage check.
-    let cluster = cluster_holding_for(2_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let (sent, mut on_b) = tokio::join!(sub.push_text("moving"), async {
-        let (_, d) = sub.receive(&mut ws).await;
-        assert_eq!(d.text, "moving");
-        ws.close().await;
-        cluster.b.reconnect(&uaid).await
-    });
-    sent.assert_created();
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-    on_b.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("moving".to_owned(), 1)]));
-}
-
-/// The ack racing the grace, both ways: acked within it, the message is
-/// never written and its receipt reads `delivered`; acked after it (the
-/// copy written), the ack settles the copy. Neither comes back at the next
-/// connection. The grace is long (10 s) so that a loaded machine, slow to
-/// hand the first message over and ack it, still acks within it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acks_inside_and_after_the_grace_settle_the_message_once() {
-    let cluster = cluster_holding_for(10_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let (inside, ()) = tokio::join!(sub.push_text("inside"), async {
-        let (n, _) = sub.receive(&mut ws).await;
-        ws.ack_notification(&n).await;
-    });
-    let location = autopush_tests::receipt::location(&inside);
-    assert_eq!(
-        autopush_tests::receipt::state_of(&location).await,
-        "delivered"
-    );
-    assert_eq!(stored_count(&cluster, &uaid).await, 0);
-
-    // The 201 comes once the grace ended and the copy is written.
-    sub.push_text("after").await;
-    assert_eq!(stored_count(&cluster, &uaid).await, 1);
-    let (n, d) = sub.receive(&mut ws).await;
-    assert_eq!(d.text, "after");
-    ws.ack_notification(&n).await;
-    autopush_tests::receipt::wait_until("the ack settles the written copy", async || {
-        stored_count(&cluster, &uaid).await == 0
-    })
-    .await;
-
-    ws.close().await;
-    let mut ws = cluster.b.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
-}
-
-/// A message below the client's minimum urgency reaches its node with the
-/// copy held (the endpoint read the record before the client raised its
-/// minimum): the session holds it back, so no ack will come, and its copy
-/// is written at once rather than at the grace's end. Lowering the minimum
-/// then finds it in storage. Without that, the copy waits out the grace
-/// (a minute here) and lowering finds nothing: the message would wait for
-/// the client's next connection.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered() {
-    let (cluster, router_key) = cluster_holding_with_key(60_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-    let answer = ws.set_min_urgency(serde_json::json!("high")).await;
-    assert_eq!(answer["status"], 200, "{answer}");
-
-    // What an endpoint that read the record just before the raise sends.
-    let encrypted = autopush_tests::py::encrypt(
-        &sub.keys,
-        &autopush_tests::Payload::Text("held below the minimum".into()),
-        autopush_tests::Encoding::Aes128Gcm,
-    )
-    .await;
-    let mut body = autopush_tests::http::router_notification(
-        &sub.channel_id,
-        "held-below-the-minimum",
-        &encrypted,
-    );
-    body["ttl"] = serde_json::json!(600);
-    body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
-    body["urgency"] = serde_json::json!("low");
-    let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
-    // The node answers once the copy is written; not waited for here.
-    let call = tokio::spawn(async move {
-        autopush_tests::http::signed_with(
-            reqwest::Method::PUT,
-            &base,
-            &path,
-            &router_key,
-            Some(body.to_string().into_bytes()),
-            &[("x-autopush-durable-copy", "hold")],
-        )
-        .await
-    });
-    autopush_tests::receipt::wait_until("the held-back copy is written", async || {
-        stored_count(&cluster, &uaid).await == 1
-    })
-    .await;
-
-    let answer = ws.set_min_urgency(serde_json::json!("very-low")).await;
-    assert_eq!(answer["status"], 200, "{answer}");
-    let (n, d) = sub.receive(&mut ws).await;
-    assert_eq!(d.text, "held below the minimum");
-    ws.ack_notification(&n).await;
-    ws.assert_nothing_arrives().await;
-    call.abort();
-}
-
-/// `kill -9` of the connection node at random points of pushes whose
-/// copies it holds (a grace of 100–400 ms, so kills land inside it, during
-/// the node's write, or between pushes), round after round; the client
-/// moves to the other node, then back. The model: every push answered 201
-/// and not acked arrives after the move (none lost); one the client acked
-/// may come again (the kill may take the ack with it) and is acked again,
-/// as may one not answered 201. `HELD_CRASH_ROUNDS` (default 3) makes the
-/// hunt longer, `HELD_CRASH_SEED` repeats one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill9_of_the_holding_node_at_random_points_loses_nothing() {
-    use autopush_tests::env_or;
-    use std::collections::BTreeSet;
-    let rounds = env_or("HELD_CRASH_ROUNDS", 3);
-    let seed = env_or("HELD_CRASH_SEED", fastrand::u64(..));
-    eprintln!("HELD_CRASH_SEED={seed}");
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let grace = rng.u64(100..400);
-    let mut cluster = Cluster::start_with(dynamo::local().await, |a| {
-        a.env
-            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace.to_string()))
-    })
-    .await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-    // Answered 201 and not acked: must arrive.
-    let mut owed = BTreeSet::new();
-    // Acked, or not answered 201: may arrive (again).
-    let mut may_come = BTreeSet::new();
-    for round in 0..rounds {
-        let texts: Vec<String> = (0..rng.usize(2..6))
-            .map(|i| format!("round {round} push {i}"))
-            .collect();
-        let pushing = tokio::spawn({
-            let (sub, texts) = (sub.clone(), texts.clone());
-            async move {
-                let mut answers = Vec::new();
-                for text in texts {
-                    let status = sub.send(&SendOptions::text(&text)).await.status;
-                    answers.push((text, status));
-                }
-                answers
-            }
-        });
-        // Take some on node A, acking some, then kill A somewhere.
-        let mut taken = 0;
-        let take = rng.usize(0..=texts.len());
-        while taken < take {
-            let (n, d) = sub.receive(&mut ws).await;
-            if texts.contains(&d.text) {
-                taken += 1;
-                if rng.bool() {
-                    ws.ack_notification(&n).await;
-                    may_come.insert(d.text);
-                }
-            } else {
-                assert!(
-                    may_come.contains(&d.text),
-                    "seed {seed}: {} unexpected",
-                    d.text
-                );
-                ws.ack_notification(&n).await;
-            }
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(rng.u64(0..grace))).await;
-        cluster.a.kill9();
-        drop(ws);
-        for (text, status) in pushing.await.expect("the pushes") {
-            if status == 201 && !may_come.contains(&text) {
-                owed.insert(text);
-            } else {
-                may_come.insert(text);
-            }
-        }
-
-        // Printed with the seed if a message never comes.
-        eprintln!("round {round}: owed after the kill {owed:?}");
-        let mut on_b = cluster.b.reconnect(&uaid).await;
-        while !owed.is_empty() {
-            let (n, d) = sub.receive(&mut on_b).await;
-            assert!(
-                owed.contains(&d.text) || may_come.contains(&d.text),
-                "seed {seed}, round {round}: {} unexpected",
-                d.text
-            );
-            on_b.ack_notification(&n).await;
-            owed.remove(&d.text);
-            may_come.insert(d.text);
-        }
-        on_b.close().await;
-        cluster.a.restart().await;
-        ws = cluster.a.reconnect(&uaid).await;
-    }
-}
+// The tests of the grace that need no proxy, on every store whose
+// connection nodes hold copies back: tests/tests/held_copies.rs.
 
 /// The client acks a message while its node writes the held copy (the
 /// grace over, the write slow), and the session then looks in storage
@@ -1568,6 +1261,25 @@ async fn every_schedule_of_an_ack_and_a_look_against_the_held_write() {
     }
     assert_eq!(arrived, owed);
     ws.assert_nothing_arrives().await;
+}
+
+/// A cluster whose connection node A holds direct copies back for
+/// `grace_ms`, with the router key its nodes sign with, for a test that
+/// calls node A's router API as an endpoint would.
+async fn cluster_holding_with_key(grace_ms: u64) -> (Cluster, String) {
+    let mut router_key = String::new();
+    let cluster = Cluster::start_with(dynamo::local().await, |a| {
+        a.env
+            .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()));
+        router_key = a
+            .args
+            .iter()
+            .find_map(|arg| arg.strip_prefix("--router-key="))
+            .expect("the cluster's router key")
+            .to_owned();
+    })
+    .await;
+    (cluster, router_key)
 }
 
 /// A node holding a copy writes nothing for an ack within the grace when

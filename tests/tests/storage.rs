@@ -445,6 +445,34 @@ mod suite {
         None
     }
 
+    /// A direct message acked before any copy of it was written leaves its
+    /// receipt where no row is; where a copy was written after all, the
+    /// copy is settled instead. Neither is fetched again.
+    /// (Asked only of a store whose nodes hold copies back.)
+    pub async fn an_unwritten_direct_message_leaves_its_receipt(store: Arc<dyn Storage>) {
+        if !store.node_holds_direct_copies() {
+            return;
+        }
+        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let never_written = message(chid, None, 1, 60, "unwritten");
+        let topic = message(chid, Some("t"), 2, 60, "topic");
+        let written = message(chid, None, 3, 60, "written");
+        store.save_direct(&uaid, written.clone()).await.unwrap();
+        for m in [&never_written, &topic, &written] {
+            store
+                .settle_unwritten(&uaid, m, MessageState::Delivered)
+                .await
+                .unwrap();
+            assert_eq!(
+                receipt_of(&*store, &uaid, m).await,
+                Some(MessageState::Delivered),
+                "{:?}",
+                m.data
+            );
+        }
+        assert!(store.fetch_messages(&uaid, 10).await.unwrap().is_empty());
+    }
+
     /// A Topic message's receipt outlives the Topic's row: delivered stays
     /// delivered after a newer message with the Topic arrives; one replaced
     /// while pending says replaced (expired, if its TTL ran out first),
@@ -1150,6 +1178,7 @@ macro_rules! receipts_for {
                 channels_and_user_removal,
                 direct_messages_read_and_settle_like_stored_ones,
                 direct_messages_leave_receipts,
+                an_unwritten_direct_message_leaves_its_receipt,
                 an_expired_message_is_never_settled,
             );
         )*

@@ -317,7 +317,7 @@ impl Sql {
                     "WITH settled AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 \
                      AND version = $3 AND expiry > $4 RETURNING 1), \
                      kept AS (INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
-                     SELECT $1, $7, $3, $5, $4, $4 + $6 FROM settled \
+                     SELECT $1, $7, $3, $5, $4, $4::bigint + $6::bigint FROM settled \
                      ON CONFLICT (uaid, chid_message_id) DO UPDATE SET version = EXCLUDED.version, \
                      state = EXCLUDED.state, updated = EXCLUDED.updated, expiry = EXCLUDED.expiry) \
                      SELECT count(*) FROM settled"
@@ -335,7 +335,8 @@ impl Sql {
                 "WITH copy AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 \
                  AND version = $3) \
                  INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
-                 VALUES ($1, $7, $3, $5, $4, $4 + $6) ON CONFLICT (uaid, chid_message_id) DO NOTHING"
+                 VALUES ($1, $7, $3, $5, $4, $4::bigint + $6::bigint) \
+                 ON CONFLICT (uaid, chid_message_id) DO NOTHING"
             ),
             // Every table the statements name: a missing one stops start-up.
             health_check: format!(
