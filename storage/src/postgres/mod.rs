@@ -19,19 +19,21 @@
 //! Receipts (`--receipt-retention`) are not kept here yet.
 
 pub mod admin;
+mod pool;
 pub mod settings;
+pub mod tls;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute};
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Object, Pool};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 use uuid::Uuid;
 
 use crate::{Result, Storage, StorageError, StoredMessage, SweepStep};
@@ -231,6 +233,8 @@ impl Sql {
 
 pub struct PostgresStore {
     pool: Pool,
+    /// Where a refused write is noted, so the pool reconnects.
+    demotion: Arc<pool::Demotion>,
     settings: PostgresSettings,
     sql: Sql,
     /// The last user of the idle-user sweep's last page.
@@ -398,26 +402,13 @@ impl MessageRow {
 
 impl PostgresStore {
     /// A store on the database `settings` name. Connections are opened as
-    /// calls need them, up to `pool_size`; none is opened here.
+    /// calls need them, up to `pool_size`; none is opened here. An
+    /// unreadable `sslrootcert` is an error naming it.
     pub fn connect(settings: PostgresSettings) -> Result<Self> {
-        let manager = Manager::from_config(
-            settings.config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A connection the server closed (a restart, a failover) is
-                // dropped, not handed out.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(Some(POOL_WAIT))
-            .build()
-            .map_err(|e| StorageError::Backend(format!("PostgreSQL pool: {e}")))?;
+        let (pool, demotion) = pool::build(&settings, POOL_WAIT).map_err(StorageError::Backend)?;
         Ok(PostgresStore {
             pool,
+            demotion,
             sql: Sql::new(&settings),
             settings,
             user_cursor: Mutex::new(String::new()),
@@ -446,7 +437,7 @@ impl PostgresStore {
         client
             .query(&statement, params)
             .await
-            .map_err(|e| backend("query", e))
+            .map_err(|e| self.failed("query", e))
     }
 
     /// Run `sql` and return how many rows it changed.
@@ -459,7 +450,14 @@ impl PostgresStore {
         client
             .execute(&statement, params)
             .await
-            .map_err(|e| backend("execute", e))
+            .map_err(|e| self.failed("execute", e))
+    }
+
+    /// A failed statement; one refused as a write to a read-only server
+    /// makes the pool connect anew (see [`pool`]).
+    fn failed(&self, op: &str, e: tokio_postgres::Error) -> StorageError {
+        self.demotion.note(&e);
+        backend(op, e)
     }
 
     /// The one value of the one row `sql` returns.
@@ -703,7 +701,7 @@ impl Storage for PostgresStore {
                 client.execute(statement, params)
             }))
             .await
-            .map_err(|e| backend("save", e))?;
+            .map_err(|e| self.failed("save", e))?;
         match rows
             .iter()
             .zip(written)
