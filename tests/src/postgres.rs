@@ -417,12 +417,22 @@ impl Cluster {
 
     /// `sql` run by `psql` on this cluster: its rows, `|` between columns.
     pub fn psql(&self, sql: &str) -> String {
-        self.try_psql(sql).unwrap_or_else(|e| panic!("psql failed: {e}"))
+        self.try_psql(sql)
+            .unwrap_or_else(|e| panic!("psql failed: {e}"))
     }
 
     fn try_psql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new(bin_dir().join("psql"))
-            .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", &self.dsn(), "-c", sql])
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                &self.dsn(),
+                "-c",
+                sql,
+            ])
             .output()
             .map_err(|e| format!("run psql: {e}"))?;
         match out.status.success() {

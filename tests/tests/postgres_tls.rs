@@ -27,12 +27,7 @@ async fn tls_cluster() -> Cluster {
 async fn preflight(dsn: &str, schema: &str) -> (bool, String) {
     let settings = postgres::db_settings(schema);
     let out = run_autopush(&["db", "preflight", "--db", dsn, "--db-settings", &settings]).await;
-    let said = format!(
-        "{}\n{}{}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let said = format!("{}\n{}{}", out.status, text(&out.stdout), text(&out.stderr));
     (out.status.success(), said)
 }
 
@@ -50,7 +45,15 @@ async fn verify_full_with_the_servers_ca_connects_over_tls_end_to_end() {
     );
     let schema = postgres::schema_name();
     let settings = postgres::db_settings(&schema);
-    let out = run_autopush(&["db", "create-tables", "--db", &dsn, "--db-settings", &settings]).await;
+    let out = run_autopush(&[
+        "db",
+        "create-tables",
+        "--db",
+        &dsn,
+        "--db-settings",
+        &settings,
+    ])
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let (ready, said) = preflight(&dsn, &schema).await;
     assert!(ready, "{said}");
@@ -91,17 +94,28 @@ async fn an_untrusted_certificate_or_a_missing_ca_fails_saying_why() {
     let cluster = tls_cluster().await;
     let schema = postgres::fresh_schema_on(&cluster.dsn()).await;
     let with = |host: &str, query: String| {
-        format!("postgres://postgres@{host}:{}/postgres?{query}", cluster.port)
+        format!(
+            "postgres://postgres@{host}:{}/postgres?{query}",
+            cluster.port
+        )
     };
     let root = |name: &str| format!("sslrootcert={}", cert_file(name).display());
 
-    let other_ca = with("127.0.0.1", format!("sslmode=verify-full&{}", root("tls-other-ca.pem")));
+    let other_ca = with(
+        "127.0.0.1",
+        format!("sslmode=verify-full&{}", root("tls-other-ca.pem")),
+    );
     let (ready, said) = preflight(&other_ca, &schema).await;
     eprintln!("verify-full, another CA: {said}");
     assert!(!ready && said.contains("UnknownIssuer"), "{said}");
 
     // The certificate names 127.0.0.1, not localhost.
-    let by_name = |mode: &str| with("localhost", format!("sslmode={mode}&{}", root("tls-ca.pem")));
+    let by_name = |mode: &str| {
+        with(
+            "localhost",
+            format!("sslmode={mode}&{}", root("tls-ca.pem")),
+        )
+    };
     let (ready, said) = preflight(&by_name("verify-full"), &schema).await;
     eprintln!("verify-full, another host name: {said}");
     assert!(
@@ -111,10 +125,16 @@ async fn an_untrusted_certificate_or_a_missing_ca_fails_saying_why() {
     let (ready, said) = preflight(&by_name("verify-ca"), &schema).await;
     assert!(ready, "verify-ca checks the CA, not the name: {said}");
 
-    let missing = with("127.0.0.1", "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem".into());
+    let missing = with(
+        "127.0.0.1",
+        "sslmode=verify-full&sslrootcert=/nonexistent/ca.pem".into(),
+    );
     let (ready, said) = preflight(&missing, &schema).await;
     eprintln!("verify-full, a missing CA file: {said}");
-    assert!(!ready && said.contains("sslrootcert /nonexistent/ca.pem"), "{said}");
+    assert!(
+        !ready && said.contains("sslrootcert /nonexistent/ca.pem"),
+        "{said}"
+    );
 
     let (ready, said) = preflight(&with("127.0.0.1", "sslmode=require".into()), &schema).await;
     assert!(ready, "require without a CA: {said}");

@@ -32,8 +32,8 @@ use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute};
 use deadpool_postgres::{Object, Pool};
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use crate::{Result, Storage, StorageError, StoredMessage, SweepStep};

@@ -53,10 +53,7 @@ impl Demotion {
 
 /// The pool for `settings`, and the [`Demotion`] its users note failures
 /// in. An unreadable `sslrootcert` is an error naming it.
-pub fn build(
-    settings: &PostgresSettings,
-    wait: Duration,
-) -> Result<(Pool, Arc<Demotion>), String> {
+pub fn build(settings: &PostgresSettings, wait: Duration) -> Result<(Pool, Arc<Demotion>), String> {
     let manager_config = ManagerConfig {
         // A connection the server closed (a restart, a failover) is
         // dropped, not handed out.

@@ -124,11 +124,12 @@ impl TlsSettings {
                 roots: Arc::new(roots(path)?),
                 provider: provider.clone(),
             }),
-            (SslMode::VerifyFull, Some(path)) => {
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots(path)?), provider.clone())
-                    .build()
-                    .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?
-            }
+            (SslMode::VerifyFull, Some(path)) => WebPkiServerVerifier::builder_with_provider(
+                Arc::new(roots(path)?),
+                provider.clone(),
+            )
+            .build()
+            .map_err(|e| format!("sslrootcert {}: {e}", path.display()))?,
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
                 return Err(format!("sslmode={} needs sslrootcert", self.mode.name()));
             }
@@ -223,7 +224,12 @@ impl ServerCertVerifier for EncryptOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -232,7 +238,12 @@ impl ServerCertVerifier for EncryptOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -303,9 +314,15 @@ mod tests {
             "postgres://u@a,b/d?target_session_attrs=read-write&connect_timeout=3"
         );
         assert_eq!(tls.mode, SslMode::VerifyFull);
-        assert_eq!(tls.root_cert.as_deref(), Some(Path::new("/etc/ssl/pg ca.pem")));
+        assert_eq!(
+            tls.root_cert.as_deref(),
+            Some(Path::new("/etc/ssl/pg ca.pem"))
+        );
         let (dsn, tls) = TlsSettings::split_dsn("postgres://u@h/d?sslmode=require").unwrap();
-        assert_eq!((dsn.as_str(), tls.mode), ("postgres://u@h/d", SslMode::Require));
+        assert_eq!(
+            (dsn.as_str(), tls.mode),
+            ("postgres://u@h/d", SslMode::Require)
+        );
         let (_, tls) = TlsSettings::split_dsn("postgres://u@h/d").unwrap();
         assert_eq!(tls, TlsSettings::default());
         assert!(tls.connector().unwrap().is_none());
@@ -314,11 +331,17 @@ mod tests {
     #[test]
     fn a_check_without_its_ca_or_a_ca_without_a_check_is_refused() {
         for (dsn, says) in [
-            ("postgres://u:pw@h/d?sslmode=verify-full", "needs sslrootcert"),
+            (
+                "postgres://u:pw@h/d?sslmode=verify-full",
+                "needs sslrootcert",
+            ),
             ("postgres://u:pw@h/d?sslmode=verify-ca", "needs sslrootcert"),
             ("postgres://u:pw@h/d?sslrootcert=/ca.pem", "checks nothing"),
             ("postgres://u:pw@h/d?sslmode=allow", "not one of"),
-            ("postgres://u:pw@h/d?sslmode=verify-full&sslrootcert=%zz", "hex"),
+            (
+                "postgres://u:pw@h/d?sslmode=verify-full&sslrootcert=%zz",
+                "hex",
+            ),
         ] {
             let e = TlsSettings::split_dsn(dsn).unwrap_err();
             assert!(e.contains(says) && !e.contains("pw"), "{dsn}: {e}");
