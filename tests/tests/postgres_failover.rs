@@ -311,14 +311,17 @@ async fn writes_leave_a_host_that_turned_read_only() {
     assert!(refused.len() <= 1, "{refused:?}");
 }
 
-/// What asynchronous replication loses, so the docs can say it: a push
-/// answered 201 while the standby was not streaming (behind, as an
-/// asynchronous standby may be at any moment) is gone once the primary
-/// dies and the standby is promoted; what it had streamed is delivered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_asynchronous_standby_loses_the_201s_it_had_not_received() {
+/// A standby that stopped streaming (behind, as an asynchronous standby
+/// may be at any moment) when the primary is killed and it is promoted:
+/// what a push sent meanwhile was answered, and whether its client got it
+/// after the promotion. A push sent before the standby stopped is delivered.
+async fn standby_behind_at_the_kill(synchronous: bool) -> (u16, bool) {
     let mut primary = Cluster::init();
-    primary.start(&[]).await;
+    let options: &[&str] = match synchronous {
+        true => &["synchronous_standby_names=*", "synchronous_commit=on"],
+        false => &[],
+    };
+    primary.start(options).await;
     let mut standby = Cluster::standby_of(&primary);
     standby.start(&[]).await;
     let streaming = |n: &str| primary.psql("SELECT count(*) FROM pg_stat_replication") == n;
@@ -337,14 +340,13 @@ async fn an_asynchronous_standby_loses_the_201s_it_had_not_received() {
     })
     .await;
     let (uaid, sub) = node.offline_subscription(false).await;
+    let sub = Arc::new(sub);
     let send = |text: &'static str| {
-        let sub = &sub;
-        async move {
-            let res = sub.send(&SendOptions::text(text).ttl(86_400)).await;
-            assert_eq!(res.status, 201, "{}", res.body);
-        }
+        let sub = sub.clone();
+        tokio::spawn(async move { sub.send(&SendOptions::text(text).ttl(86_400)).await.status })
     };
-    send("streamed").await;
+    let streamed = send("streamed").await.expect("a sender");
+    assert_eq!(streamed, 201);
     wait_for("the standby to replay it", || {
         primary.psql("SELECT bool_and(replay_lsn >= pg_current_wal_lsn()) FROM pg_stat_replication")
             == "t"
@@ -353,15 +355,55 @@ async fn an_asynchronous_standby_loses_the_201s_it_had_not_received() {
     standby.psql("ALTER SYSTEM SET primary_conninfo = ''");
     standby.psql("SELECT pg_reload_conf()");
     wait_for("the standby to stop streaming", || streaming("0")).await;
-    send("not streamed").await;
+    let behind = send("behind");
+    match synchronous {
+        // Its commit waits for the standby: no answer yet.
+        true => {
+            wait_for("the commit to wait for the standby", || {
+                primary.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'")
+                    == "1"
+            })
+            .await;
+            assert!(!behind.is_finished(), "answered while its commit waited");
+        }
+        false => wait_for("the answer", || behind.is_finished()).await,
+    }
 
     primary.kill9();
     standby.promote();
+    let status = behind.await.expect("a sender");
     let (mut ws, _) = hello_until_accepted(&node, &uaid).await;
     let (n, d) = sub.receive(&mut ws).await;
     assert_eq!(d.text, "streamed");
     ws.ack_notification(&n).await;
-    // Stored messages come in the first batch after the hello: this one
-    // was answered 201 and is gone.
-    ws.assert_nothing_arrives().await;
+    // Stored messages come in the first batch after the hello.
+    let delivered = match ws.try_recv_for(autopush_tests::QUIET).await {
+        Some(n) => sub.decrypt(&n).await.text == "behind",
+        None => false,
+    };
+    (status, delivered)
+}
+
+/// What asynchronous replication loses, so the docs can say it: a push
+/// answered 201 while the standby was not streaming is gone once the
+/// primary dies and the standby is promoted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_standby_loses_the_201s_it_had_not_received() {
+    let (status, delivered) = standby_behind_at_the_kill(false).await;
+    assert_eq!(status, 201);
+    assert!(!delivered, "delivered: the standby had it after all");
+}
+
+/// The same with a synchronous standby: the push is not answered while its
+/// commit waits for the standby; once the primary is killed it is answered
+/// 503 (the sender's to retry) or, written again on the promoted standby,
+/// 201 and delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_standby_behind_holds_the_201_back() {
+    let (status, delivered) = standby_behind_at_the_kill(true).await;
+    eprintln!("answered {status} after the kill, delivered: {delivered}");
+    assert!(
+        status == 503 || (status == 201 && delivered),
+        "answered {status}, delivered: {delivered}"
+    );
 }
