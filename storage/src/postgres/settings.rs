@@ -134,6 +134,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.config.get_hosts().len(), 2);
+        assert_eq!(s.config.get_ports(), [5433, 5432]);
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
         assert_eq!(s.qualified(&s.router_table), "autopush.r");
         assert_eq!(s.pool_size, 4);
         assert!(!format!("{s:?}").contains("secret"));

@@ -145,7 +145,8 @@ impl TlsSettings {
 }
 
 impl SslMode {
-    fn name(self) -> &'static str {
+    /// As the DSN spells it.
+    pub fn name(self) -> &'static str {
         match self {
             SslMode::Disable => "disable",
             SslMode::Prefer => "prefer",
