@@ -236,6 +236,7 @@ pub fn open_postgres(settings: &PostgresSettings) -> Result<PostgresStore, Strin
         hosts = settings.config.get_hosts().len(),
         schema = settings.schema.as_deref().unwrap_or("(search path)"),
         pool_size = settings.pool_size,
+        sslmode = settings.tls.mode.name(),
         "PostgreSQL"
     );
     PostgresStore::connect(settings.clone()).map_err(|e| format!("--db postgres://...: {e}"))

@@ -68,7 +68,9 @@ pub struct SettingsLayer {
     pub tls_key: Option<PathBuf>,
     /// Storage: a directory for the embedded store, `dynamodb`, Bigtable
     /// as `grpc://HOST:PORT` (or `bigtable` for Google's endpoint), or
-    /// PostgreSQL as `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` [default: ./autopush-data]
+    /// PostgreSQL as `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE` (libpq's
+    /// URL: several hosts as `HOST1,HOST2` with `?target_session_attrs=read-write`,
+    /// `sslmode`, `sslrootcert`) [default: ./autopush-data]
     #[arg(long, env = "AUTOPUSH_DB", global = true)]
     pub db: Option<String>,
     /// Bigtable settings as autopush-rs's JSON `db_settings`: `table_name`

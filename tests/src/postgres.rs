@@ -219,3 +219,255 @@ pub async fn fresh_store() -> PostgresStore {
     store.create_tables().await.expect("create the tables");
     store
 }
+
+/// A cluster of one test's own, for what the shared one cannot do: its own
+/// settings (TLS, synchronous replication), a streaming standby, kill -9
+/// and promotion. It runs as the shared one does (as the `postgres` user;
+/// stopped and removed when the test binary exits) until dropped, when it
+/// is stopped at once (SIGQUIT) and removed.
+pub struct Cluster {
+    pub port: u16,
+    /// Owned by `postgres`: `data/`, `log`, the socket, any files added.
+    dir: PathBuf,
+    running: Option<(Child, ChildStdin)>,
+}
+
+/// A fresh directory the `postgres` user owns.
+fn postgres_dir() -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("autopush-pg-")
+        .tempdir()
+        .expect("temp dir")
+        .keep();
+    chown_to_postgres(&dir);
+    dir
+}
+
+fn chown_to_postgres(path: &std::path::Path) {
+    if is_root() {
+        let chown = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path)
+            .status()
+            .expect("run chown");
+        assert!(chown.success(), "chown {} failed", path.display());
+    }
+}
+
+/// Run `c`, panicking with its stderr if it fails.
+fn run(what: &str, c: &mut Command) {
+    let out = c
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e} (install postgresql-15)"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Cluster {
+    /// A new cluster (`initdb`), not started yet.
+    pub fn init() -> Cluster {
+        let dir = postgres_dir();
+        let data = dir.join("data");
+        let data = data.to_str().expect("utf-8 temp path");
+        run(
+            "initdb",
+            &mut command(
+                "initdb",
+                &["-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8"],
+            ),
+        );
+        let [port] = free_ports::<1>();
+        Cluster {
+            port,
+            dir,
+            running: None,
+        }
+    }
+
+    /// A standby of `primary` (running), copied by `pg_basebackup -R`: once
+    /// started it streams from the primary; not started yet.
+    pub fn standby_of(primary: &Cluster) -> Cluster {
+        let dir = postgres_dir();
+        let data = dir.join("data");
+        let port = primary.port.to_string();
+        run(
+            "pg_basebackup",
+            &mut command(
+                "pg_basebackup",
+                &[
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &port,
+                    "-U",
+                    "postgres",
+                    "-D",
+                    data.to_str().expect("utf-8 temp path"),
+                    "-R",
+                    "-X",
+                    "stream",
+                ],
+            ),
+        );
+        let [port] = free_ports::<1>();
+        Cluster {
+            port,
+            dir,
+            running: None,
+        }
+    }
+
+    /// Put `contents` in the cluster's directory as `name`, readable by
+    /// `postgres` only (as a server key must be); its path.
+    pub fn add_file(&self, name: &str, contents: &[u8]) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.dir.join(name);
+        std::fs::write(&path, contents).expect("write a cluster file");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .expect("chmod a cluster file");
+        chown_to_postgres(&path);
+        path
+    }
+
+    /// Start the server with `options` (`name=value`, each given as `-c`),
+    /// and wait until it answers queries.
+    pub async fn start(&mut self, options: &[&str]) {
+        let script = r#"pg=$0 dir=$1 port=$2; shift 2
+            "$pg" -D "$dir/data" -p "$port" -k "$dir" -c listen_addresses=127.0.0.1 "$@" \
+                >>"$dir/log" 2>&1 & pid=$!
+            cat >/dev/null; kill -QUIT $pid 2>/dev/null; wait $pid; rm -rf "$dir""#;
+        let postgres = bin_dir().join("postgres");
+        let port = self.port.to_string();
+        let mut args = vec![
+            "-c".to_owned(),
+            script.to_owned(),
+            postgres.to_str().expect("utf-8 path").to_owned(),
+            self.dir.to_str().expect("utf-8 temp path").to_owned(),
+            port,
+        ];
+        for option in options {
+            args.extend(["-c".to_owned(), (*option).to_owned()]);
+        }
+        let mut shell = match is_root() {
+            true => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", "postgres", "--", "sh"]);
+                c
+            }
+            false => Command::new("sh"),
+        };
+        let mut child = shell
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sh for postgres");
+        let stdin = child.stdin.take().expect("postgres stdin");
+        self.running = Some((child, stdin));
+        let started = Instant::now();
+        while let Err(e) = self.try_psql("SELECT 1") {
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "postgres on port {} did not answer within 120 s: {e}\n{}",
+                self.port,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn dsn(&self) -> String {
+        format!("postgres://postgres@{}/postgres", self.host())
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("log")).unwrap_or_default()
+    }
+
+    /// SIGKILL to the postmaster, as a crash or the OOM killer does.
+    pub fn kill9(&self) {
+        let pid = std::fs::read_to_string(self.dir.join("data/postmaster.pid"))
+            .expect("postmaster.pid of a running cluster");
+        let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
+        run("kill -9", Command::new("kill").args(["-9", &pid]));
+    }
+
+    /// `pg_ctl promote`: the standby takes writes (waits until it does).
+    pub fn promote(&self) {
+        let data = self.dir.join("data");
+        run(
+            "pg_ctl promote",
+            &mut command(
+                "pg_ctl",
+                &["promote", "-w", "-D", data.to_str().expect("utf-8 path")],
+            ),
+        );
+    }
+
+    /// `sql` run by `psql` on this cluster: its rows, `|` between columns.
+    pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|e| panic!("psql failed: {e}"))
+    }
+
+    fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let out = Command::new(bin_dir().join("psql"))
+            .args([
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                &self.dsn(),
+                "-c",
+                sql,
+            ])
+            .output()
+            .map_err(|e| format!("run psql: {e}"))?;
+        match out.status.success() {
+            true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+            false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Closing its stdin stops the server and removes the directory.
+        match self.running.take() {
+            Some((mut child, stdin)) => {
+                drop(stdin);
+                let _ = child.wait();
+            }
+            None => {
+                let _ = std::fs::remove_dir_all(&self.dir);
+            }
+        }
+    }
+}
+
+/// The tables of `schema` made on the cluster at `dsn`.
+pub async fn create_tables_on(dsn: &str, schema: &str) {
+    let settings =
+        PostgresSettings::parse(dsn, Some(&db_settings(schema))).expect("postgres settings");
+    let store = PostgresStore::connect(settings).expect("postgres settings");
+    store.create_tables().await.expect("create the tables");
+}
+
+/// A fresh schema with its tables made on the cluster at `dsn`.
+pub async fn fresh_schema_on(dsn: &str) -> String {
+    let schema = schema_name();
+    create_tables_on(dsn, &schema).await;
+    schema
+}

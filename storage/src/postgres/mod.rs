@@ -25,10 +25,12 @@
 //! receipts and deletes receipts past their retention.
 
 pub mod admin;
+mod pool;
 pub mod settings;
+pub mod tls;
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -36,9 +38,9 @@ use autopush_common::notification::receipt_key;
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{Notification, RouterType, Urgency, User, WakeRoute};
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Object, Pool};
+use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
 use uuid::Uuid;
 
 use crate::{Receipt, Result, Storage, StorageError, StoredMessage, SweepStep};
@@ -386,6 +388,8 @@ impl Sql {
 
 pub struct PostgresStore {
     pool: Pool,
+    /// Where a refused write is noted, so the pool reconnects.
+    demotion: Arc<pool::Demotion>,
     settings: PostgresSettings,
     sql: Sql,
     /// Seconds a receipt is kept; 0: none is.
@@ -567,26 +571,13 @@ impl MessageRow {
 
 impl PostgresStore {
     /// A store on the database `settings` name. Connections are opened as
-    /// calls need them, up to `pool_size`; none is opened here.
+    /// calls need them, up to `pool_size`; none is opened here. An
+    /// unreadable `sslrootcert` is an error naming it.
     pub fn connect(settings: PostgresSettings) -> Result<Self> {
-        let manager = Manager::from_config(
-            settings.config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A connection the server closed (a restart, a failover) is
-                // dropped, not handed out.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(settings.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(POOL_WAIT))
-            .create_timeout(Some(POOL_WAIT))
-            .build()
-            .map_err(|e| StorageError::Backend(format!("PostgreSQL pool: {e}")))?;
+        let (pool, demotion) = pool::build(&settings, POOL_WAIT).map_err(StorageError::Backend)?;
         Ok(PostgresStore {
             pool,
+            demotion,
             sql: Sql::new(&settings, 0),
             settings,
             retention: 0,
@@ -642,7 +633,7 @@ impl PostgresStore {
         client
             .query(&statement, params)
             .await
-            .map_err(|e| backend("query", e))
+            .map_err(|e| self.failed("query", e))
     }
 
     /// Run `sql` and return how many rows it changed.
@@ -655,7 +646,14 @@ impl PostgresStore {
         client
             .execute(&statement, params)
             .await
-            .map_err(|e| backend("execute", e))
+            .map_err(|e| self.failed("execute", e))
+    }
+
+    /// A failed statement; one refused as a write to a read-only server
+    /// makes the pool connect anew (see [`pool`]).
+    fn failed(&self, op: &str, e: tokio_postgres::Error) -> StorageError {
+        self.demotion.note(&e);
+        backend(op, e)
     }
 
     /// The one value of the one row `sql` returns.
@@ -868,7 +866,7 @@ impl Storage for PostgresStore {
             client.query_one(&add, &add_params),
             client.batch_execute("COMMIT"),
         )
-        .map_err(|e| backend("add channel", e))?;
+        .map_err(|e| self.failed("add channel", e))?;
         added.try_get(0).map_err(|e| backend("read", e))
     }
 
@@ -930,7 +928,7 @@ impl Storage for PostgresStore {
                 client.execute(statement, params)
             }))
             .await
-            .map_err(|e| backend("save", e))?;
+            .map_err(|e| self.failed("save", e))?;
         match rows
             .iter()
             .zip(written)
@@ -1065,7 +1063,7 @@ impl Storage for PostgresStore {
             client.query(&message, &params),
             client.query(&receipt, &params),
         )
-        .map_err(|e| backend("query", e))?;
+        .map_err(|e| self.failed("query", e))?;
         if let Some(row) = messages.first() {
             return message_from_row(row).map(|m| Some(StoredMessage::Pending(m)));
         }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use super::tls::TlsSettings;
+
 /// autopush-rs's `MAX_ROUTER_TTL_SECS`: the `expiry` it gives a router row.
 const MAX_ROUTER_TTL: u64 = 60 * 86_400;
 /// Connections per node unless `pool_size` says otherwise.
@@ -16,6 +18,8 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 pub struct PostgresSettings {
     /// The parsed DSN (its `Debug` hides the password).
     pub config: tokio_postgres::Config,
+    /// The DSN's `sslmode` and `sslrootcert`.
+    pub tls: TlsSettings,
     /// The schema the tables are in; `None`: the connection's search path.
     pub schema: Option<String>,
     pub router_table: String,
@@ -32,8 +36,8 @@ pub struct PostgresSettings {
 
 impl PostgresSettings {
     /// Settings from a `postgres://` or `postgresql://` DSN (libpq's URL
-    /// form: several hosts, `sslmode`, `target_session_attrs`,
-    /// `connect_timeout`) and the `db_settings` JSON. Errors never repeat
+    /// form: several hosts, `sslmode` and `sslrootcert` (see [`super::tls`]),
+    /// `target_session_attrs`, `connect_timeout`) and the `db_settings` JSON. Errors never repeat
     /// the DSN: it may hold a password.
     pub fn parse(dsn: &str, db_settings: Option<&str>) -> Result<Self, String> {
         if !(dsn.starts_with("postgres://") || dsn.starts_with("postgresql://")) {
@@ -41,9 +45,11 @@ impl PostgresSettings {
                 "a PostgreSQL --db is postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE".into(),
             );
         }
+        let (dsn, tls) = TlsSettings::split_dsn(dsn)?;
         let mut config: tokio_postgres::Config = dsn
             .parse()
             .map_err(|e| format!("--db postgres://...: {e}"))?;
+        config.ssl_mode(tls.tokio_postgres_mode());
         if config.get_hosts().is_empty() {
             return Err("--db postgres://...: name a host (USER@HOST/DATABASE)".into());
         }
@@ -52,6 +58,7 @@ impl PostgresSettings {
         }
         let mut settings = PostgresSettings {
             config,
+            tls,
             schema: None,
             router_table: "router".into(),
             message_table: "message".into(),
@@ -131,6 +138,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.config.get_hosts().len(), 2);
+        assert_eq!(s.config.get_ports(), [5433, 5432]);
+        assert_eq!(
+            s.config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
         assert_eq!(s.qualified(&s.router_table), "autopush.r");
         assert_eq!(s.pool_size, 4);
         assert!(!format!("{s:?}").contains("secret"));
