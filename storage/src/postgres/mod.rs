@@ -7,7 +7,9 @@
 //! names (it reads and writes rows by column name): `over_msg_limit`,
 //! `min_urgency`, `wake_route` and `last_wake` on `router`, `urgency` and
 //! `durable` on `message`. `last_connect` is autopush-rs's own `router`
-//! column, which it leaves alone.
+//! column, which it leaves alone. Like autopush-rs's own reads, ours skip
+//! the timestamp messages up to the user's `last_update`: autopush-rs
+//! leaves those its clients acknowledged in the table.
 //!
 //! Every change to a row is one statement conditional on what the caller
 //! saw (`UPDATE ... WHERE`, `DELETE ... WHERE`, `INSERT ... ON CONFLICT DO
@@ -95,6 +97,14 @@ impl Sql {
                  SELECT count(*) FROM gone"
             )
         };
+        // Not one autopush-rs delivered: it leaves a timestamp message a
+        // client acked in the table and moves the user's `last_update` to
+        // its `timestamp` (its reads skip up to there); Topic messages it
+        // deletes on ack.
+        let pending = format!(
+            "(coalesce(topic, '') <> '' OR coalesce(timestamp, 0) > \
+             coalesce((SELECT last_update FROM {r} WHERE uaid = $1), -1))"
+        );
         let save = |condition: &str| {
             format!(
                 "INSERT INTO {m} AS old (uaid, channel_id, chid_message_id, version, ttl, expiry, \
@@ -186,10 +196,11 @@ impl Sql {
             // Sort keys put Topic messages first, the rest in arrival order.
             fetch_messages: format!(
                 "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND expiry > $2 \
-                 ORDER BY chid_message_id LIMIT $3"
+                 AND {pending} ORDER BY chid_message_id LIMIT $3"
             ),
             count_messages: format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 LIMIT $3) AS s"
+                "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 \
+                 AND {pending} LIMIT $3) AS s"
             ),
             remove_message: format!(
                 "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3"
