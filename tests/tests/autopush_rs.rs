@@ -1,6 +1,8 @@
-//! Mozilla's autopush-rs 1.83.1 and this service on one Bigtable table (the
-//! emulator), run by `scripts/interop-autopush-rs DIR` with the operator's
-//! own autopush-rs binaries (`AUTOPUSH_RS_BIN_DIR`); ignored otherwise.
+//! Mozilla's autopush-rs 1.83.1 and this service on one database: a
+//! Bigtable table (the emulator), or a PostgreSQL schema with
+//! `AUTOPUSH_RS_DB=postgres` (see `autopush_tests::autopush_rs`). Run by
+//! `scripts/interop-autopush-rs` with the operator's own autopush-rs
+//! binaries (`AUTOPUSH_RS_BIN_DIR`); ignored otherwise.
 //!
 //! Both ways: autopush-rs, ours, autopush-rs, ours, each taking over the
 //! same table and the same endpoint host (a forwarder, as a load balancer
@@ -8,10 +10,11 @@
 //! endpoint URLs either side issued working on the other, nothing acked
 //! delivered again. Mixed: both sides' connection and endpoint nodes at
 //! once, every push reaching its client live, once.
-//! A user row holding a wake route, a minimum urgency and the time of a
-//! wake-up (cells of ours in its message family) is read by autopush-rs as
-//! any other.
-//! A row an older build of ours left (its cells in the router family):
+//! A user row holding a wake route, a minimum urgency, the time of a
+//! wake-up and of the last connection (cells of ours in its message
+//! family, columns of ours on PostgreSQL) is read by autopush-rs as any
+//! other, and autopush-rs serving the user keeps them.
+//! Bigtable only: a row an older build of ours left (its cells in the router family):
 //! autopush-rs's again after `autopush db move-legacy-cells`.
 
 use autopush_tests::autopush_rs::{AutoConnect, AutoEndpoint, Front, Shared, via};
@@ -177,6 +180,10 @@ async fn both_ways_autopush_rs_ours_autopush_rs_ours() {
     push(&rs2, &front.base, "6", None).await;
     google.wait_for("wake:token", 1).await;
     drop(node);
+    let uaid = uuid::Uuid::parse_str(&client.uaid).expect("a UAID");
+    let ours_left = shared.store().await.get_user(&uaid).await.unwrap();
+    let ours_left = ours_left.expect("the user row");
+    assert!(ours_left.wake_route.is_some() && ours_left.last_wake > 0);
 
     // autopush-rs again: it reads the user and messages we wrote.
     let theirs = Theirs::start(&shared, &front).await;
@@ -192,6 +199,23 @@ async fn both_ways_autopush_rs_ours_autopush_rs_ours() {
     ws.close().await;
     push(&our3, &front.base, "10", None).await;
     drop(theirs);
+    let theirs_left = shared.store().await.get_user(&uaid).await.unwrap();
+    let theirs_left = theirs_left.expect("the user row");
+    assert_eq!(
+        (
+            &theirs_left.wake_route,
+            theirs_left.min_urgency,
+            theirs_left.last_wake,
+            theirs_left.last_connect
+        ),
+        (
+            &ours_left.wake_route,
+            ours_left.min_urgency,
+            ours_left.last_wake,
+            ours_left.last_connect
+        ),
+        "our state in the user row after autopush-rs served it"
+    );
 
     // Ours again: only what autopush-rs did not deliver.
     let node = ours(&shared, &front).await;
@@ -294,7 +318,10 @@ async fn mixed_fleet_without_the_setting_stores_instead() {
 async fn to_old_layout(shared: &Shared, uaid: &str) {
     use autopush_storage::bigtable::{BigtableStore, row};
     use autopush_tests::bigtable::{cell, write_row};
-    let store = BigtableStore::connect(bigtable::local().await.settings(&shared.table))
+    let autopush_tests::autopush_rs::Db::Bigtable(table) = &shared.db else {
+        panic!("a Bigtable layout");
+    };
+    let store = BigtableStore::connect(bigtable::local().await.settings(table))
         .await
         .unwrap();
     let uaid = uuid::Uuid::parse_str(uaid).unwrap();
@@ -343,8 +370,8 @@ async fn old_layout_rows_read_by_autopush_rs_after_move_legacy_cells() {
         "autopush-rs took a push for an old-layout row: the scenario proves nothing"
     );
 
-    let dsn = bigtable::local().await.dsn();
-    let settings = bigtable::db_settings(&shared.table);
+    let dsn = shared.dsn().await;
+    let settings = shared.db_settings();
     let out = run_autopush(&[
         "db",
         "move-legacy-cells",
