@@ -410,3 +410,59 @@ async fn autopush_rs_tables_pass_preflight_and_ours_take_its_statements() {
     postgres::psql(&insert).await;
     postgres::psql(&insert).await;
 }
+
+/// A message autopush-rs stored, under its key (its millisecond sort-key
+/// timestamp unpadded, where ours pads it): ours read it, and an ack or a
+/// settle deletes it by the key read, conditional on its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_autopush_rs_stored_are_acked_under_its_key() {
+    use autopush_common::User;
+    use autopush_common::receipt::MessageState;
+    use autopush_common::time::now_secs;
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    let store = postgres::fresh_autopush_rs_store().await;
+    let settings = store.settings().clone();
+    let uaid = Uuid::new_v4();
+    store
+        .add_user(&User::new_webpush(uaid, "http://n", 1))
+        .await
+        .unwrap();
+    let now = now_secs();
+    for (i, version) in ["acked", "settled"].iter().enumerate() {
+        let chid = Uuid::new_v4();
+        let ms = now * 1000 + i as u64;
+        // As autopush-rs's save_message writes it.
+        postgres::psql(&format!(
+            "INSERT INTO {} (uaid, channel_id, chid_message_id, version, ttl, expiry, topic, \
+             timestamp, data, sortkey_timestamp, headers) VALUES ('{}', '{}', '02:{ms}:{}', \
+             '{version}', 600, {}, NULL, {now}, 'x', {ms}, 'null')",
+            settings.qualified(&settings.message_table),
+            uaid.simple(),
+            chid.simple(),
+            chid.hyphenated(),
+            now + 600,
+        ))
+        .await;
+    }
+    let stored = store.fetch_messages(&uaid, 10).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    for m in &stored {
+        let key = m.sort_key();
+        assert!(
+            store.read_message(&uaid, &key).await.unwrap().is_some(),
+            "not read by its key"
+        );
+        assert!(!store.remove_message(&uaid, &key, "other").await.unwrap());
+        let gone = match m.version.as_str() {
+            "acked" => store.remove_message(&uaid, &key, &m.version).await,
+            _ => {
+                let state = MessageState::Delivered;
+                store.settle_message(&uaid, &key, &m.version, state).await
+            }
+        };
+        assert!(gone.unwrap(), "{} not deleted under its key", m.version);
+    }
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+}

@@ -202,16 +202,18 @@ impl Sql {
                 "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 \
                  AND {pending} LIMIT $3) AS s"
             ),
+            // A key in either spelling (see `key_spellings`).
             remove_message: format!(
-                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3"
+                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) AND version = $3"
             ),
             // Expired is final: such a message is never settled.
             settle_message: format!(
-                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3 \
+                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) AND version = $3 \
                  AND expiry > $4"
             ),
             read_message: format!(
-                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = $2"
+                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) \
+                 LIMIT 1"
             ),
             health_check: format!(
                 "SELECT EXISTS (SELECT 1 FROM {r}), EXISTS (SELECT 1 FROM {m}), \
@@ -267,6 +269,20 @@ fn backend(op: &str, e: tokio_postgres::Error) -> StorageError {
             StorageError::Backend(format!("PostgreSQL {op}: {e}{cause}"))
         }
     }
+}
+
+/// The `chid_message_id`s the message our sort key `sort_key` names may be
+/// stored under: ours, and autopush-rs's when it differs (it writes the
+/// sort-key timestamp of `02:{timestamp}:{channel}` without our padding).
+fn key_spellings(sort_key: &str) -> Vec<String> {
+    let unpadded = sort_key
+        .strip_prefix("02:")
+        .and_then(|rest| rest.split_once(':'))
+        .and_then(|(ts, chid)| Some(format!("02:{}:{chid}", ts.parse::<u64>().ok()?)))
+        .filter(|theirs| theirs != sort_key);
+    std::iter::once(sort_key.to_owned())
+        .chain(unpadded)
+        .collect()
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StorageError {
@@ -747,7 +763,10 @@ impl Storage for PostgresStore {
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let removed = self
-            .execute(&self.sql.remove_message, &[&hex(uaid), &sort_key, &version])
+            .execute(
+                &self.sql.remove_message,
+                &[&hex(uaid), &key_spellings(sort_key), &version],
+            )
             .await?;
         Ok(removed > 0)
     }
@@ -762,7 +781,12 @@ impl Storage for PostgresStore {
         let removed = self
             .execute(
                 &self.sql.settle_message,
-                &[&hex(uaid), &sort_key, &version, &big(now_secs())],
+                &[
+                    &hex(uaid),
+                    &key_spellings(sort_key),
+                    &version,
+                    &big(now_secs()),
+                ],
             )
             .await?;
         Ok(removed > 0)
@@ -770,7 +794,10 @@ impl Storage for PostgresStore {
 
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
         let rows = self
-            .query(&self.sql.read_message, &[&hex(uaid), &sort_key])
+            .query(
+                &self.sql.read_message,
+                &[&hex(uaid), &key_spellings(sort_key)],
+            )
             .await?;
         rows.first()
             .map(|row| message_from_row(row).map(StoredMessage::Pending))
