@@ -1,20 +1,26 @@
-//! Mozilla's autopush-rs beside this service on one Bigtable table, for the
+//! Mozilla's autopush-rs beside this service on one database, for the
 //! interop scenarios (`tests/tests/autopush_rs.rs`, run by
-//! `scripts/interop-autopush-rs`).
+//! `scripts/interop-autopush-rs`): a Bigtable table on the shared emulator
+//! ([`crate::bigtable`]), or with `AUTOPUSH_RS_DB=postgres` a schema on the
+//! private PostgreSQL cluster ([`crate::postgres`]), its tables made by
+//! `autopush db create-tables`, or by autopush-rs's own `schema.psql` when
+//! `AUTOPUSH_RS_SCHEMA` names it.
 //!
 //! autopush-rs is not built here: `AUTOPUSH_RS_BIN_DIR` names a directory
 //! holding `autoconnect` and `autoendpoint` that the operator built from
-//! their own checkout, with the Bigtable backend. Both run on loopback
+//! their own checkout, with the backend under test. Both run on loopback
 //! names (autoconnect binds its two ports on 0.0.0.0: it has no setting for
-//! that), on the shared emulator ([`crate::bigtable`]).
+//! that).
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use autopush_storage::Storage;
+
 use crate::server::{free_ports, run_autopush};
-use crate::{Node, Server, bigtable};
+use crate::{Node, Server, bigtable, postgres};
 
 /// The directory of the operator's autopush-rs binaries.
 pub fn bin_dir() -> PathBuf {
@@ -31,11 +37,19 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
-/// What both services share: the table and the keys.
+/// The database both services share.
+#[derive(Clone)]
+pub enum Db {
+    /// `projects/test/instances/test/tables/...`, created.
+    Bigtable(String),
+    /// A schema on the private cluster, its tables made.
+    Postgres(String),
+}
+
+/// What both services share: the database and the keys.
 #[derive(Clone)]
 pub struct Shared {
-    /// `projects/test/instances/test/tables/...`, created.
-    pub table: String,
+    pub db: Db,
     /// The Fernet key of endpoint URLs.
     pub crypto_key: String,
     /// The key of `/v1` secrets (and, on our side, node-to-node calls).
@@ -43,21 +57,70 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// A fresh, created table on the shared emulator and fresh keys.
+    /// A fresh database of the backend `AUTOPUSH_RS_DB` names
+    /// (`bigtable`, the default, or `postgres`) and fresh keys.
     pub async fn new() -> Shared {
-        let store = bigtable::fresh_store().await;
+        let db = match std::env::var("AUTOPUSH_RS_DB").as_deref() {
+            Ok("postgres") => {
+                let settings = match postgres::autopush_rs_schema_file() {
+                    Some(_) => postgres::fresh_autopush_rs_settings().await,
+                    None => postgres::fresh_settings().await,
+                };
+                Db::Postgres(settings.schema.expect("a schema"))
+            }
+            Ok("bigtable") | Err(_) => {
+                let store = bigtable::fresh_store().await;
+                Db::Bigtable(store.settings().table_name.clone())
+            }
+            Ok(other) => panic!("AUTOPUSH_RS_DB={other}: bigtable or postgres"),
+        };
         let keygen = async || {
             let out = run_autopush(&["keygen"]).await;
             String::from_utf8_lossy(&out.stdout).trim().to_owned()
         };
         Shared {
-            table: store.settings().table_name.clone(),
+            db,
             crypto_key: keygen().await,
             auth_key: keygen().await,
         }
     }
 
-    /// One of our nodes of `role` on the table, its endpoint URLs on
+    /// The `--db` DSN both sides are given.
+    pub async fn dsn(&self) -> String {
+        match &self.db {
+            Db::Bigtable(_) => bigtable::local().await.dsn(),
+            Db::Postgres(_) => postgres::local().await.dsn.clone(),
+        }
+    }
+
+    /// The `db_settings` JSON both sides are given.
+    pub fn db_settings(&self) -> String {
+        match &self.db {
+            Db::Bigtable(table) => bigtable::db_settings(table),
+            Db::Postgres(schema) => serde_json::json!({ "schema": schema }).to_string(),
+        }
+    }
+
+    /// A store of ours on the database, to look at rows.
+    pub async fn store(&self) -> Box<dyn Storage> {
+        match &self.db {
+            Db::Bigtable(table) => Box::new(
+                autopush_storage::bigtable::BigtableStore::connect(
+                    bigtable::local().await.settings(table),
+                )
+                .await
+                .expect("connect to the Bigtable emulator"),
+            ),
+            Db::Postgres(schema) => Box::new(
+                autopush_storage::postgres::PostgresStore::connect(
+                    postgres::local().await.settings(schema),
+                )
+                .expect("postgres settings"),
+            ),
+        }
+    }
+
+    /// One of our nodes of `role` on the database, its endpoint URLs on
     /// `endpoint_url` (`None`: its own endpoint port), with `args`.
     pub async fn ours(
         &self,
@@ -66,7 +129,7 @@ impl Shared {
         args: &[&str],
     ) -> Server {
         let mut all = vec![
-            format!("--db-settings={}", bigtable::db_settings(&self.table)),
+            format!("--db-settings={}", self.db_settings()),
             format!("--crypto-key={}", self.crypto_key),
             format!("--auth-key={}", self.auth_key),
             format!("--router-key={}", self.auth_key),
@@ -74,7 +137,7 @@ impl Shared {
         all.extend(args.iter().map(|a| a.to_string()));
         Server::start_node(Node {
             role,
-            db: Some(bigtable::local().await.dsn()),
+            db: Some(self.dsn().await),
             endpoint_url: endpoint_url.map(str::to_owned),
             args: all,
             ..Node::default()
@@ -142,21 +205,21 @@ impl Drop for Process {
     }
 }
 
-/// The environment both autopush-rs services read the table from.
+/// The environment both autopush-rs services read the database from.
 async fn db_env(prefix: &str, shared: &Shared) -> Vec<(String, String)> {
-    let host = bigtable::local().await.host.clone();
-    vec![
-        (format!("{prefix}DB_DSN"), format!("grpc://{host}")),
-        (
-            format!("{prefix}DB_SETTINGS"),
-            bigtable::db_settings(&shared.table),
-        ),
+    let mut env = vec![
+        (format!("{prefix}DB_DSN"), shared.dsn().await),
+        (format!("{prefix}DB_SETTINGS"), shared.db_settings()),
         (format!("{prefix}HUMAN_LOGS"), "true".into()),
         (format!("{prefix}DISABLE_SENTRY"), "true".into()),
         ("RUST_LOG".into(), "warn".into()),
+    ];
+    if let Db::Bigtable(_) = shared.db {
         // Plain HTTP/2, no credentials.
-        ("BIGTABLE_EMULATOR_HOST".into(), host),
-    ]
+        let host = bigtable::local().await.host.clone();
+        env.push(("BIGTABLE_EMULATOR_HOST".into(), host));
+    }
+    env
 }
 
 /// autopush-rs's connection node.

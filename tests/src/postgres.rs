@@ -471,3 +471,66 @@ pub async fn fresh_schema_on(dsn: &str) -> String {
     create_tables_on(dsn, &schema).await;
     schema
 }
+
+/// autopush-rs's `schema.psql`, when `AUTOPUSH_RS_SCHEMA` names it (the
+/// operator's own checkout: its schema is not kept here).
+pub fn autopush_rs_schema_file() -> Option<PathBuf> {
+    std::env::var_os("AUTOPUSH_RS_SCHEMA").map(PathBuf::from)
+}
+
+/// A fresh schema holding tables as autopush-rs makes them, then given our
+/// columns by `create-tables`, as an operator coming from autopush-rs
+/// does: made by its `schema.psql` when [`autopush_rs_schema_file`] names
+/// it, else ours with the foreign keys that file gives `meta` and
+/// `message` (each row's `uaid` references `router`, once with `ON DELETE
+/// CASCADE` and once without).
+pub async fn fresh_autopush_rs_settings() -> PostgresSettings {
+    let schema = schema_name();
+    let settings = local().await.settings(&schema);
+    let store = PostgresStore::connect(settings.clone()).expect("postgres settings");
+    match autopush_rs_schema_file() {
+        Some(file) => {
+            // Its first statements drop tables that are not there yet:
+            // errors are expected until its CREATEs.
+            let out = Command::new(bin_dir().join("psql"))
+                .args(["-X", "-q", &local().await.dsn])
+                .args(["-c", &format!("CREATE SCHEMA {schema}")])
+                .env("PGOPTIONS", format!("-c search_path={schema}"))
+                .arg("-f")
+                .arg(&file)
+                .output()
+                .expect("run psql");
+            assert!(out.status.success(), "psql -f {}", file.display());
+            let tables = psql(&format!(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}'"
+            ))
+            .await;
+            assert_eq!(tables.trim(), "4", "{} made no tables", file.display());
+        }
+        None => {
+            store.create_tables().await.expect("create the tables");
+            let (r, c, m) = (
+                settings.qualified(&settings.router_table),
+                settings.qualified(&settings.meta_table),
+                settings.qualified(&settings.message_table),
+            );
+            psql(&format!(
+                "ALTER TABLE {c} ADD FOREIGN KEY (uaid) REFERENCES {r} ON DELETE CASCADE, \
+                 ADD FOREIGN KEY (uaid) REFERENCES {r} (uaid); \
+                 ALTER TABLE {m} ADD FOREIGN KEY (uaid) REFERENCES {r} ON DELETE CASCADE, \
+                 ADD FOREIGN KEY (uaid) REFERENCES {r} (uaid)"
+            ))
+            .await;
+        }
+    }
+    store
+        .create_tables()
+        .await
+        .expect("create-tables on autopush-rs's tables");
+    settings
+}
+
+/// A store on [`fresh_autopush_rs_settings`].
+pub async fn fresh_autopush_rs_store() -> PostgresStore {
+    PostgresStore::connect(fresh_autopush_rs_settings().await).expect("postgres settings")
+}

@@ -400,3 +400,159 @@ async fn statements_per_path() {
     assert_eq!(stored.writes, PUSHES + 1, "stored pushes");
     assert_eq!(drain.writes, PUSHES + 1, "hello and acks");
 }
+
+/// autopush-rs leaves the timestamp messages a client acknowledged in
+/// the table and moves the user's `last_update` past them (its
+/// `increment_storage`); its reads then skip them, and ours must too, or a
+/// client moving to us gets them again. Topic messages it deletes on ack:
+/// those left are pending whatever `last_update` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_autopush_rs_delivered_are_not_read_again() {
+    use autopush_common::time::now_secs;
+    use autopush_common::{Notification, User};
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    let store = postgres::fresh_autopush_rs_store().await;
+    let settings = store.settings().clone();
+    let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+    store
+        .add_user(&User::new_webpush(uaid, "http://n", 1))
+        .await
+        .unwrap();
+    let now = now_secs();
+    let message = |text: &str, at: u64, topic: Option<&str>| Notification {
+        channel_id: chid,
+        version: format!("v-{text}"),
+        ttl: 600,
+        timestamp: at,
+        topic: topic.map(str::to_owned),
+        sortkey_timestamp: Some(at * 1000),
+        data: Some(text.into()),
+        headers: None,
+        urgency: None,
+        durable: false,
+    };
+    store
+        .save_messages(
+            &uaid,
+            vec![
+                message("delivered before", now - 20, None),
+                message("delivered at", now - 10, None),
+                message("topic", now - 15, Some("t")),
+                message("pending", now - 5, None),
+            ],
+        )
+        .await
+        .unwrap();
+    // What autopush-rs's increment_storage writes when its client has
+    // acknowledged everything up to `now - 10`.
+    postgres::psql(&format!(
+        "UPDATE {} SET last_update = {} WHERE uaid = '{}'",
+        settings.qualified(&settings.router_table),
+        now - 10,
+        uaid.simple()
+    ))
+    .await;
+    let texts: Vec<_> = store
+        .fetch_messages(&uaid, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.data)
+        .collect();
+    assert_eq!(texts, ["topic", "pending"], "read again or lost");
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 2);
+}
+
+/// On tables as autopush-rs makes them (its foreign keys; its own
+/// `schema.psql` when `AUTOPUSH_RS_SCHEMA` names it), `db create-tables`
+/// runs again without error and keeps its keys, and `db preflight` finds
+/// them ready. On the tables `create-tables` makes alone, autopush-rs's
+/// message insert (`ON CONFLICT (chid_message_id)`) has its unique index.
+#[tokio::test]
+async fn autopush_rs_tables_pass_preflight_and_ours_take_its_statements() {
+    let settings = postgres::fresh_autopush_rs_settings().await;
+    let schema = settings.schema.clone().unwrap_or_default();
+    let out = db_command(&schema, &["db", "create-tables"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = db_command(&schema, &["db", "preflight"]).await;
+    assert!(
+        out.status.success() && text(&out.stdout).starts_with("ready:"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let keys = postgres::psql(&format!(
+        "SELECT count(*) FROM pg_constraint WHERE contype = 'f' \
+         AND connamespace = '{schema}'::regnamespace"
+    ))
+    .await;
+    assert!(keys.trim().parse::<u32>().unwrap_or(0) >= 4, "keys: {keys}");
+
+    let schema = fresh_schema().await;
+    let insert = format!(
+        "INSERT INTO {schema}.message (uaid, channel_id, chid_message_id, version, ttl, expiry, \
+         topic, timestamp, data, sortkey_timestamp, headers, reliability_id) \
+         VALUES ('u', 'c', '02:1:c', 'v', 60, 2, NULL, 1, '', 1, 'null', NULL) \
+         ON CONFLICT (chid_message_id) DO UPDATE SET version = EXCLUDED.version"
+    );
+    postgres::psql(&insert).await;
+    postgres::psql(&insert).await;
+}
+
+/// A message autopush-rs stored, under its key (its millisecond sort-key
+/// timestamp unpadded, where ours pads it): ours read it, and an ack or a
+/// settle deletes it by the key read, conditional on its version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_autopush_rs_stored_are_acked_under_its_key() {
+    use autopush_common::User;
+    use autopush_common::receipt::MessageState;
+    use autopush_common::time::now_secs;
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    let store = postgres::fresh_autopush_rs_store().await;
+    let settings = store.settings().clone();
+    let uaid = Uuid::new_v4();
+    store
+        .add_user(&User::new_webpush(uaid, "http://n", 1))
+        .await
+        .unwrap();
+    let now = now_secs();
+    for (i, version) in ["acked", "settled"].iter().enumerate() {
+        let chid = Uuid::new_v4();
+        let ms = now * 1000 + i as u64;
+        // As autopush-rs's save_message writes it.
+        postgres::psql(&format!(
+            "INSERT INTO {} (uaid, channel_id, chid_message_id, version, ttl, expiry, topic, \
+             timestamp, data, sortkey_timestamp, headers) VALUES ('{}', '{}', '02:{ms}:{}', \
+             '{version}', 600, {}, NULL, {now}, 'x', {ms}, 'null')",
+            settings.qualified(&settings.message_table),
+            uaid.simple(),
+            chid.simple(),
+            chid.hyphenated(),
+            now + 600,
+        ))
+        .await;
+    }
+    let stored = store.fetch_messages(&uaid, 10).await.unwrap();
+    assert_eq!(stored.len(), 2);
+    for m in &stored {
+        let key = m.sort_key();
+        assert!(
+            store.read_message(&uaid, &key).await.unwrap().is_some(),
+            "not read by its key"
+        );
+        assert!(!store.remove_message(&uaid, &key, "other").await.unwrap());
+        let gone = match m.version.as_str() {
+            "acked" => store.remove_message(&uaid, &key, &m.version).await,
+            _ => {
+                let state = MessageState::Delivered;
+                store.settle_message(&uaid, &key, &m.version, state).await
+            }
+        };
+        assert!(gone.unwrap(), "{} not deleted under its key", m.version);
+    }
+    assert_eq!(store.count_messages(&uaid, 10).await.unwrap(), 0);
+}

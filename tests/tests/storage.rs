@@ -59,6 +59,14 @@ async fn postgres() -> Backend {
     }
 }
 
+/// PostgreSQL tables as autopush-rs makes them: its foreign keys on.
+async fn postgres_autopush_rs_schema() -> Backend {
+    Backend {
+        store: Arc::new(pg::fresh_autopush_rs_store().await),
+        _dir: None,
+    }
+}
+
 /// Seconds receipts are kept by the `*_receipts` backends.
 const RETENTION: u64 = 3600;
 
@@ -142,6 +150,15 @@ async fn settle(
         .unwrap()
 }
 
+/// A new user's UAID, its record written: on autopush-rs's PostgreSQL
+/// tables a channel or a message needs its user's row.
+async fn user(store: &dyn Storage) -> Uuid {
+    let uaid = Uuid::new_v4();
+    let user = User::new_webpush(uaid, "http://a", 1);
+    store.add_user(&user).await.unwrap();
+    uaid
+}
+
 fn data(messages: &[Notification]) -> Vec<String> {
     messages.iter().map(|m| m.data.clone().unwrap()).collect()
 }
@@ -151,7 +168,7 @@ mod suite {
 
     /// With receipts off, settling a message deletes it, as an ack always did.
     pub async fn without_receipts_settling_deletes(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let m = message(chid, None, 1, 60, "m");
         store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
         let (key, delivered) = (m.sort_key(), MessageState::Delivered);
@@ -236,7 +253,7 @@ mod suite {
     /// delete) takes a message past its TTL, plain, Topic or direct. With
     /// receipts on its row stays pending, so its receipt says `expired`.
     pub async fn an_expired_message_is_never_settled(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let lapsed = |topic, ts, data| {
             let mut m = message(chid, topic, ts, 60, data);
             m.timestamp -= 120;
@@ -313,7 +330,7 @@ mod suite {
     /// key order among stored ones, and settles like a stored one, only
     /// for its version and only once.
     pub async fn direct_messages_read_and_settle_like_stored_ones(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let (first, direct, last) = (
             message(chid, None, 1, 60, "first"),
             message(chid, None, 2, 60, "direct"),
@@ -537,7 +554,7 @@ mod suite {
     }
 
     pub async fn topics_first_then_arrival_order_and_topics_replace(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         store
             .save_messages(
                 &uaid,
@@ -586,7 +603,7 @@ mod suite {
     /// The same message twice in one call (e.g. written back at disconnect
     /// while its durable copy is in the same batch) is stored once.
     pub async fn one_key_twice_in_a_batch_is_stored_once(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let first = message(chid, None, 1, 60, "first");
         let mut again = first.clone();
         again.data = Some("again".into());
@@ -603,7 +620,7 @@ mod suite {
     /// hears 503 and sends again), the others in its call are stored, and
     /// writing the same message again is fine.
     pub async fn a_plain_message_never_replaces_another_under_its_key(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let first = message(chid, None, 42, 60, "first");
         let second = message(chid, None, 42, 60, "second");
         assert_eq!(first.sort_key(), second.sort_key());
@@ -631,7 +648,7 @@ mod suite {
 
     /// Everything a message carries comes back as it was stored.
     pub async fn messages_round_trip(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let mut m = message(chid, Some("topic"), 7, 600, "body");
         m.headers = Some(
             [("encoding".to_owned(), "aes128gcm".to_owned())]
@@ -656,7 +673,7 @@ mod suite {
     /// the sender replaces it with T2 under the same Topic, then the client
     /// acks T1. T2 must survive, and acking T2 removes it.
     pub async fn acking_a_replaced_topic_message_keeps_the_newer_one(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let t1 = message(chid, Some("score"), 1, 60, "t1");
         let t2 = message(chid, Some("score"), 2, 60, "t2");
         store.save_messages(&uaid, vec![t1.clone()]).await.unwrap();
@@ -683,7 +700,7 @@ mod suite {
     /// An older Topic message written back late (an unacknowledged direct
     /// one stored at disconnect) never replaces a newer one already stored.
     pub async fn an_older_topic_message_never_replaces_a_newer_one(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let older = message(chid, Some("score"), 1, 60, "older");
         let newer = message(chid, Some("score"), 2, 60, "newer");
         store
@@ -696,7 +713,7 @@ mod suite {
 
     /// Counting stops at what the caller asks for; expired messages never count.
     pub async fn counting_is_bounded_and_skips_expired_messages(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let mut batch: Vec<_> = (0..10)
             .map(|i| message(chid, None, 100 + i, 60, "live"))
             .collect();
@@ -711,7 +728,7 @@ mod suite {
     /// reads `dynamo::PAGE_SIZE` a page): fetching, counting and removing
     /// the user see all of them, behind more expired ones than a page.
     pub async fn large_backlogs_are_read_across_pages(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let page = dynamo::PAGE_SIZE as u64;
         store.add_channel(&uaid, &chid, 10).await.unwrap();
         let mut batch: Vec<_> = (0..page * 2 + 3)
@@ -745,7 +762,7 @@ mod suite {
     /// message a sender stores under the same Topic meanwhile: it was
     /// answered 201.
     pub async fn a_fetch_never_deletes_a_topic_message_stored_meanwhile(store: Arc<dyn Storage>) {
-        let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+        let (uaid, chid) = (user(&*store).await, Uuid::new_v4());
         let rounds = 300;
         let mut lost = 0;
         for round in 0..rounds {
@@ -776,7 +793,7 @@ mod suite {
 
     /// A user's channels are capped; re-adding one it has always succeeds.
     pub async fn channels_per_user_are_capped(store: Arc<dyn Storage>) {
-        let uaid = Uuid::new_v4();
+        let uaid = user(&*store).await;
         let held: Vec<_> = (0..3).map(|_| Uuid::new_v4()).collect();
         for chid in &held {
             assert!(store.add_channel(&uaid, chid, 3).await.unwrap());
@@ -787,7 +804,7 @@ mod suite {
         // Another user is not affected.
         assert!(
             store
-                .add_channel(&Uuid::new_v4(), &Uuid::new_v4(), 3)
+                .add_channel(&user(&*store).await, &Uuid::new_v4(), 3)
                 .await
                 .unwrap()
         );
@@ -1161,7 +1178,14 @@ macro_rules! suite_for {
     };
 }
 
-suite_for!(embedded, dynamodb, dynalite, bigtable, postgres);
+suite_for!(
+    embedded,
+    dynamodb,
+    dynalite,
+    bigtable,
+    postgres,
+    postgres_autopush_rs_schema
+);
 
 macro_rules! receipts_for {
     ($($backend:ident),*) => {

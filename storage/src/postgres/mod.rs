@@ -7,7 +7,9 @@
 //! names (it reads and writes rows by column name): `over_msg_limit`,
 //! `min_urgency`, `wake_route` and `last_wake` on `router`, `urgency` and
 //! `durable` on `message`. `last_connect` is autopush-rs's own `router`
-//! column, which it leaves alone.
+//! column, which it leaves alone. Like autopush-rs's own reads, ours skip
+//! the timestamp messages up to the user's `last_update`: autopush-rs
+//! leaves those its clients acknowledged in the table.
 //!
 //! Every change to a row is one statement conditional on what the caller
 //! saw (`UPDATE ... WHERE`, `DELETE ... WHERE`, `INSERT ... ON CONFLICT DO
@@ -169,6 +171,14 @@ impl Sql {
                  SELECT count(*) FROM gone"
             )
         };
+        // Not one autopush-rs delivered: it leaves a timestamp message a
+        // client acked in the table and moves the user's `last_update` to
+        // its `timestamp` (its reads skip up to there); Topic messages it
+        // deletes on ack.
+        let pending = format!(
+            "(coalesce(topic, '') <> '' OR coalesce(timestamp, 0) > \
+             coalesce((SELECT last_update FROM {r} WHERE uaid = $1), -1))"
+        );
         let save = |condition: &str| {
             format!(
                 "INSERT INTO {m} AS old (uaid, channel_id, chid_message_id, version, ttl, expiry, \
@@ -299,24 +309,27 @@ impl Sql {
             // Sort keys put Topic messages first, the rest in arrival order.
             fetch_messages: format!(
                 "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND expiry > $2 \
-                 ORDER BY chid_message_id LIMIT $3"
+                 AND {pending} ORDER BY chid_message_id LIMIT $3"
             ),
             count_messages: format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 LIMIT $3) AS s"
+                "SELECT count(*) FROM (SELECT 1 FROM {m} WHERE uaid = $1 AND expiry > $2 \
+                 AND {pending} LIMIT $3) AS s"
             ),
+            // A key in either spelling (see `key_spellings`).
             remove_message: format!(
-                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3"
+                "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) AND version = $3"
             ),
-            // Expired is final: such a message is never settled. With
-            // receipts on, the row goes and its receipt ($5, under key $7,
-            // kept $6) comes in one statement.
+            // Expired is final: such a message is never settled. A key in
+            // either spelling (see `key_spellings`). With receipts on, the
+            // row goes and its receipt ($5, under key $7, kept $6) comes in
+            // one statement.
             settle_message: match receipts {
                 false => format!(
-                    "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 AND version = $3 \
+                    "DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) AND version = $3 \
                      AND expiry > $4"
                 ),
                 true => format!(
-                    "WITH settled AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = $2 \
+                    "WITH settled AS (DELETE FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) \
                      AND version = $3 AND expiry > $4 RETURNING 1), \
                      kept AS (INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
                      SELECT $1, $7, $3, $5, $4, $4::bigint + $6::bigint FROM settled \
@@ -326,7 +339,8 @@ impl Sql {
                 ),
             },
             read_message: format!(
-                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = $2"
+                "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) \
+                 LIMIT 1"
             ),
             read_receipt: format!(
                 "SELECT state, version, updated, expiry FROM {rc} \
@@ -417,6 +431,20 @@ fn backend(op: &str, e: tokio_postgres::Error) -> StorageError {
             StorageError::Backend(format!("PostgreSQL {op}: {e}{cause}"))
         }
     }
+}
+
+/// The `chid_message_id`s the message our sort key `sort_key` names may be
+/// stored under: ours, and autopush-rs's when it differs (it writes the
+/// sort-key timestamp of `02:{timestamp}:{channel}` without our padding).
+fn key_spellings(sort_key: &str) -> Vec<String> {
+    let unpadded = sort_key
+        .strip_prefix("02:")
+        .and_then(|rest| rest.split_once(':'))
+        .and_then(|(ts, chid)| Some(format!("02:{}:{chid}", ts.parse::<u64>().ok()?)))
+        .filter(|theirs| theirs != sort_key);
+    std::iter::once(sort_key.to_owned())
+        .chain(unpadded)
+        .collect()
 }
 
 fn corrupt(what: &str, e: impl std::fmt::Display) -> StorageError {
@@ -961,7 +989,10 @@ impl Storage for PostgresStore {
 
     async fn remove_message(&self, uaid: &Uuid, sort_key: &str, version: &str) -> Result<bool> {
         let removed = self
-            .execute(&self.sql.remove_message, &[&hex(uaid), &sort_key, &version])
+            .execute(
+                &self.sql.remove_message,
+                &[&hex(uaid), &key_spellings(sort_key), &version],
+            )
             .await?;
         Ok(removed > 0)
     }
@@ -973,14 +1004,11 @@ impl Storage for PostgresStore {
         version: &str,
         state: MessageState,
     ) -> Result<bool> {
-        let (uaid, now) = (hex(uaid), big(now_secs()));
+        let (uaid, now, keys) = (hex(uaid), big(now_secs()), key_spellings(sort_key));
         let removed = match self.retention {
             0 => {
-                self.execute(
-                    &self.sql.settle_message,
-                    &[&uaid, &sort_key, &version, &now],
-                )
-                .await?
+                self.execute(&self.sql.settle_message, &[&uaid, &keys, &version, &now])
+                    .await?
             }
             retention => {
                 let receipt_key = receipt_row_key(sort_key, version);
@@ -989,7 +1017,7 @@ impl Storage for PostgresStore {
                         &self.sql.settle_message,
                         &[
                             &uaid,
-                            &sort_key,
+                            &keys,
                             &version,
                             &now,
                             &state.as_str(),
@@ -1042,11 +1070,9 @@ impl Storage for PostgresStore {
     /// The message row under `sort_key`, else (receipts on) the receipt
     /// there: both asked at once, in one round trip.
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
-        let uaid = hex(uaid);
+        let (uaid, keys) = (hex(uaid), key_spellings(sort_key));
         if self.retention == 0 {
-            let rows = self
-                .query(&self.sql.read_message, &[&uaid, &sort_key])
-                .await?;
+            let rows = self.query(&self.sql.read_message, &[&uaid, &keys]).await?;
             return rows
                 .first()
                 .map(|row| message_from_row(row).map(StoredMessage::Pending))
@@ -1058,10 +1084,11 @@ impl Storage for PostgresStore {
             client.prepare_cached(&self.sql.read_receipt),
         )
         .map_err(|e| backend("prepare", e))?;
-        let params: [&(dyn ToSql + Sync); 2] = [&uaid, &sort_key];
+        let message_params: [&(dyn ToSql + Sync); 2] = [&uaid, &keys];
+        let receipt_params: [&(dyn ToSql + Sync); 2] = [&uaid, &sort_key];
         let (messages, receipts) = tokio::try_join!(
-            client.query(&message, &params),
-            client.query(&receipt, &params),
+            client.query(&message, &message_params),
+            client.query(&receipt, &receipt_params),
         )
         .map_err(|e| self.failed("query", e))?;
         if let Some(row) = messages.first() {
