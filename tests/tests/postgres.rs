@@ -282,6 +282,22 @@ impl Spent {
     }
 }
 
+/// Whether statement `q` inserts, updates or deletes rows (a column such
+/// as `last_update` is not an UPDATE).
+fn is_write(q: &str) -> bool {
+    let q = q.to_uppercase();
+    let words: Vec<&str> = q
+        .split_whitespace()
+        .map(|w| w.trim_start_matches('('))
+        .collect();
+    words.windows(3).any(|w| {
+        matches!(
+            w,
+            ["INSERT", "INTO", _] | ["DELETE", "FROM", _] | ["UPDATE", _, "SET"]
+        )
+    })
+}
+
 /// Counts statements path by path: each [`Counter::spent`] is what ran
 /// since the last, once at least the writes the path is known to make
 /// are counted and the server's counts stop moving (a path's last
@@ -324,12 +340,7 @@ impl Counter {
             .collect();
         let writes = by_statement
             .iter()
-            .filter(|(q, _)| {
-                let q = q.to_uppercase();
-                ["INSERT ", "UPDATE ", "DELETE "]
-                    .iter()
-                    .any(|w| q.contains(w))
-            })
+            .filter(|(q, _)| is_write(q))
             .map(|(_, n)| n)
             .sum();
         let total: u64 = by_statement.values().sum();
