@@ -12,7 +12,8 @@
 //!   expired (the sweep and fetches may remove expired ones);
 //! * a removed user is never resurrected;
 //! * the record names the last connection that took it over, and holds the
-//!   router data of a token update that succeeded;
+//!   router data of a token update that succeeded; no two take-overs that
+//!   succeeded read the same record (each replaced what it read);
 //! * with receipts on (acks and sender deletes settle messages instead of
 //!   deleting them), a message's receipt names the state its settling call
 //!   reported, and `gone` only for a message no call settled: a removal's
@@ -76,8 +77,9 @@ struct Observed {
     settled: HashMap<String, MessageState>,
     /// Users some removal reported removing.
     removed: HashSet<Uuid>,
-    /// Per user, the `connected_at` of every take-over that was written.
-    taken_over: HashMap<Uuid, Vec<u64>>,
+    /// Per user, every take-over that was written: the `connected_at` it
+    /// read, and the one it wrote.
+    taken_over: HashMap<Uuid, Vec<(u64, u64)>>,
     /// Per user, the tokens of every `/v1` token update answered 200.
     tokens: HashMap<Uuid, Vec<String>>,
     /// Problems seen while running (a fetch returning an expired message).
@@ -238,8 +240,8 @@ impl World {
             }
             // A connection takes the user over, as hello does.
             7 | 8 => {
-                if let Some(at) = self.hello(&uaid).await? {
-                    self.note(|o| o.taken_over.entry(uaid).or_default().push(at));
+                if let Some(taken) = self.hello(&uaid).await? {
+                    self.note(|o| o.taken_over.entry(uaid).or_default().push(taken));
                 }
             }
             // The app lists its channels (marks the registration alive).
@@ -383,15 +385,16 @@ impl World {
     }
 
     /// The storage half of a connection's hello for a known user: returns
-    /// the `connected_at` it recorded, or `None` if it did not take over.
-    async fn hello(&self, uaid: &Uuid) -> Result<Option<u64>, StorageError> {
+    /// the `connected_at` it read and the one it recorded, or `None` if it
+    /// did not take over.
+    async fn hello(&self, uaid: &Uuid) -> Result<Option<(u64, u64)>, StorageError> {
         let Some(seen) = self.store.get_user(uaid).await? else {
             return Ok(None);
         };
         let at = self.tick().max(seen.connected_at + 1);
         let user = User::new_webpush(*uaid, &format!("http://node{at}"), at);
         let taken = self.store.take_over_user(&user, seen.connected_at).await?;
-        Ok(taken.then_some(at))
+        Ok(taken.then_some((seen.connected_at, at)))
     }
 
     /// What the model says of the final state; empty when all holds.
@@ -413,7 +416,18 @@ impl World {
                 problems.push(("a user vanished without a removal", uaid.to_string()));
                 continue;
             };
-            if let Some(last) = o.taken_over.get(uaid).and_then(|ats| ats.iter().max())
+            let taken_over = o.taken_over.get(uaid).cloned().unwrap_or_default();
+            // Each take-over replaced what it read: no two read the same.
+            let mut read = HashSet::new();
+            for (seen, at) in &taken_over {
+                if !read.insert(*seen) {
+                    problems.push((
+                        "two connections took over the same record",
+                        format!("{uaid}: both read {seen}, one wrote {at}"),
+                    ));
+                }
+            }
+            if let Some(last) = taken_over.iter().map(|(_, at)| at).max()
                 && record.connected_at != *last
             {
                 problems.push((
