@@ -122,14 +122,7 @@ impl LocalPostgres {
             cat >/dev/null; kill $pid; wait $pid; rm -rf "$1""#;
         let postgres = bin_dir().join("postgres");
         let postgres = postgres.to_str().expect("utf-8 path");
-        let mut shell = match is_root() {
-            true => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--", "sh"]);
-                c
-            }
-            false => Command::new("sh"),
-        };
+        let mut shell = postgres_shell();
         let mut child = shell
             .args(["-c", script, postgres, socket_dir, &port])
             .stdin(Stdio::piped())
@@ -230,6 +223,19 @@ pub struct Cluster {
     /// Owned by `postgres`: `data/`, `log`, the socket, any files added.
     dir: PathBuf,
     running: Option<(Child, ChildStdin)>,
+}
+
+/// `sh`, as the `postgres` user when this runs as root (PostgreSQL will
+/// not run as root).
+fn postgres_shell() -> Command {
+    match is_root() {
+        true => {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", "sh"]);
+            c
+        }
+        false => Command::new("sh"),
+    }
 }
 
 /// A fresh directory the `postgres` user owns.
@@ -351,14 +357,7 @@ impl Cluster {
         for option in options {
             args.extend(["-c".to_owned(), (*option).to_owned()]);
         }
-        let mut shell = match is_root() {
-            true => {
-                let mut c = Command::new("runuser");
-                c.args(["-u", "postgres", "--", "sh"]);
-                c
-            }
-            false => Command::new("sh"),
-        };
+        let mut shell = postgres_shell();
         let mut child = shell
             .args(&args)
             .stdin(Stdio::piped())
