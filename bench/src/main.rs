@@ -38,7 +38,9 @@ struct Cli {
     timeout: f64,
     /// The store of the server started here (idle, direct, drain,
     /// requests): moto and the Bigtable emulator are started too, each
-    /// behind a proxy that counts their requests
+    /// behind a proxy that counts their requests; PostgreSQL too (or the
+    /// cluster AUTOPUSH_TEST_PG_DSN names), its statements counted and its
+    /// CPU measured with the server's
     #[arg(long, value_enum, default_value_t = Store::Embedded, global = true, conflicts_with = "target_ws")]
     store: Store,
     #[command(subcommand)]
@@ -125,7 +127,7 @@ enum Scenario {
         latency: ClientLatency,
     },
     /// Requests to the shared store per push, counted at the wire (with
-    /// --store moto or bigtable), by operation: pushes to clients that ack
+    /// --store moto or bigtable; statements with --store postgres), by operation: pushes to clients that ack
     /// them, to clients that never ack, and to offline clients (stored),
     /// then the drain of those, at each client round trip
     Requests {

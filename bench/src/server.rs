@@ -1,7 +1,8 @@
 //! The service under test, and what `/proc` says about it: either the
 //! release `autopush` binary, all-in-one, on loopback, with a fresh embedded
 //! store (and its built-in TLS if asked; or DynamoDB on moto, or the
-//! Bigtable emulator, each behind a proxy that counts its requests), or any
+//! Bigtable emulator, each behind a proxy that counts its requests, or
+//! PostgreSQL, its statements counted by `pg_stat_statements`), or any
 //! running server speaking the push websocket protocol and the Web Push HTTP
 //! API (target mode), named by its URLs and process ids.
 
@@ -15,7 +16,7 @@ use autopush_tests::dynamo::ThrottlingProxy;
 use tempfile::TempDir;
 
 use crate::tls::KeyKind;
-use crate::wire::{Counter, Counts, GrpcCounter};
+use crate::wire::{Counter, Counts, GrpcCounter, StatementCounter};
 
 /// The store the server started here runs on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -27,12 +28,15 @@ pub enum Store {
     Moto,
     /// Google's Bigtable emulator (`cbtemulator`), a fresh table.
     Bigtable,
+    /// PostgreSQL 15, a fresh schema: a private cluster, or the one
+    /// `AUTOPUSH_TEST_PG_DSN` names. Its CPU is measured with the server's.
+    Postgres,
 }
 
 pub struct Server {
     /// The process started here, with its data directory (none in target mode).
     owned: Option<(Child, TempDir)>,
-    /// Counts the requests to a shared store (moto, Bigtable).
+    /// Counts the requests to a shared store (moto, Bigtable, PostgreSQL).
     counter: Option<Counter>,
     /// The processes whose memory and CPU are measured.
     pids: Vec<u32>,
@@ -128,6 +132,7 @@ impl Server {
             .map(str::to_owned)
             .collect();
         let mut env = Vec::new();
+        let mut pids = Vec::new();
         let (db, counter) = match store {
             Store::Embedded => (data.path().display().to_string(), None),
             Store::Moto => {
@@ -152,6 +157,32 @@ impl Server {
                     Some(Counter::Bigtable(counter)),
                 )
             }
+            Store::Postgres => {
+                let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                let node = node(Db::Postgres, &arg_refs).await;
+                let dsn = node.db.unwrap_or_default();
+                // The node's settings name its schema; its pool is the
+                // default one, not the tests' small one.
+                let schema = node
+                    .args
+                    .iter()
+                    .find_map(|arg| arg.strip_prefix("--db-settings="))
+                    .and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+                    .and_then(|json| json["schema"].as_str().map(str::to_owned))
+                    .expect("the node's schema");
+                args = node
+                    .args
+                    .into_iter()
+                    .filter(|arg| !arg.starts_with("--db-settings="))
+                    .collect();
+                args.push(format!(
+                    "--db-settings={}",
+                    serde_json::json!({ "schema": schema })
+                ));
+                let counter = StatementCounter::start(&dsn, &schema);
+                pids.push(counter.postmaster_pid());
+                (dsn, Some(Counter::Postgres(counter)))
+            }
         };
         let child = Command::new(server_binary())
             .arg("all")
@@ -169,8 +200,9 @@ impl Server {
             .stderr(log_file)
             .spawn()
             .expect("autopush starts (build it with `cargo build --release`)");
+        pids.insert(0, child.id());
         let server = Server {
-            pids: vec![child.id()],
+            pids,
             owned: Some((child, data)),
             counter,
             ws_url: format!("{ws_scheme}://127.0.0.1:{ws}/"),
@@ -214,10 +246,15 @@ impl Server {
         self.owned.as_ref().map(|(_, data)| disk_usage(data.path()))
     }
 
-    /// CPU time used so far by every server process (user + system), in
-    /// clock ticks (1/100 s).
+    /// CPU time used so far by every server process and its descendants
+    /// (user + system), in clock ticks (1/100 s): a database's connection
+    /// processes count with the server that forked them.
     pub fn cpu_ticks(&self) -> u64 {
-        self.pids.iter().map(|&pid| cpu_ticks(pid)).sum()
+        let parents = parents();
+        self.pids
+            .iter()
+            .map(|&pid| tree_cpu_ticks(pid, &parents))
+            .sum()
     }
 }
 
@@ -260,12 +297,46 @@ pub fn rss_kib(pid: u32) -> u64 {
 
 /// CPU time used so far by process `pid` (user + system), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are 14 and 15.
+    // utime and stime.
+    stat_field(pid, 14).unwrap_or(0) + stat_field(pid, 15).unwrap_or(0)
+}
+
+/// Each live process's parent, from `/proc/<pid>/stat`.
+fn parents() -> Vec<(u32, u32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, stat_field(pid, 4)?)))
+        .map(|(pid, parent)| (pid, parent as u32))
+        .collect()
+}
+
+/// CPU time of `pid`, of its children it has waited for, and of its live
+/// descendants, in clock ticks.
+fn tree_cpu_ticks(pid: u32, parents: &[(u32, u32)]) -> u64 {
+    let waited_for = stat_field(pid, 16).unwrap_or(0) + stat_field(pid, 17).unwrap_or(0);
+    let live: u64 = parents
+        .iter()
+        .filter(|&&(_, parent)| parent == pid)
+        .map(|&(child, _)| tree_cpu_ticks(child, parents))
+        .sum();
+    cpu_ticks(pid) + waited_for + live
+}
+
+/// Field `n` of `/proc/<pid>/stat` (1-based, as `man proc` numbers them;
+/// from the state, field 3, on), if a number.
+fn stat_field(pid: u32, n: usize) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the parenthesised command name, which may hold spaces.
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let field = |i: usize| fields.get(i - 3).and_then(|f| f.parse::<u64>().ok());
-    field(14).unwrap_or(0) + field(15).unwrap_or(0)
+    after_name
+        .split_whitespace()
+        .nth(n.checked_sub(3)?)?
+        .parse()
+        .ok()
 }
 
 /// The `autopush` binary built beside this one (same profile, same target dir).

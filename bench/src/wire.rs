@@ -2,6 +2,7 @@
 //! moto (DynamoDB's HTTP/1.1 JSON API, counted by `X-Amz-Target`) or of the
 //! Bigtable emulator (gRPC over h2c, counted by method path). What a
 //! DynamoDB or Bigtable bill is made of, whatever the server believes it sent.
+//! On PostgreSQL, the statements its server ran (`pg_stat_statements`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -20,6 +21,7 @@ pub enum Counter {
     /// DynamoDB: `http://127.0.0.1:PORT` is the proxy.
     Dynamo(ThrottlingProxy),
     Bigtable(GrpcCounter),
+    Postgres(StatementCounter),
 }
 
 impl Counter {
@@ -28,6 +30,7 @@ impl Counter {
         match self {
             Counter::Dynamo(proxy) => proxy.take_operations(),
             Counter::Bigtable(counter) => std::mem::take(&mut *lock(&counter.counts)),
+            Counter::Postgres(counter) => counter.take(),
         }
     }
 }
@@ -94,6 +97,101 @@ async fn forward(client: TcpStream, upstream: String, counts: Arc<Mutex<Counts>>
     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(client), service)
         .await;
+}
+
+/// The statements PostgreSQL ran on one schema, by `pg_stat_statements`
+/// (which the cluster preloads), counted by verb and table (`SELECT router`,
+/// `DELETE message`: a statement that writes by what it writes).
+pub struct StatementCounter {
+    dsn: String,
+    schema: String,
+    /// Calls of each statement at the last count.
+    seen: Mutex<BTreeMap<String, u64>>,
+}
+
+impl StatementCounter {
+    /// Counting from now the statements on `schema` of the cluster at `dsn`.
+    pub fn start(dsn: &str, schema: &str) -> StatementCounter {
+        psql(dsn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        let counter = StatementCounter {
+            dsn: dsn.to_owned(),
+            schema: schema.to_owned(),
+            seen: Mutex::new(BTreeMap::new()),
+        };
+        counter.take();
+        counter
+    }
+
+    /// The cluster's postmaster, whose children serve its connections.
+    pub fn postmaster_pid(&self) -> u32 {
+        let pid = psql(
+            &self.dsn,
+            "SELECT split_part(pg_read_file('postmaster.pid'), E'\\n', 1)",
+        );
+        pid.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("postmaster.pid holds no pid: {pid:?}"))
+    }
+
+    fn take(&self) -> Counts {
+        let rows = psql(
+            &self.dsn,
+            &format!(
+                "SELECT sum(calls), regexp_replace(query, '\\s+', ' ', 'g') AS q \
+                 FROM pg_stat_statements WHERE query LIKE '%{}.%' GROUP BY q",
+                self.schema
+            ),
+        );
+        let now: BTreeMap<String, u64> = rows
+            .lines()
+            .filter_map(|line| line.split_once('|'))
+            .map(|(calls, query)| (query.to_owned(), calls.parse().unwrap_or(0)))
+            .collect();
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = Counts::new();
+        for (query, calls) in &now {
+            let new = calls.saturating_sub(seen.get(query).copied().unwrap_or(0));
+            if new > 0 {
+                *counts.entry(self.operation(query)).or_default() += new as usize;
+            }
+        }
+        *seen = now;
+        counts
+    }
+
+    /// `VERB table` of `query`: its first write, else `SELECT`, and the
+    /// table of this schema that follows it.
+    fn operation(&self, query: &str) -> String {
+        let upper = query.to_ascii_uppercase();
+        let (verb, at) = ["INSERT ", "UPDATE ", "DELETE "]
+            .iter()
+            .filter_map(|verb| Some((verb.trim(), upper.find(verb)?)))
+            .min_by_key(|&(_, at)| at)
+            .unwrap_or(("SELECT", 0));
+        let prefix = format!("{}.", self.schema);
+        let table = query[at..]
+            .split_once(&prefix)
+            .map(|(_, rest)| rest)
+            .unwrap_or_default()
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or_default();
+        format!("{verb} {table}")
+    }
+}
+
+/// `sql` run by `psql` at `dsn`: its rows, `|` between columns.
+fn psql(dsn: &str, sql: &str) -> String {
+    let out = std::process::Command::new(autopush_tests::postgres::bin_dir().join("psql"))
+        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", dsn, "-c", sql])
+        .output()
+        .expect("run psql");
+    assert!(
+        out.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn lock(counts: &Mutex<Counts>) -> std::sync::MutexGuard<'_, Counts> {

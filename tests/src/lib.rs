@@ -23,6 +23,8 @@
 //! * `AUTOPUSH_TEST_FIREFOX`: the Firefox for [`firefox`] (default `firefox-esr` on `PATH`).
 //! * `AUTOPUSH_TEST_NODE`: the Node.js for [`node`] (default `node` on `PATH`), with
 //!   `tests/node/node_modules` installed (`npm ci`).
+//! * `AUTOPUSH_TEST_PG_DSN`: a running PostgreSQL (with `pg_stat_statements` preloaded)
+//!   for [`postgres`] to use instead of starting a private cluster.
 //!
 //! `scripts/test` sets up Python, the binary and `node_modules`; `.ci/run` also installs
 //! Firefox.

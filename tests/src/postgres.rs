@@ -6,7 +6,8 @@
 //!
 //! Each test gets its own schema ([`fresh_settings`]), so tests share the
 //! cluster without seeing each other's rows. `pg_stat_statements` is
-//! loaded, for tests that count statements.
+//! loaded, for tests that count statements. `AUTOPUSH_TEST_PG_DSN` names a
+//! running cluster to use instead (one a benchmark measures).
 
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -23,15 +24,25 @@ const DEBIAN_BIN: &str = "/usr/lib/postgresql/15/bin";
 pub struct LocalPostgres {
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
     pub dsn: String,
-    _child: Child,
-    _stdin: ChildStdin,
+    /// The server started here (none when `AUTOPUSH_TEST_PG_DSN` names one).
+    _started: Option<(Child, ChildStdin)>,
 }
 
 static SHARED: OnceCell<LocalPostgres> = OnceCell::const_new();
 
 /// The cluster this test binary shares, started on first use.
 pub async fn local() -> &'static LocalPostgres {
-    SHARED.get_or_init(LocalPostgres::start).await
+    SHARED
+        .get_or_init(|| async {
+            match std::env::var("AUTOPUSH_TEST_PG_DSN") {
+                Ok(dsn) => LocalPostgres {
+                    dsn,
+                    _started: None,
+                },
+                Err(_) => LocalPostgres::start().await,
+            }
+        })
+        .await
 }
 
 /// PostgreSQL's programs: `AUTOPUSH_TEST_PG_BIN`, else Debian's place.
@@ -146,8 +157,7 @@ impl LocalPostgres {
         }
         let local = LocalPostgres {
             dsn: format!("postgres://postgres@{host}/postgres"),
-            _child: child,
-            _stdin: stdin,
+            _started: Some((child, stdin)),
         };
         // Listening is not ready yet ("the database system is starting up").
         let probe = PostgresStore::connect(local.settings(&schema_name())).expect("settings");

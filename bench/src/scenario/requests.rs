@@ -1,6 +1,6 @@
 //! Requests to the shared store per push, counted at the wire: the server
 //! on moto or the Bigtable emulator (`--store`), a proxy counting what it
-//! sends there, and at each client round trip, pushes of each kind:
+//! sends there (on PostgreSQL, the statements its server ran), and at each client round trip, pushes of each kind:
 //!
 //! * acked: to connected clients that ack each message as it arrives (a
 //!   round trip later at the server);
@@ -50,7 +50,7 @@ enum Kind {
 pub async fn run(options: &Options, under_test: &ServerUnderTest) -> bool {
     let server = Server::open(under_test, &[]).await;
     if server.take_requests().is_none() {
-        eprintln!("requests: counting needs a shared store: --store moto or --store bigtable");
+        eprintln!("requests: counting needs a shared store: --store moto, bigtable or postgres");
         return false;
     }
     let sender = Arc::new(AppServer::new(&server.endpoint_url));
