@@ -141,8 +141,7 @@ pub struct SettingsLayer {
     pub durable_direct: Option<bool>,
     /// Seconds a message's receipt (`GET` on its `Location` URL) answers
     /// after its final state; 0 turns receipts off [default: 86400; 0 on
-    /// Bigtable, where autopush-rs cannot read a receipt row, and on
-    /// PostgreSQL, which keeps none yet]
+    /// Bigtable, where autopush-rs cannot read a receipt row]
     #[arg(long, env = "AUTOPUSH_RECEIPT_RETENTION", global = true)]
     pub receipt_retention: Option<u64>,
     /// Most channels (subscriptions) one user agent may hold [default: 1000]
