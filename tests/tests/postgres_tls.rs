@@ -108,6 +108,13 @@ async fn an_untrusted_certificate_or_a_missing_ca_fails_saying_why() {
     let (ready, said) = preflight(&other_ca, &schema).await;
     eprintln!("verify-full, another CA: {said}");
     assert!(!ready && said.contains("UnknownIssuer"), "{said}");
+    // verify-ca checks the CA as verify-full does.
+    let other_ca = with(
+        "127.0.0.1",
+        format!("sslmode=verify-ca&{}", root("tls-other-ca.pem")),
+    );
+    let (ready, said) = preflight(&other_ca, &schema).await;
+    assert!(!ready && said.contains("UnknownIssuer"), "{said}");
 
     // The certificate names 127.0.0.1, not localhost.
     let by_name = |mode: &str| {
