@@ -117,11 +117,12 @@ impl TlsSettings {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier: Arc<dyn ServerCertVerifier> = match (self.mode, &self.root_cert) {
             (SslMode::Disable, _) => return Ok(None),
-            (SslMode::Prefer, _) | (SslMode::Require, None) => {
-                Arc::new(EncryptOnly(provider.clone()))
-            }
-            (SslMode::Require | SslMode::VerifyCa, Some(path)) => Arc::new(SignedByCa {
-                roots: Arc::new(roots(path)?),
+            (SslMode::Prefer, _) | (SslMode::Require, None) => Arc::new(HostUnchecked {
+                roots: None,
+                provider: provider.clone(),
+            }),
+            (SslMode::Require | SslMode::VerifyCa, Some(path)) => Arc::new(HostUnchecked {
+                roots: Some(Arc::new(roots(path)?)),
                 provider: provider.clone(),
             }),
             (SslMode::VerifyFull, Some(path)) => WebPkiServerVerifier::builder_with_provider(
@@ -194,65 +195,18 @@ fn percent_decoded(value: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| "--db postgres://...: the query is not UTF-8".to_owned())
 }
 
-/// `prefer`, and `require` without `sslrootcert`: the connection is
-/// encrypted, the certificate not checked (the handshake's signatures are).
+/// Every mode but `verify-full`: the host the certificate names is not
+/// checked. With `roots` (`verify-ca`, and `require` with `sslrootcert`)
+/// the certificate must chain to one of them; without (`prefer`, and
+/// `require` without `sslrootcert`) the connection is only encrypted. The
+/// handshake's signatures are checked either way.
 #[derive(Debug)]
-struct EncryptOnly(Arc<CryptoProvider>);
-
-/// `verify-ca`: the certificate chains to a trusted CA, whatever host it
-/// names.
-#[derive(Debug)]
-struct SignedByCa {
-    roots: Arc<RootCertStore>,
+struct HostUnchecked {
+    roots: Option<Arc<RootCertStore>>,
     provider: Arc<CryptoProvider>,
 }
 
-impl ServerCertVerifier for EncryptOnly {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-impl ServerCertVerifier for SignedByCa {
+impl ServerCertVerifier for HostUnchecked {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -261,14 +215,16 @@ impl ServerCertVerifier for SignedByCa {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
+        if let Some(roots) = &self.roots {
+            let cert = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.provider.signature_verification_algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
