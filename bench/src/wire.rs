@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use autopush_tests::dynamo::ThrottlingProxy;
+use autopush_tests::postgres::psql_at;
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -112,7 +113,7 @@ pub struct StatementCounter {
 impl StatementCounter {
     /// Counting from now the statements on `schema` of the cluster at `dsn`.
     pub fn start(dsn: &str, schema: &str) -> StatementCounter {
-        psql(dsn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        psql_at(dsn, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
         let counter = StatementCounter {
             dsn: dsn.to_owned(),
             schema: schema.to_owned(),
@@ -124,7 +125,7 @@ impl StatementCounter {
 
     /// The cluster's postmaster, whose children serve its connections.
     pub fn postmaster_pid(&self) -> u32 {
-        let pid = psql(
+        let pid = psql_at(
             &self.dsn,
             "SELECT split_part(pg_read_file('postmaster.pid'), E'\\n', 1)",
         );
@@ -134,7 +135,7 @@ impl StatementCounter {
     }
 
     fn take(&self) -> Counts {
-        let rows = psql(
+        let rows = psql_at(
             &self.dsn,
             &format!(
                 "SELECT sum(calls), regexp_replace(query, '\\s+', ' ', 'g') AS q \
@@ -178,20 +179,6 @@ impl StatementCounter {
             .unwrap_or_default();
         format!("{verb} {table}")
     }
-}
-
-/// `sql` run by `psql` at `dsn`: its rows, `|` between columns.
-fn psql(dsn: &str, sql: &str) -> String {
-    let out = std::process::Command::new(autopush_tests::postgres::bin_dir().join("psql"))
-        .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", dsn, "-c", sql])
-        .output()
-        .expect("run psql");
-    assert!(
-        out.status.success(),
-        "psql failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn lock(counts: &Mutex<Counts>) -> std::sync::MutexGuard<'_, Counts> {

@@ -183,7 +183,11 @@ impl LocalPostgres {
 /// `sql` run by `psql` on the shared cluster: its rows, `|` between
 /// columns.
 pub async fn psql(sql: &str) -> String {
-    let dsn = &local().await.dsn;
+    psql_at(&local().await.dsn, sql)
+}
+
+/// `sql` run by `psql` at `dsn`: its rows, `|` between columns.
+pub fn psql_at(dsn: &str, sql: &str) -> String {
     let out = Command::new(bin_dir().join("psql"))
         .args(["-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", dsn, "-c", sql])
         .output()
