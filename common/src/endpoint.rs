@@ -37,6 +37,11 @@ pub struct MessageIdInfo {
     /// dropped), with its unix seconds: sealed into the id, so its receipt
     /// costs no storage.
     pub settled: Option<(MessageState, u64)>,
+    /// With a sealed state that is not final (`sent`: its connection node
+    /// keeps the copy, see `autopush_webpush::node_journal`): the tag
+    /// ([`crate::notification::version_tag`]) of the id its client acks,
+    /// under which storage may hold its row or receipt later.
+    pub tag: Option<[u8; 8]>,
 }
 
 /// Bytes of the VAPID key hash a message id carries: finding another key
@@ -192,6 +197,9 @@ impl EndpointCrypto {
         if let Some((state, at)) = info.settled {
             plain += &format!(";s{}@{at}", state.as_str());
         }
+        if let Some(tag) = &info.tag {
+            plain += &format!(";t{}", URL_SAFE_NO_PAD.encode(tag));
+        }
         self.fernet
             .encrypt(plain.as_bytes())
             .trim_end_matches('=')
@@ -219,7 +227,7 @@ impl EndpointCrypto {
             ),
             _ => return Err(ApiError::InvalidMessageId),
         };
-        let (mut key_hash, mut settled) = (None, None);
+        let (mut key_hash, mut settled, mut tag) = (None, None, None);
         for field in fields {
             if let Some(hash) = field.strip_prefix('k') {
                 let hash = URL_SAFE_NO_PAD.decode(hash).ok();
@@ -232,6 +240,13 @@ impl EndpointCrypto {
             {
                 let state = MessageState::parse(state).ok_or(ApiError::InvalidMessageId)?;
                 settled = Some((state, at.parse().map_err(|_| ApiError::InvalidMessageId)?));
+            } else if let Some(encoded) = field.strip_prefix('t') {
+                let decoded = URL_SAFE_NO_PAD.decode(encoded).ok();
+                tag = Some(
+                    decoded
+                        .and_then(|t| <[u8; 8]>::try_from(t).ok())
+                        .ok_or(ApiError::InvalidMessageId)?,
+                );
             } else {
                 return Err(ApiError::InvalidMessageId);
             }
@@ -243,6 +258,7 @@ impl EndpointCrypto {
             sortkey_timestamp,
             key_hash,
             settled,
+            tag,
         })
     }
 
@@ -337,6 +353,14 @@ mod tests {
                 topic: Some("t".into()),
                 key_hash: Some(key_hash_in_id(&key_hash(&[4; 65]))),
                 settled: Some((MessageState::Bridged, 1_700_000_000)),
+                ..Default::default()
+            },
+            MessageIdInfo {
+                uaid: Uuid::new_v4(),
+                channel_id: Uuid::new_v4(),
+                sortkey_timestamp: Some(456),
+                settled: Some((MessageState::Sent, 1_700_000_000)),
+                tag: Some(*b"\x01tag\xfe\x00\x7f!"),
                 ..Default::default()
             },
         ] {

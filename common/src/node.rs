@@ -111,8 +111,20 @@ impl HeldCopies {
 
     /// Wait until the client acks `version` or the grace ends.
     pub async fn wait(&self, wake: &Notify, uaid: &Uuid, version: &str) -> GraceEnd {
+        self.wait_up_to(wake, uaid, version, direct_grace()).await
+    }
+
+    /// Wait until the client acks `version`, its session asks for the copy
+    /// to be written ([`HeldCopies::write_now`]), or `limit` has passed.
+    pub async fn wait_up_to(
+        &self,
+        wake: &Notify,
+        uaid: &Uuid,
+        version: &str,
+        limit: Duration,
+    ) -> GraceEnd {
         // A wake-up before this wait left a permit: no ack is missed.
-        let _ = tokio::time::timeout(direct_grace(), wake.notified()).await;
+        let _ = tokio::time::timeout(limit, wake.notified()).await;
         let mut map = self.map();
         let key = (*uaid, version.to_owned());
         match map.get(&key) {
@@ -165,16 +177,22 @@ impl HeldCopies {
     /// copy now, and return once it is written (at once if no copy of it is
     /// held here). A storage check after this finds the message.
     pub async fn written_now(&self, uaid: &Uuid, version: &str) {
-        let released = {
-            let map = self.map();
-            let Some(held) = map.get(&(*uaid, version.to_owned())) else {
-                return;
-            };
-            held.wake.notify_one();
-            held.released.clone()
+        let Some(released) = self.write_now(uaid, version) else {
+            return;
         };
         // A release since the lock was let go left a permit.
         released.notified().await;
+    }
+
+    /// The session that was offered `version` ends without its ack: wake
+    /// the holder to write the copy to storage now, where the client's
+    /// next connection finds it. What tells the copy's release, if one is
+    /// held here.
+    pub fn write_now(&self, uaid: &Uuid, version: &str) -> Option<Arc<Notify>> {
+        let map = self.map();
+        let held = map.get(&(*uaid, version.to_owned()))?;
+        held.wake.notify_one();
+        Some(held.released.clone())
     }
 
     /// The client acked `version`: whether its copy is held (its holder

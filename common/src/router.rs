@@ -22,6 +22,10 @@ pub enum Delivery {
     /// answered: `delivered` for good, so its receipt is sealed into the
     /// message's id and nothing of it is stored.
     Acked,
+    /// Handed to a connected client, whose node keeps the copy in its own
+    /// journal until the ack (or moves it to storage): `sent` until
+    /// storage says more.
+    Kept,
     /// Kept until the client comes back.
     Stored,
     /// TTL 0 and the client was not reachable now: dropped, as the sender asked.

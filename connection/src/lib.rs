@@ -18,7 +18,7 @@ use autopush_common::endpoint::EndpointCrypto;
 use autopush_common::limit::AddressLimiter;
 use autopush_common::router::RouterRegistry;
 use autopush_storage::Storage;
-use autopush_webpush::NodeClient;
+use autopush_webpush::{NodeClient, NodeJournal};
 
 pub mod protocol;
 pub mod registry;
@@ -93,6 +93,9 @@ pub struct NodeContext {
     /// Signed calls to other connection nodes; its key also checks the
     /// calls this node's router API receives.
     pub nodes: NodeClient,
+    /// This node's own journal of the durable copies it holds, on a
+    /// shared store (`--journal-dir`).
+    pub journal: Option<Arc<NodeJournal>>,
     /// Websockets open now (from the upgrade until the session ends).
     pub open_sockets: AtomicUsize,
     /// New UAIDs handed out at hello, by client address (`None`: no quota).

@@ -38,7 +38,7 @@ use autopush_common::time::now_secs;
 use autopush_common::{ApiError, Notification};
 use autopush_serving::http::Peer;
 pub use autopush_webpush::SETTLES_DURABLE_COPY;
-use autopush_webpush::protocol::{SEALS_ACKS, VERSION, version_of};
+use autopush_webpush::protocol::{SEALS_ACKS, TAKES_KEPT, VERSION, version_of};
 use autopush_webpush::{DURABLE_COPY, HOLD, ROUTER_API};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{Stream, StreamExt};
@@ -171,7 +171,9 @@ fn push_answer(outcome: PushOutcome) -> Response {
 /// [`autopush_webpush::held`]), saying which in [`DURABLE_COPY`]. Without
 /// that header on a 200, the endpoint writes the copy itself. An endpoint
 /// of router API 4 or later (`caller`) seals an ack within the grace into
-/// the message's id: its receipt is not written here.
+/// the message's id: its receipt is not written here. With a journal of
+/// its own, this node keeps the copy there for an endpoint of router API 5
+/// or later, and answers `kept` once it is synced.
 async fn push_holding_copy(
     ctx: &NodeContext,
     uaid: &Uuid,
@@ -180,9 +182,20 @@ async fn push_holding_copy(
 ) -> Response {
     let node = ctx.registry.clone();
     let seals = caller.is_some_and(|version| version >= SEALS_ACKS);
-    let (outcome, fate) =
-        autopush_webpush::push_holding_copy(node, ctx.storage.clone(), *uaid, notification, seals)
-            .await;
+    // An older endpoint would write a kept copy again.
+    let journal = ctx
+        .journal
+        .clone()
+        .filter(|_| caller.is_some_and(|version| version >= TAKES_KEPT));
+    let (outcome, fate) = autopush_webpush::push_holding_copy(
+        node,
+        ctx.storage.clone(),
+        journal,
+        *uaid,
+        notification,
+        seals,
+    )
+    .await;
     let mut answer = push_answer(outcome);
     if let Some(fate) = fate {
         answer.headers_mut().insert(

@@ -23,7 +23,7 @@ use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
 use autopush_storage::postgres::{PostgresSettings, PostgresStore};
-use autopush_webpush::NodeClient;
+use autopush_webpush::{NodeClient, NodeJournal};
 use autopush_webpush::{Waker, WebPushRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -83,6 +83,28 @@ pub async fn open_storage(settings: &Settings) -> Result<Arc<dyn Storage>, Strin
         }
     };
     Ok(Arc::new(MeteredStorage::new(backend, name)))
+}
+
+/// The connection node's own journal in `dir`, made if missing, once what
+/// it held is moved to the shared store (before the node serves anyone).
+async fn open_journal(
+    dir: &Path,
+    settings: &Settings,
+    storage: &Arc<dyn Storage>,
+    nodes: &NodeClient,
+) -> Result<Arc<NodeJournal>, String> {
+    let name = dir.display();
+    if !check_data_dir(dir, "--journal-dir")? {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--journal-dir {name}: cannot create it: {e}"))?;
+    }
+    let journal = NodeJournal::open(dir, &settings.node_url, storage.clone(), nodes.clone())
+        .map_err(|e| format!("--journal-dir {name}: {e}"))?;
+    journal.recover().await.map_err(|e| {
+        format!("--journal-dir {name}: cannot move the copies it holds to the shared store: {e}")
+    })?;
+    info!(journal_dir = %name, "the node's journal of direct copies is open");
+    Ok(Arc::new(journal))
 }
 
 /// A remote store once it answers: missing tables or refused credentials
@@ -486,6 +508,8 @@ struct Shared {
     nodes: NodeClient,
     /// One storage check behind the health routes of every public port.
     health: Arc<HealthCheck>,
+    /// The connection node's own journal of durable copies.
+    journal: Option<Arc<NodeJournal>>,
 }
 
 /// Start the roles of `mode`. `bridges` adds routers for bridge router types
@@ -526,11 +550,17 @@ impl Checked {
         configured.report();
         let storage = open_storage(settings).await?;
         let crypto_keys = crypto.load()?;
+        let nodes = NodeClient::new(NodeKeys::new(&router.load()?)?);
+        let journal = match (&settings.journal_dir, mode.connection()) {
+            (Some(dir), true) => Some(open_journal(dir, settings, &storage, &nodes).await?),
+            _ => None,
+        };
         let shared = Shared {
             crypto: Arc::new(EndpointCrypto::new(&crypto_keys, &settings.endpoint_url)?),
-            nodes: NodeClient::new(NodeKeys::new(&router.load()?)?),
+            nodes,
             health: HealthCheck::new(storage.clone()),
             storage,
+            journal,
         };
 
         let mut servers = JoinSet::new();
@@ -625,6 +655,7 @@ fn start_connection(
         crypto: shared.crypto.clone(),
         registry: registry.clone(),
         nodes: shared.nodes.clone(),
+        journal: shared.journal.clone(),
         open_sockets: Default::default(),
         new_uaids: settings
             .limits
@@ -686,10 +717,12 @@ fn start_endpoint(
         crypto,
         nodes,
         health,
+        journal,
     } = shared;
     let waker = Arc::new(Waker::new(storage.clone(), bridges.clone(), settings.wake));
     let webpush = Arc::new(
         WebPushRouter::new(storage.clone(), local, settings.durable_direct, nodes)
+            .with_journal(journal)
             .with_waker(waker.clone())
             .with_autopush_rs_nodes(settings.autopush_rs_nodes.clone())
             .with_hold_limit(settings.msg_limit),

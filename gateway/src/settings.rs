@@ -85,6 +85,16 @@ pub struct SettingsLayer {
     /// directory --db [default: 64]
     #[arg(long, env = "AUTOPUSH_DB_CACHE_MIB", global = true)]
     pub db_cache_mib: Option<usize>,
+    /// A directory on this node's own disk where a connection node on a
+    /// shared store (DynamoDB, Bigtable, PostgreSQL) journals the durable
+    /// copies of the direct messages it delivers: senders are answered
+    /// once a copy is synced there, and a copy its client acks within
+    /// seconds never reaches the shared store. A node moves what it holds
+    /// there to the shared store when it starts: keep it across restarts.
+    /// Unset: the node writes a copy not acked within milliseconds to the
+    /// shared store before its sender is answered
+    #[arg(long, env = "AUTOPUSH_JOURNAL_DIR", global = true)]
+    pub journal_dir: Option<PathBuf>,
     /// DynamoDB router (user) table, with --db dynamodb [default: router]
     #[arg(long, env = "AUTOPUSH_ROUTER_TABLE", global = true)]
     pub router_table: Option<String>,
@@ -697,6 +707,9 @@ pub struct Settings {
     pub db: Db,
     /// Bytes of the embedded store's cache (with `Db::Embedded`).
     pub db_cache: usize,
+    /// The connection node's own journal of durable copies (on a shared
+    /// store).
+    pub journal_dir: Option<PathBuf>,
     /// DynamoDB table names (with `Db::DynamoDb`).
     pub tables: Tables,
     pub crypto_key: Option<Secret>,
@@ -976,6 +989,12 @@ impl Settings {
             }
             (_, None) => 0,
         };
+        if matches!(db, Db::Embedded(_)) && l.journal_dir.is_some() {
+            p.add(format!(
+                "{} applies to a shared store only (the embedded store journals direct copies itself)",
+                name("journal_dir")
+            ));
+        }
         let defaults = Tables::default();
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
@@ -1106,6 +1125,7 @@ impl Settings {
             tls,
             db,
             db_cache,
+            journal_dir: l.journal_dir,
             tables,
             crypto_key,
             auth_key,

@@ -78,6 +78,12 @@ impl Receipt {
         self.version == version || self.version == tagged(version_tag(version))
     }
 
+    /// Whether the receipt is that of the message whose id has `tag`
+    /// ([`version_tag`]).
+    pub fn has_tag(&self, tag: [u8; 8]) -> bool {
+        version_tag(&self.version) == tag || self.version == tagged(tag)
+    }
+
     /// Whether a JSON row is a receipt rather than a [`Notification`].
     pub fn is_encoded(json: &[u8]) -> bool {
         json.starts_with(br#"{"settled":"#)

@@ -22,12 +22,24 @@ struct Cluster {
     store: Arc<dyn Storage>,
     /// The key the nodes sign their calls to each other with.
     router_key: String,
+    /// A's own journal of the copies it keeps (`--journal-dir`), if any.
+    _journal: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
     /// The three nodes on fresh tables of `db`, A's grace `grace_ms` (long
     /// enough to act inside it).
     async fn holding_for(db: Db, grace_ms: u64) -> Cluster {
+        Cluster::start(db, grace_ms, None).await
+    }
+
+    /// The three nodes, A keeping copies in a journal of its own, each for
+    /// up to `window_ms` before it moves it to the shared store.
+    async fn keeping_for(db: Db, window_ms: u64) -> Cluster {
+        Cluster::start(db, 10, Some(window_ms)).await
+    }
+
+    async fn start(db: Db, grace_ms: u64, window_ms: Option<u64>) -> Cluster {
         let (node, store) = backend::shared(db, &[]).await;
         let router_key = node
             .args
@@ -49,6 +61,17 @@ impl Cluster {
         node_a
             .env
             .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()));
+        let journal = window_ms.map(|window_ms| {
+            let dir = tempfile::tempdir().expect("a journal directory");
+            node_a
+                .args
+                .push(format!("--journal-dir={}", dir.path().display()));
+            node_a.env.push((
+                "AUTOPUSH_TEST_JOURNAL_WINDOW_MS".into(),
+                window_ms.to_string(),
+            ));
+            dir
+        });
         let a = Server::start_node(node_a).await;
         let b = Server::start_node(connection()).await;
         Cluster {
@@ -57,6 +80,7 @@ impl Cluster {
             b,
             store,
             router_key,
+            _journal: journal,
         }
     }
 
@@ -337,6 +361,107 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing(db: Db) {
     }
 }
 
+/// With a journal of its own, node A answers the sender once the copy is
+/// synced there, before the client acks, and the shared store sees no
+/// write of it: the receipt reads `sent`, then `delivered` at the ack.
+async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
+    let cluster = Cluster::keeping_for(db, 60_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    // The 201 comes while the client holds its ack back.
+    let (sent, n) = tokio::join!(sub.push_text("kept"), ws.recv_notification());
+    sent.assert_created();
+    assert_eq!(sub.decrypt(&n).await.text, "kept");
+    let location = autopush_tests::receipt::location(&sent);
+    assert_eq!(autopush_tests::receipt::state_of(&location).await, "sent");
+    assert_eq!(cluster.stored_count(&uaid).await, 0);
+
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_until("the receipt reads delivered", async || {
+        autopush_tests::receipt::state_of(&location).await == "delivered"
+    })
+    .await;
+    assert_eq!(cluster.stored_count(&uaid).await, 0);
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// A copy its client does not ack within the window moves to the shared
+/// store; the ack that comes after settles it there.
+async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: Db) {
+    let cluster = Cluster::keeping_for(db, 500).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, n) = tokio::join!(sub.push_text("slow"), ws.recv_notification());
+    sent.assert_created();
+    autopush_tests::receipt::wait_until("the copy moves to the shared store", async || {
+        cluster.stored_count(&uaid).await == 1
+    })
+    .await;
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_until("the ack settles the moved copy", async || {
+        cluster.stored_count(&uaid).await == 0
+    })
+    .await;
+    let location = autopush_tests::receipt::location(&sent);
+    assert_eq!(
+        autopush_tests::receipt::state_of(&location).await,
+        "delivered"
+    );
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// The client leaves node A without acking a kept message and comes back
+/// on node B: A moves the copy when the session ends and has B look, so
+/// the message arrives on B long before the window (a minute) ends.
+async fn a_client_leaving_gets_its_kept_message_on_its_new_node(db: Db) {
+    let cluster = Cluster::keeping_for(db, 60_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, n) = tokio::join!(sub.push_text("left"), ws.recv_notification());
+    sent.assert_created();
+    assert_eq!(sub.decrypt(&n).await.text, "left");
+    ws.close().await;
+    let mut on_b = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+    on_b.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("left".to_owned(), 1)]));
+}
+
+/// `kill -9` of node A while it keeps a copy answered 201 and not acked:
+/// the copy is on A's disk alone. When A starts again it moves the copy
+/// to the shared store, before it serves anyone, and has B, where the
+/// client went meanwhile, look.
+async fn a_keeping_node_killed_delivers_its_copies_when_it_starts_again(db: Db) {
+    let mut cluster = Cluster::keeping_for(db, 60_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, n) = tokio::join!(sub.push_text("on disk"), ws.recv_notification());
+    sent.assert_created();
+    assert_eq!(sub.decrypt(&n).await.text, "on disk");
+    cluster.a.kill9();
+    drop(ws);
+    let mut on_b = cluster.b.reconnect(&uaid).await;
+    cluster.a.restart().await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+    on_b.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("on disk".to_owned(), 1)]));
+    assert_eq!(cluster.stored_count(&uaid).await, 0);
+}
+
 /// Each test on DynamoDB (moto) and on PostgreSQL.
 macro_rules! on_holding_stores {
     ($($test:ident),* $(,)?) => {
@@ -366,4 +491,8 @@ on_holding_stores!(
     acks_inside_and_after_the_grace_settle_the_message_once,
     a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered,
     kill9_of_the_holding_node_at_random_points_loses_nothing,
+    a_kept_copy_is_answered_before_the_ack_and_never_written,
+    a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store,
+    a_client_leaving_gets_its_kept_message_on_its_new_node,
+    a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
 );

@@ -433,6 +433,7 @@ mod tests {
             crypto: Arc::new(EndpointCrypto::new(&[generate_key()], "http://localhost").unwrap()),
             registry: registry.clone(),
             nodes: NodeClient::new(NodeKeys::new(&[generate_key()]).unwrap()),
+            journal: None,
             open_sockets: Default::default(),
             new_uaids: None,
             wake_bridges: Default::default(),

@@ -35,7 +35,8 @@ impl Session {
         // past them. Held ones are counted, so the next look fetches past
         // them in one read; until then the fetch doubles while they fill it.
         // A direct copy acked while this node wrote it is about to be
-        // settled by its holder: passed over too.
+        // settled by its holder: passed over too, and so is one moved to
+        // storage while its message is in flight here.
         let copies = self.ctx.registry.held_copies();
         let mut limit = batch + self.in_flight().skip_stored.len() + self.held;
         let (ready, held) = loop {
@@ -49,6 +50,10 @@ impl Session {
             let (mut ready, mut held) = (Vec::new(), 0);
             for message in messages {
                 if self.in_flight().skip_stored.contains(&message.version)
+                    || self
+                        .in_flight()
+                        .unacked_direct
+                        .contains_key(&message.version)
                     || copies.settling(&self.uaid, &message.version)
                 {
                     continue;
@@ -119,6 +124,10 @@ pub(super) async fn store_undelivered(
     uaid: &Uuid,
     notifications: Vec<Notification>,
 ) -> Result<(), autopush_storage::StorageError> {
+    // A durable one's holder writes its copy now, if it holds one here.
+    for held in notifications.iter().filter(|n| n.durable) {
+        ctx.registry.held_copies().write_now(uaid, &held.version);
+    }
     let now = now_secs();
     let keep: Vec<_> = notifications
         .into_iter()

@@ -23,11 +23,11 @@
 use std::sync::Arc;
 
 use autopush_common::endpoint::MessageIdInfo;
-use autopush_common::notification::receipt_key;
+use autopush_common::notification::{receipt_key, version_tag};
 use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, ApiResult, RouterType};
-use autopush_storage::StoredMessage;
+use autopush_storage::{Receipt, StoredMessage};
 use serde_json::json;
 use warp::http::HeaderMap;
 use warp::reply::{Reply, Response};
@@ -46,9 +46,16 @@ pub async fn answer(
     authorize(&state, &message, &headers)?;
     let now = now_secs();
     let kept = |at: u64| at.saturating_add(state.receipt_retention) > now;
-    let found = match message.settled {
-        Some((settled, at)) => kept(at).then_some((settled, at)),
-        None => look_up(&state, &message, &message_id, now).await?,
+    let found = match (message.settled, message.tag) {
+        // Sent, its copy kept by its connection node: storage has its row
+        // once it is acked or moved there.
+        (Some(sent), Some(tag)) => {
+            let client_id = ClientId::Tagged(tag);
+            let found = look_up(&state, &message, client_id, now).await?;
+            found.or(Some(sent))
+        }
+        (Some((settled, at)), None) => kept(at).then_some((settled, at)),
+        (None, _) => look_up(&state, &message, ClientId::Same(&message_id), now).await?,
     };
     let (settled, updated) = found
         .filter(|(settled, at)| !settled.is_final() || kept(*at))
@@ -79,11 +86,36 @@ pub(super) fn authorize(
     Ok(())
 }
 
+/// The id a stored row carries when it is the message's: the id asked
+/// about, or, for an id sealed after routing, the one its client knows,
+/// of which the sealed id holds the tag.
+#[derive(Clone, Copy)]
+enum ClientId<'a> {
+    Same(&'a str),
+    Tagged([u8; 8]),
+}
+
+impl ClientId<'_> {
+    fn is(self, version: &str) -> bool {
+        match self {
+            ClientId::Same(id) => version == id,
+            ClientId::Tagged(tag) => version_tag(version) == tag,
+        }
+    }
+
+    fn owns(self, receipt: &Receipt) -> bool {
+        match self {
+            ClientId::Same(id) => receipt.is_for(id),
+            ClientId::Tagged(tag) => receipt.has_tag(tag),
+        }
+    }
+}
+
 /// The state and time of the message from its row, if it is still known.
 async fn look_up(
     state: &EndpointState,
     message: &MessageIdInfo,
-    message_id: &str,
+    client_id: ClientId<'_>,
     now: u64,
 ) -> ApiResult<Option<(MessageState, u64)>> {
     let row = state
@@ -91,10 +123,10 @@ async fn look_up(
         .read_message(&message.uaid, &message.sort_key())
         .await?;
     Ok(match row {
-        Some(StoredMessage::Settled(receipt)) if receipt.is_for(message_id) => {
+        Some(StoredMessage::Settled(receipt)) if client_id.owns(&receipt) => {
             (receipt.expiry > now).then_some((receipt.state, receipt.updated))
         }
-        Some(StoredMessage::Pending(pending)) if pending.version == message_id => {
+        Some(StoredMessage::Pending(pending)) if client_id.is(&pending.version) => {
             if pending.is_expired(now) {
                 return Ok(Some((MessageState::Expired, pending.expiry())));
             }
@@ -116,7 +148,7 @@ async fn look_up(
                 _ => (MessageState::Stored, pending.timestamp),
             })
         }
-        other => match own_receipt(state, message, message_id, now).await? {
+        other => match own_receipt(state, message, client_id, now).await? {
             Some(found) => Some(found),
             // Another message under a Topic's key and no receipt of this
             // one's own (kept by stores from before Topic receipts had
@@ -141,9 +173,13 @@ async fn look_up(
 async fn own_receipt(
     state: &EndpointState,
     message: &MessageIdInfo,
-    message_id: &str,
+    client_id: ClientId<'_>,
     now: u64,
 ) -> ApiResult<Option<(MessageState, u64)>> {
+    // Only a Topic message has one, and no Topic message is kept.
+    let ClientId::Same(message_id) = client_id else {
+        return Ok(None);
+    };
     let Some(own) = receipt_key(&message.sort_key(), message_id) else {
         return Ok(None);
     };

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use autopush_common::endpoint::{MessageIdInfo, TokenInfo, key_hash_in_id};
 use autopush_common::ids::uaid_tag;
+use autopush_common::notification::version_tag;
 use autopush_common::receipt::MessageState;
 use autopush_webpush::stores_direct;
 use std::time::Instant;
@@ -104,7 +105,7 @@ pub async fn deliver(
     metrics::delivery(
         user.router_type,
         match delivery {
-            Delivery::Direct | Delivery::Acked => "direct",
+            Delivery::Direct | Delivery::Acked | Delivery::Kept => "direct",
             Delivery::Stored => "stored",
             Delivery::Dropped => "dropped",
         },
@@ -121,8 +122,10 @@ pub async fn deliver(
         }
         if state.receipt_retention > 0 && message.settled.is_none() {
             // Nothing stored follows this message: its receipt is sealed
-            // into the id the sender gets.
+            // into the id the sender gets. A kept one's row may come later
+            // (at its ack, or its move), under the id its client knows.
             message.settled = Some((settled, now_secs()));
+            message.tag = (delivery == Delivery::Kept).then(|| version_tag(&message_id));
             message_id = state.crypto.make_message_id(&message);
         }
     }
@@ -159,6 +162,7 @@ fn settled_at_once(
     match (router_type, delivery) {
         (_, Delivery::Dropped) => Some(MessageState::Dropped),
         (_, Delivery::Acked) => Some(MessageState::Delivered),
+        (_, Delivery::Kept) => Some(MessageState::Sent),
         (RouterType::WebPush, Delivery::Direct) => {
             (!stores_direct(state.durable_direct, ttl)).then_some(MessageState::Sent)
         }
@@ -310,6 +314,7 @@ fn build_notification(
         sortkey_timestamp: push.topic.is_none().then_some(sortkey_timestamp),
         key_hash: subscription.key_hash.as_ref().map(key_hash_in_id),
         settled,
+        tag: None,
     };
     let message_id = state.crypto.make_message_id(&info);
     let notification = Notification {

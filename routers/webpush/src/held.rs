@@ -13,14 +13,18 @@
 //! such a push costs no write at all.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use autopush_common::metrics;
 use autopush_common::node::{GraceEnd, HeldCopies, LocalNode, PushOutcome};
 use autopush_common::receipt::MessageState;
 use autopush_common::{Notification, RouterType};
 use autopush_storage::Storage;
+use tokio::sync::{Notify, oneshot};
 use tracing::warn;
 use uuid::Uuid;
+
+use crate::node_journal::NodeJournal;
 
 /// On `PUT /push`, the endpoint's request that the node hold the durable
 /// copy (value [`HOLD`]); on the node's answer, what became of it
@@ -38,6 +42,9 @@ pub enum CopyFate {
     Acked,
     /// No ack within the grace: the copy is in storage, settled at the ack.
     Written,
+    /// Not acked yet: the copy is in the node's own journal, which keeps it
+    /// until the ack or moves it to storage ([`crate::node_journal`]).
+    Kept,
 }
 
 impl CopyFate {
@@ -45,6 +52,7 @@ impl CopyFate {
         match self {
             CopyFate::Acked => "acked",
             CopyFate::Written => "written",
+            CopyFate::Kept => "kept",
         }
     }
 
@@ -52,6 +60,7 @@ impl CopyFate {
         match value {
             b"acked" => Some(CopyFate::Acked),
             b"written" => Some(CopyFate::Written),
+            b"kept" => Some(CopyFate::Kept),
             _ => None,
         }
     }
@@ -70,27 +79,36 @@ impl CopyFate {
 /// ack within the grace is sealed only if the caller takes the answer: one
 /// that stopped waiting seals nothing, and its endpoint may have written
 /// the copy itself, so the ack is settled as an unsealed one is.
+///
+/// With `journal` (the node's own, see [`crate::node_journal`]), the copy
+/// goes there, and the answer comes once it is synced there or acked:
+/// [`CopyFate::Kept`] or [`CopyFate::Acked`].
 pub async fn push_holding_copy(
     node: Arc<dyn LocalNode>,
     storage: Arc<dyn Storage>,
+    journal: Option<Arc<NodeJournal>>,
     uaid: Uuid,
     notification: Notification,
     seals: bool,
 ) -> (PushOutcome, Option<CopyFate>) {
     let (answer, answered) = tokio::sync::oneshot::channel();
+    if let Some(journal) = journal {
+        let keeper = Keeper {
+            node,
+            storage,
+            journal,
+            uaid,
+        };
+        tokio::spawn(keeper.keep(notification, seals, answer));
+        return answered.await.unwrap_or((PushOutcome::Busy, None));
+    }
     tokio::spawn(async move {
         let (outcome, fate, sealed) =
             hold_copy(node.as_ref(), &storage, &uaid, notification, seals).await;
         if answer.send((outcome, fate)).is_err()
             && let Some(notification) = sealed
         {
-            // Counted as delivered already.
-            let settled = storage
-                .settle_unwritten(&uaid, &notification, MessageState::Delivered)
-                .await;
-            if let Err(e) = settled {
-                warn!(error = %e, "could not settle a direct message acked as its endpoint gave up");
-            }
+            settle_unanswered(storage.as_ref(), &uaid, &notification).await;
         }
     });
     // A holder that panicked said nothing: the endpoint writes the copy.
@@ -194,6 +212,18 @@ impl Drop for Holding<'_> {
     }
 }
 
+/// A message acked within the grace whose endpoint stopped waiting for the
+/// answer that would have sealed it: it may have written the copy itself.
+async fn settle_unanswered(storage: &dyn Storage, uaid: &Uuid, notification: &Notification) {
+    // Counted as delivered already.
+    let settled = storage
+        .settle_unwritten(uaid, notification, MessageState::Delivered)
+        .await;
+    if let Err(e) = settled {
+        warn!(error = %e, "could not settle a direct message acked as its endpoint gave up");
+    }
+}
+
 /// Settle a copy that may be in storage: its client acked it.
 async fn settle_written(storage: &dyn Storage, uaid: &Uuid, notification: &Notification) {
     let settled = storage
@@ -224,4 +254,148 @@ async fn acked(storage: &dyn Storage, uaid: &Uuid, notification: &Notification) 
         Err(e) => warn!(error = %e, "could not write the receipt of a direct message"),
     }
     CopyFate::Acked
+}
+
+/// The holder of a copy kept in the node's own journal (see
+/// [`push_holding_copy`] and [`crate::node_journal`]).
+struct Keeper {
+    node: Arc<dyn LocalNode>,
+    storage: Arc<dyn Storage>,
+    journal: Arc<NodeJournal>,
+    uaid: Uuid,
+}
+
+/// What the holder of a kept copy answers its endpoint with.
+type Answer = oneshot::Sender<(PushOutcome, Option<CopyFate>)>;
+
+/// How long a keeper waits for the ack before it tries again to move a
+/// copy the shared store refused.
+const MOVE_RETRY: Duration = Duration::from_secs(1);
+
+/// How the wait for a kept copy's first end ended.
+enum First {
+    Woken(GraceEnd),
+    Synced(autopush_storage::Result<autopush_storage::CopyEnd>),
+}
+
+impl Keeper {
+    fn held(&self) -> &HeldCopies {
+        self.node.held_copies()
+    }
+
+    /// Offer `notification`, journal its copy, answer once it is synced or
+    /// acked, and stay with it until it is acked or moved.
+    async fn keep(self, mut notification: Notification, seals: bool, answer: Answer) {
+        notification.durable = true;
+        let (uaid, version) = (self.uaid, notification.version.clone());
+        let wake = self.held().hold(&uaid, &version);
+        let outcome = self.node.push(&uaid, notification.clone());
+        if outcome != PushOutcome::Delivered {
+            self.held().release(&uaid, &version);
+            let _ = answer.send((outcome, None));
+            return;
+        }
+        let copy = match self.journal.stage(&uaid, notification.clone()).await {
+            Ok(copy) => copy,
+            Err(e) => {
+                // Released: the endpoint writes the copy, an ack settles it.
+                warn!(error = %e, "could not journal a direct copy; the endpoint writes it");
+                self.held().release(&uaid, &version);
+                let _ = answer.send((outcome, None));
+                return;
+            }
+        };
+        // The sender waits for the first of the ack and the journal's sync
+        // (or the window, if the disk stalls that long).
+        let window = self.journal.window();
+        let first = tokio::select! {
+            end = self.held().wait_up_to(&wake, &uaid, &version, window) => First::Woken(end),
+            saved = copy.saved_or_settled() => First::Synced(saved),
+        };
+        match first {
+            First::Woken(GraceEnd::Acked) => self.acked_first(&notification, seals, answer).await,
+            First::Synced(Ok(_)) => {
+                let _ = answer.send((outcome, Some(CopyFate::Kept)));
+                self.keep_until_settled(&notification, &wake).await;
+            }
+            First::Woken(GraceEnd::Write) | First::Synced(Err(_)) => {
+                // The session ended, or the journal could not write it.
+                let fate = self.move_now(&notification).await;
+                let _ = answer.send((outcome, fate));
+            }
+        }
+    }
+
+    /// Acked before its copy was synced here: nothing of it is left but,
+    /// with receipts on, its receipt, sealed into its id by an endpoint
+    /// that `seals`.
+    async fn acked_first(&self, notification: &Notification, seals: bool, answer: Answer) {
+        self.journal.acked(&self.uaid, notification).await;
+        let answered = if seals {
+            metrics::final_state(RouterType::WebPush, MessageState::Delivered);
+            answer.send((PushOutcome::Delivered, Some(CopyFate::Acked)))
+        } else {
+            let fate = acked(self.storage.as_ref(), &self.uaid, notification).await;
+            answer.send((PushOutcome::Delivered, Some(fate)))
+        };
+        if answered.is_err() && seals {
+            settle_unanswered(self.storage.as_ref(), &self.uaid, notification).await;
+        }
+    }
+
+    /// Move the copy to the shared store while its sender waits: its fate,
+    /// `None` if the shared store refused it (the endpoint writes it).
+    async fn move_now(&self, notification: &Notification) -> Option<CopyFate> {
+        let (uaid, version) = (&self.uaid, &notification.version);
+        let moved = self.journal.move_to_shared(uaid, notification).await;
+        let acked_meanwhile = self.held().release(uaid, version);
+        let fate = match (moved, acked_meanwhile) {
+            (Ok(()), false) => Some(CopyFate::Written),
+            (Ok(()), true) => {
+                settle_written(self.storage.as_ref(), uaid, notification).await;
+                self.held().settled(uaid, version);
+                Some(CopyFate::Acked)
+            }
+            (Err(_), true) => {
+                self.journal.acked(uaid, notification).await;
+                let fate = acked(self.storage.as_ref(), uaid, notification).await;
+                self.held().settled(uaid, version);
+                Some(fate)
+            }
+            (Err(e), false) => {
+                warn!(error = %e, "could not move a direct copy; the endpoint writes it");
+                self.journal.acked(uaid, notification).await;
+                return None;
+            }
+        };
+        self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+        fate
+    }
+
+    /// Answered: keep the copy until its client acks it, or move it to the
+    /// shared store once the window ends or the session does, trying again
+    /// while the shared store refuses it.
+    async fn keep_until_settled(&self, notification: &Notification, wake: &Notify) {
+        let (uaid, version) = (&self.uaid, &notification.version);
+        let mut wait = self.journal.window();
+        loop {
+            if self.held().wait_up_to(wake, uaid, version, wait).await == GraceEnd::Acked {
+                self.journal.acked(uaid, notification).await;
+                acked(self.storage.as_ref(), uaid, notification).await;
+                return;
+            }
+            match self.journal.move_to_shared(uaid, notification).await {
+                Ok(()) => break,
+                Err(e) => {
+                    warn!(error = %e, "could not move a direct copy to the shared store; trying again");
+                    wait = MOVE_RETRY;
+                }
+            }
+        }
+        if self.held().release(uaid, version) {
+            settle_written(self.storage.as_ref(), uaid, notification).await;
+            self.held().settled(uaid, version);
+        }
+        self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+    }
 }

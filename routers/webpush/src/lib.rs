@@ -35,6 +35,7 @@
 
 pub mod held;
 pub mod node_client;
+pub mod node_journal;
 pub mod protocol;
 pub mod urgency;
 pub mod wake;
@@ -53,6 +54,7 @@ use uuid::Uuid;
 
 pub use held::{CopyFate, DURABLE_COPY, HOLD, push_holding_copy};
 pub use node_client::{NodeCallError, NodeClient};
+pub use node_journal::NodeJournal;
 pub use protocol::{Answerer, ROUTER_API, SETTLES_DURABLE_COPY};
 pub use wake::{WakeSettings, Waker};
 
@@ -105,6 +107,8 @@ pub struct WebPushRouter {
     nodes: NodeClient,
     /// The connection node in this process, reached without HTTP.
     local: Option<Arc<dyn LocalNode>>,
+    /// That node's own journal of the copies it holds, if it keeps one.
+    journal: Option<Arc<NodeJournal>>,
     /// Store every message before delivering it directly.
     durable_direct: bool,
     /// Wakes user agents that are away and registered a wake route.
@@ -129,6 +133,7 @@ impl WebPushRouter {
             storage,
             nodes,
             local,
+            journal: None,
             durable_direct,
             waker: None,
             autopush_rs_nodes: Vec::new(),
@@ -163,6 +168,13 @@ impl WebPushRouter {
     /// (see [`urgency`]); 100 unless set.
     pub fn with_hold_limit(mut self, limit: usize) -> Self {
         self.hold_limit = limit;
+        self
+    }
+
+    /// The connection node in this process keeps the copies it holds in
+    /// `journal` ([`node_journal`]).
+    pub fn with_journal(mut self, journal: Option<Arc<NodeJournal>>) -> Self {
+        self.journal = journal;
         self
     }
 
@@ -218,6 +230,7 @@ impl WebPushRouter {
             let (outcome, fate) = push_holding_copy(
                 local.clone(),
                 self.storage.clone(),
+                self.journal.clone(),
                 *uaid,
                 notification,
                 true,
@@ -279,6 +292,9 @@ impl WebPushRouter {
             .await;
         match (answer.outcome, answer.fate) {
             (PushOutcome::Delivered, Some(CopyFate::Acked)) => Ok(Delivery::Acked),
+            // The node keeps the copy, and moves it to storage (telling
+            // whichever node has the client then) if no ack comes.
+            (PushOutcome::Delivered, Some(CopyFate::Kept)) => Ok(Delivery::Kept),
             (PushOutcome::Delivered, Some(CopyFate::Written)) => {
                 // Unacked within the grace: the client may have left for
                 // another node, whose storage check came before the write.

@@ -17,12 +17,17 @@ use http::HeaderMap;
 pub const ROUTER_API: &str = "x-autopush-router-api";
 
 /// The router API version this build speaks.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// The first version whose endpoints seal a message their node says was
 /// acked within the grace into its id (`delivered`): the node writes no
 /// receipt for it.
 pub const SEALS_ACKS: u32 = 4;
+
+/// The first version whose endpoints take `kept` for an answer to a hold:
+/// the node keeps the copy in its own journal (see
+/// [`crate::node_journal`]) and answers before the ack.
+pub const TAKES_KEPT: u32 = 5;
 
 /// On every answer of ours since protocol 2 (which names no version): this
 /// node deletes a durable direct copy when its client acks it. Kept for

@@ -151,6 +151,27 @@ impl EmbeddedStore {
         Journal::replay_file(file, &self.db)
     }
 
+    /// The users with a message pending in this store: what a connection
+    /// node's journal moves at start (see `autopush_webpush::node_journal`).
+    pub async fn users_with_messages(&self) -> Result<Vec<Uuid>> {
+        self.run(|db| {
+            let txn = db.begin_read().map_err(backend)?;
+            let table = txn.open_table(MESSAGES).map_err(backend)?;
+            let mut users: Vec<Uuid> = Vec::new();
+            for entry in table.iter().map_err(backend)? {
+                let (key, row) = entry.map_err(backend)?;
+                let uaid = Uuid::from_u128(key.value().0);
+                if users.last() != Some(&uaid)
+                    && matches!(decode(row.value())?, StoredMessage::Pending(_))
+                {
+                    users.push(uaid);
+                }
+            }
+            Ok(users)
+        })
+        .await
+    }
+
     /// Keep receipts `seconds` after a message's final state (0: off, the
     /// default): see [`crate::receipt`].
     pub fn with_receipt_retention(mut self, seconds: u64) -> Self {
