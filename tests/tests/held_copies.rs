@@ -390,7 +390,8 @@ async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
 }
 
 /// A copy its client does not ack within the window moves to the shared
-/// store; the ack that comes after settles it there.
+/// store, and is not sent again meanwhile; the ack that comes after
+/// settles it there.
 async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: Db) {
     let cluster = Cluster::keeping_for(db, 500).await;
     let mut ws = cluster.a.client().await;
@@ -403,6 +404,8 @@ async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: D
         cluster.stored_count(&uaid).await == 1
     })
     .await;
+    // The session, told to look, passes over the message it has in flight.
+    ws.assert_nothing_arrives().await;
     ws.ack_notification(&n).await;
     autopush_tests::receipt::wait_until("the ack settles the moved copy", async || {
         cluster.stored_count(&uaid).await == 0

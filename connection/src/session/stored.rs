@@ -35,8 +35,7 @@ impl Session {
         // past them. Held ones are counted, so the next look fetches past
         // them in one read; until then the fetch doubles while they fill it.
         // A direct copy acked while this node wrote it is about to be
-        // settled by its holder: passed over too, and so is one moved to
-        // storage while its message is in flight here.
+        // settled by its holder: passed over too.
         let copies = self.ctx.registry.held_copies();
         let mut limit = batch + self.in_flight().skip_stored.len() + self.held;
         let (ready, held) = loop {
