@@ -280,6 +280,18 @@ async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(
 /// as may one not answered 201. `HELD_CRASH_ROUNDS` (default 3) makes the
 /// hunt longer, `HELD_CRASH_SEED` repeats one.
 async fn kill9_of_the_holding_node_at_random_points_loses_nothing(db: Db) {
+    kill9_at_random_points(db, false).await;
+}
+
+/// The same hunt with node A keeping copies in its own journal, each for a
+/// window of 100–400 ms: A's copies answered 201 are on its disk alone
+/// until they move, so A starts again (moving them) before the client
+/// looks on node B.
+async fn kill9_of_the_keeping_node_at_random_points_loses_nothing(db: Db) {
+    kill9_at_random_points(db, true).await;
+}
+
+async fn kill9_at_random_points(db: Db, keeps: bool) {
     use autopush_tests::env_or;
     use std::collections::BTreeSet;
     let rounds = env_or("HELD_CRASH_ROUNDS", 3);
@@ -287,7 +299,10 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing(db: Db) {
     eprintln!("HELD_CRASH_SEED={seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let grace = rng.u64(100..400);
-    let mut cluster = Cluster::holding_for(db, grace).await;
+    let mut cluster = match keeps {
+        true => Cluster::keeping_for(db, grace).await,
+        false => Cluster::holding_for(db, grace).await,
+    };
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -343,6 +358,9 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing(db: Db) {
 
         // Printed with the seed if a message never comes.
         eprintln!("round {round}: owed after the kill {owed:?}");
+        if keeps {
+            cluster.a.restart().await;
+        }
         let mut on_b = cluster.b.reconnect(&uaid).await;
         while !owed.is_empty() {
             let (n, d) = sub.receive(&mut on_b).await;
@@ -356,7 +374,9 @@ async fn kill9_of_the_holding_node_at_random_points_loses_nothing(db: Db) {
             may_come.insert(d.text);
         }
         on_b.close().await;
-        cluster.a.restart().await;
+        if !keeps {
+            cluster.a.restart().await;
+        }
         ws = cluster.a.reconnect(&uaid).await;
     }
 }
@@ -498,4 +518,5 @@ on_holding_stores!(
     a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store,
     a_client_leaving_gets_its_kept_message_on_its_new_node,
     a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
+    kill9_of_the_keeping_node_at_random_points_loses_nothing,
 );
