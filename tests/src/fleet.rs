@@ -116,8 +116,8 @@ fn answer(answers: Answers, hold: bool) -> Response {
         }
         Answers::Next { fate } => {
             // Not the version-2 header: what is ours is said by the version.
-            set("x-autopush-router-api", "5");
-            set("x-autopush-router-api-next", "a header of version 5");
+            set("x-autopush-router-api", "6");
+            set("x-autopush-router-api-next", "a header of version 6");
             if hold {
                 set("x-autopush-durable-copy", fate);
             }

@@ -59,7 +59,7 @@ async fn arrives_after_the_node_that_took_it_died(
         pushes[0]
             .get("x-autopush-router-api")
             .map(|v| v.to_str().unwrap_or_default()),
-        Some("4"),
+        Some("5"),
         "{:?}",
         pushes[0]
     );

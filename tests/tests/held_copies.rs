@@ -485,6 +485,61 @@ async fn a_keeping_node_killed_delivers_its_copies_when_it_starts_again(db: Db) 
     assert_eq!(cluster.stored_count(&uaid).await, 0);
 }
 
+/// A node keeping copies answers a hold `kept` only to an endpoint of
+/// router API 5 or later; an older one, which would write a kept copy
+/// again, gets what it knows: the copy written after the grace.
+async fn a_keeping_node_answers_an_older_endpoint_as_before(db: Db) {
+    let cluster = Cluster::keeping_for(db, 60_000).await;
+    let router_key = cluster.router_key.clone();
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+    for (version, fate, stored) in [("4", "written", 1), ("5", "kept", 1)] {
+        let encrypted = autopush_tests::py::encrypt(
+            &sub.keys,
+            &autopush_tests::Payload::Text(format!("from version {version}")),
+            autopush_tests::Encoding::Aes128Gcm,
+        )
+        .await;
+        let mut body = autopush_tests::http::router_notification(
+            &sub.channel_id,
+            &format!("from-version-{version}"),
+            &encrypted,
+        );
+        body["ttl"] = serde_json::json!(600);
+        body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+        let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
+        let headers = [
+            ("x-autopush-router-api", version),
+            ("x-autopush-durable-copy", "hold"),
+        ];
+        let (answer, n) = tokio::join!(
+            autopush_tests::http::signed_with(
+                reqwest::Method::PUT,
+                &base,
+                &path,
+                &router_key,
+                Some(body.to_string().into_bytes()),
+                &headers,
+            ),
+            ws.recv_notification()
+        );
+        assert_eq!(answer.status, 200, "version {version}: {answer:?}");
+        assert_eq!(
+            answer.header("x-autopush-durable-copy"),
+            Some(fate),
+            "version {version}"
+        );
+        // Version 4's copy stays written; version 5's is in A's journal.
+        assert_eq!(
+            cluster.stored_count(&uaid).await,
+            stored,
+            "version {version}"
+        );
+        drop(n);
+    }
+}
+
 /// Each test on DynamoDB (moto) and on PostgreSQL.
 macro_rules! on_holding_stores {
     ($($test:ident),* $(,)?) => {
@@ -519,4 +574,5 @@ on_holding_stores!(
     a_client_leaving_gets_its_kept_message_on_its_new_node,
     a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
     kill9_of_the_keeping_node_at_random_points_loses_nothing,
+    a_keeping_node_answers_an_older_endpoint_as_before,
 );

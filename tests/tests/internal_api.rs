@@ -486,10 +486,11 @@ async fn version_names_the_built_commit_and_no_source() {
 
 /// Our node answers requests as endpoints of every router API version send
 /// them (docs/internals.md): version 1 (no header of its own), version 2
-/// (a hold, naming no version), version 3 (a hold, naming itself) and
-/// version 5 (naming itself, with a header and a hold value this node does
-/// not know, which make a plain push). Every answer names version 4 and
-/// keeps version 2's header.
+/// (a hold, naming no version), versions 3 and 4 (a hold, naming itself)
+/// and version 6 (naming itself, with a header and a hold value this node
+/// does not know, which make a plain push). Every answer names version 5
+/// and keeps version 2's header. (This node keeps no journal of its own:
+/// no hold is answered `kept`.)
 #[tokio::test]
 async fn the_node_answers_endpoints_of_every_version() {
     // A grace no test run outlasts: the ack, not the clock, ends the hold.
@@ -499,18 +500,20 @@ async fn the_node_answers_endpoints_of_every_version() {
     let sub = Subscription::new(&mut ws).await;
     let hold = ("x-autopush-durable-copy", "hold");
     let three = [("x-autopush-router-api", "3"), hold];
+    let four = [("x-autopush-router-api", "4"), hold];
     let next = [
-        ("x-autopush-router-api", "5"),
-        ("x-autopush-router-api-next", "a header of version 5"),
+        ("x-autopush-router-api", "6"),
+        ("x-autopush-router-api-next", "a header of version 6"),
         ("x-autopush-durable-copy", "journal"),
     ];
     // Each endpoint version: its request's extra headers, the fate answered.
     type Headers<'a> = &'a [(&'a str, &'a str)];
-    let endpoints: [(&str, Headers, Option<&str>); 4] = [
+    let endpoints: [(&str, Headers, Option<&str>); 5] = [
         ("version 1", &[], None),
         ("version 2", &[hold], Some("acked")),
         ("version 3", &three, Some("acked")),
-        ("version 5", &next, None),
+        ("version 4", &four, Some("acked")),
+        ("version 6", &next, None),
     ];
     let (base, path, key) = (
         server.router_base(),
@@ -530,7 +533,7 @@ async fn the_node_answers_endpoints_of_every_version() {
         };
         let (reply, n) = tokio::join!(push, receive);
         assert_eq!(reply.status, 200, "{name}: {reply:?}");
-        assert_eq!(reply.header("x-autopush-router-api"), Some("4"), "{name}");
+        assert_eq!(reply.header("x-autopush-router-api"), Some("5"), "{name}");
         assert_eq!(
             reply.header("x-autopush-settles-durable-copy"),
             Some("1"),
@@ -545,7 +548,7 @@ async fn the_node_answers_endpoints_of_every_version() {
         .await;
     assert_eq!(
         reply.header("x-autopush-router-api"),
-        Some("4"),
+        Some("5"),
         "{reply:?}"
     );
 }
