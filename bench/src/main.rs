@@ -43,6 +43,10 @@ struct Cli {
     /// CPU measured with the server's
     #[arg(long, value_enum, default_value_t = Store::Embedded, global = true, conflicts_with = "target_ws")]
     store: Store,
+    /// With a shared --store, the server keeps direct copies in a journal
+    /// of its own (`--journal-dir`)
+    #[arg(long, global = true, conflicts_with = "target_ws")]
+    journal: bool,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -296,6 +300,7 @@ async fn main() {
             log: cli.server_log.clone(),
             store: cli.store,
             tls: cli.tls.then_some(KeyKind::P256),
+            journal: cli.journal,
         },
     };
     match cli.scenario {

@@ -62,6 +62,9 @@ pub enum ServerUnderTest {
         log: PathBuf,
         store: Store,
         tls: Option<KeyKind>,
+        /// On a shared store, keep direct copies in a journal of the
+        /// node's own (`--journal-dir` in its data directory).
+        journal: bool,
     },
     Target(Target),
 }
@@ -71,9 +74,12 @@ impl Server {
     /// settings of our binary, cannot apply: they are named on stderr).
     pub async fn open(under_test: &ServerUnderTest, flags: &[&str]) -> Server {
         match under_test {
-            ServerUnderTest::Start { log, store, tls } => {
-                Server::launch(*store, flags, log, *tls).await
-            }
+            ServerUnderTest::Start {
+                log,
+                store,
+                tls,
+                journal,
+            } => Server::launch_in(*store, flags, log, *tls, *journal).await,
             ServerUnderTest::Target(target) => {
                 if !flags.is_empty() {
                     eprintln!(
@@ -107,6 +113,18 @@ impl Server {
     /// [`Server::start`] on `store`, over TLS with a new `tls` certificate
     /// if given.
     pub async fn launch(store: Store, extra: &[&str], log: &Path, tls: Option<KeyKind>) -> Server {
+        Server::launch_in(store, extra, log, tls, false).await
+    }
+
+    /// [`Server::launch`], keeping direct copies in a journal of the
+    /// node's own if `journal` (on a shared store).
+    async fn launch_in(
+        store: Store,
+        extra: &[&str],
+        log: &Path,
+        tls: Option<KeyKind>,
+        journal: bool,
+    ) -> Server {
         let data = TempDir::new().expect("a temporary data directory");
         let [ws, router, endpoint] = free_ports();
         let (ws_scheme, http_scheme) = if tls.is_some() {
@@ -184,6 +202,12 @@ impl Server {
                 (dsn, Some(Counter::Postgres(counter)))
             }
         };
+        if journal && store != Store::Embedded {
+            args.push(format!(
+                "--journal-dir={}",
+                data.path().join("journal").display()
+            ));
+        }
         let child = Command::new(server_binary())
             .arg("all")
             .args(["--host", "127.0.0.1"])
