@@ -42,6 +42,9 @@ pub struct MessageIdInfo {
     /// ([`crate::notification::version_tag`]) of the id its client acks,
     /// under which storage may hold its row or receipt later.
     pub tag: Option<[u8; 8]>,
+    /// With `tag`: the connection node that keeps the copy, which answers
+    /// for its receipt while it does.
+    pub node: Option<String>,
 }
 
 /// Bytes of the VAPID key hash a message id carries: finding another key
@@ -180,7 +183,9 @@ impl EndpointCrypto {
     /// A message id for a notification about to be routed. The plain text
     /// is `01:{uaid}:{chid}:{topic}` or `02:{uaid}:{chid}:{timestamp}`, then
     /// `;k{key hash prefix}` for a v2 subscription and `;s{state}@{secs}`
-    /// for a sealed final state (ids from before receipts have neither).
+    /// for a sealed final state (ids from before receipts have neither);
+    /// a `sent` one kept by a connection node adds `;t{tag}` and
+    /// `;n{node id}`.
     pub fn make_message_id(&self, info: &MessageIdInfo) -> String {
         let mut plain = match (&info.topic, info.sortkey_timestamp) {
             (Some(topic), _) => format!("01:{}:{}:{}", info.uaid.simple(), info.channel_id, topic),
@@ -199,6 +204,9 @@ impl EndpointCrypto {
         }
         if let Some(tag) = &info.tag {
             plain += &format!(";t{}", URL_SAFE_NO_PAD.encode(tag));
+        }
+        if let Some(node) = &info.node {
+            plain += &format!(";n{node}");
         }
         self.fernet
             .encrypt(plain.as_bytes())
@@ -227,7 +235,7 @@ impl EndpointCrypto {
             ),
             _ => return Err(ApiError::InvalidMessageId),
         };
-        let (mut key_hash, mut settled, mut tag) = (None, None, None);
+        let (mut key_hash, mut settled, mut tag, mut node) = (None, None, None, None);
         for field in fields {
             if let Some(hash) = field.strip_prefix('k') {
                 let hash = URL_SAFE_NO_PAD.decode(hash).ok();
@@ -240,6 +248,8 @@ impl EndpointCrypto {
             {
                 let state = MessageState::parse(state).ok_or(ApiError::InvalidMessageId)?;
                 settled = Some((state, at.parse().map_err(|_| ApiError::InvalidMessageId)?));
+            } else if let Some(id) = field.strip_prefix('n') {
+                node = Some(id.to_owned());
             } else if let Some(encoded) = field.strip_prefix('t') {
                 let decoded = URL_SAFE_NO_PAD.decode(encoded).ok();
                 tag = Some(
@@ -259,6 +269,7 @@ impl EndpointCrypto {
             key_hash,
             settled,
             tag,
+            node,
         })
     }
 
@@ -361,6 +372,7 @@ mod tests {
                 sortkey_timestamp: Some(456),
                 settled: Some((MessageState::Sent, 1_700_000_000)),
                 tag: Some(*b"\x01tag\xfe\x00\x7f!"),
+                node: Some("http://10.0.0.7:8081".into()),
                 ..Default::default()
             },
         ] {

@@ -10,6 +10,9 @@
 //!   404 no such connection.
 //! * `GET /user/{uaid}`: the user record, channels and stored-message count,
 //!   for `autopush diagnose` while the embedded store is held by this process.
+//! * `GET /receipt/{uaid}/{sort_key}/{tag}`: the receipt of a message whose
+//!   copy this node keeps in its own journal (`{"state", "updated"}`), 404
+//!   when it does not know it (see [`autopush_webpush::node_journal`]).
 //!
 //! Every call must be signed with the shared router key
 //! ([`autopush_common::node_auth`]); anything else gets 401 (errno 109).
@@ -210,6 +213,18 @@ fn parse_uaid(uaid: &str) -> Option<Uuid> {
     Uuid::parse_str(uaid).ok()
 }
 
+/// A message id's tag, in the 16 hex digits `GET /receipt` carries.
+fn parse_tag(hex: &str) -> Option<[u8; 8]> {
+    let mut tag = [0; 8];
+    if hex.len() != 16 {
+        return None;
+    }
+    for (i, byte) in tag.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(tag)
+}
+
 pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     let push_ctx = ctx.clone();
     let push = warp::put()
@@ -260,6 +275,34 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
             }
         });
 
+    let journal = ctx.journal.clone();
+    let receipt = warp::get()
+        .and(warp::path!("receipt" / String / String / String))
+        .and(signed(ctx.clone(), None))
+        .then(
+            move |uaid: String, sort_key: String, tag: String, _: Bytes| {
+                let journal = journal.clone();
+                async move {
+                    let (Some(journal), Some(uaid), Some(tag)) =
+                        (journal, parse_uaid(&uaid), parse_tag(&tag))
+                    else {
+                        return status(StatusCode::NOT_FOUND);
+                    };
+                    match journal.receipt(&uaid, &sort_key, tag).await {
+                        Ok(Some((state, updated))) => {
+                            warp::reply::json(&json!({"state": state, "updated": updated}))
+                                .into_response()
+                        }
+                        Ok(None) => status(StatusCode::NOT_FOUND),
+                        Err(e) => {
+                            debug!(error = %e, "could not read a receipt in the node's journal");
+                            status(StatusCode::SERVICE_UNAVAILABLE)
+                        }
+                    }
+                }
+            },
+        );
+
     let user = warp::get()
         .and(warp::path!("user" / String))
         .and(signed(ctx.clone(), None))
@@ -284,6 +327,8 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
     push.or(notify)
         .unify()
         .or(drop_client)
+        .unify()
+        .or(receipt)
         .unify()
         .or(user)
         .unify()

@@ -98,8 +98,14 @@ async fn open_journal(
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("--journal-dir {name}: cannot create it: {e}"))?;
     }
-    let journal = NodeJournal::open(dir, &settings.node_url, storage.clone(), nodes.clone())
-        .map_err(|e| format!("--journal-dir {name}: {e}"))?;
+    let journal = NodeJournal::open(
+        dir,
+        &settings.node_url,
+        storage.clone(),
+        nodes.clone(),
+        settings.receipt_retention,
+    )
+    .map_err(|e| format!("--journal-dir {name}: {e}"))?;
     journal.recover().await.map_err(|e| {
         format!("--journal-dir {name}: cannot move the copies it holds to the shared store: {e}")
     })?;
@@ -577,6 +583,16 @@ impl Checked {
                 drop_idle_users_after: settings.drop_idle_users_after,
             },
         ));
+        if let Some(journal) = &shared.journal {
+            // Receipts of copies acked there, past their retention.
+            servers.spawn(autopush_storage::sweeper::run(
+                Arc::new(journal.local().clone()),
+                autopush_storage::sweeper::SweepSettings {
+                    interval: settings.sweep_interval,
+                    drop_idle_users_after: settings.drop_idle_users_after,
+                },
+            ));
+        }
         let Listeners {
             websocket,
             router_api,
@@ -734,7 +750,7 @@ fn start_endpoint(
         &settings.autopush_rs_nodes,
     );
     let routers = RouterRegistry::default()
-        .with(RouterType::WebPush, webpush)
+        .with(RouterType::WebPush, webpush.clone())
         .extend(bridges);
     let registration = Arc::new(RegistrationState {
         storage: storage.clone(),
@@ -756,6 +772,7 @@ fn start_endpoint(
         health,
         fair_use: endpoint::fair_use::FairUse::new(&settings.limits),
         waker,
+        webpush,
     });
     servers.spawn({
         let state = state.clone();

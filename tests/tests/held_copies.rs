@@ -383,9 +383,11 @@ async fn kill9_at_random_points(db: Db, keeps: bool) {
 
 /// With a journal of its own, node A answers the sender once the copy is
 /// synced there, before the client acks, and the shared store sees no
-/// write of it: the receipt reads `sent`, then `delivered` at the ack.
+/// write of it: the receipt reads `sent`, then `delivered` at the ack,
+/// answered by A from its journal (with A down, the shared store knows
+/// nothing more than the id's `sent`), before and after A restarts.
 async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
-    let cluster = Cluster::keeping_for(db, 60_000).await;
+    let mut cluster = Cluster::keeping_for(db, 60_000).await;
     let mut ws = cluster.a.client().await;
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
@@ -405,6 +407,13 @@ async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
     .await;
     assert_eq!(cluster.stored_count(&uaid).await, 0);
     ws.close().await;
+    cluster.a.kill9();
+    assert_eq!(autopush_tests::receipt::state_of(&location).await, "sent");
+    cluster.a.restart().await;
+    assert_eq!(
+        autopush_tests::receipt::state_of(&location).await,
+        "delivered"
+    );
     let mut ws = cluster.b.reconnect(&uaid).await;
     ws.assert_nothing_arrives().await;
 }

@@ -33,7 +33,7 @@ use warp::reply::{Reply, Response};
 use crate::vapid::VapidVerifier;
 use autopush_common::router::RouterRegistry;
 use autopush_registration::RegistrationState;
-use autopush_webpush::Waker;
+use autopush_webpush::{Waker, WebPushRouter};
 use fair_use::FairUse;
 
 /// What the endpoint handlers share.
@@ -56,6 +56,9 @@ pub struct EndpointState {
     /// Wakes the devices of wake-only bridge registrations (and, through
     /// the webpush router, absent websocket clients).
     pub waker: Arc<Waker>,
+    /// The webpush router, which also asks a connection node for the
+    /// receipt of a message whose copy it keeps.
+    pub webpush: Arc<WebPushRouter>,
 }
 
 impl EndpointState {

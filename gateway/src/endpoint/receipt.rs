@@ -47,12 +47,22 @@ pub async fn answer(
     let now = now_secs();
     let kept = |at: u64| at.saturating_add(state.receipt_retention) > now;
     let found = match (message.settled, message.tag) {
-        // Sent, its copy kept by its connection node: storage has its row
-        // once it is acked or moved there.
+        // Sent, its copy kept by its connection node, which answers for
+        // it while it knows it; storage has its row once it moved there.
         (Some(sent), Some(tag)) => {
-            let client_id = ClientId::Tagged(tag);
-            let found = look_up(&state, &message, client_id, now).await?;
-            found.or(Some(sent))
+            let node = match &message.node {
+                Some(node) => {
+                    let (uaid, sort_key) = (&message.uaid, message.sort_key());
+                    state.webpush.kept_receipt(node, uaid, &sort_key, tag).await
+                }
+                None => None,
+            };
+            match node {
+                Some(found) => Some(found),
+                None => look_up(&state, &message, ClientId::Tagged(tag), now)
+                    .await?
+                    .or(Some(sent)),
+            }
         }
         (Some((settled, at)), None) => kept(at).then_some((settled, at)),
         (None, _) => look_up(&state, &message, ClientId::Same(&message_id), now).await?,

@@ -125,7 +125,10 @@ pub async fn deliver(
             // into the id the sender gets. A kept one's row may come later
             // (at its ack, or its move), under the id its client knows.
             message.settled = Some((settled, now_secs()));
-            message.tag = (delivery == Delivery::Kept).then(|| version_tag(&message_id));
+            if delivery == Delivery::Kept {
+                message.tag = Some(version_tag(&message_id));
+                message.node = user.node_id.clone();
+            }
             message_id = state.crypto.make_message_id(&message);
         }
     }
@@ -315,6 +318,7 @@ fn build_notification(
         key_hash: subscription.key_hash.as_ref().map(key_hash_in_id),
         settled,
         tag: None,
+        node: None,
     };
     let message_id = state.crypto.make_message_id(&info);
     let notification = Notification {

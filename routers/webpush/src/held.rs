@@ -330,7 +330,9 @@ impl Keeper {
     /// with receipts on, its receipt, sealed into its id by an endpoint
     /// that `seals`.
     async fn acked_first(&self, notification: &Notification, seals: bool, answer: Answer) {
-        self.journal.acked(&self.uaid, notification).await;
+        self.journal
+            .acked_unanswered(&self.uaid, notification)
+            .await;
         let answered = if seals {
             metrics::final_state(RouterType::WebPush, MessageState::Delivered);
             answer.send((PushOutcome::Delivered, Some(CopyFate::Acked)))
@@ -357,14 +359,14 @@ impl Keeper {
                 Some(CopyFate::Acked)
             }
             (Err(_), true) => {
-                self.journal.acked(uaid, notification).await;
+                self.journal.acked_unanswered(uaid, notification).await;
                 let fate = acked(self.storage.as_ref(), uaid, notification).await;
                 self.held().settled(uaid, version);
                 Some(fate)
             }
             (Err(e), false) => {
                 warn!(error = %e, "could not move a direct copy; the endpoint writes it");
-                self.journal.acked(uaid, notification).await;
+                self.journal.acked_unanswered(uaid, notification).await;
                 return None;
             }
         };
@@ -380,8 +382,9 @@ impl Keeper {
         let mut wait = self.journal.window();
         loop {
             if self.held().wait_up_to(wake, uaid, version, wait).await == GraceEnd::Acked {
+                // Its receipt stays here, for the endpoint to ask for.
                 self.journal.acked(uaid, notification).await;
-                acked(self.storage.as_ref(), uaid, notification).await;
+                metrics::final_state(RouterType::WebPush, MessageState::Delivered);
                 return;
             }
             match self.journal.move_to_shared(uaid, notification).await {

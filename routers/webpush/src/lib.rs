@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use autopush_common::node::{LocalNode, PushOutcome};
+use autopush_common::receipt::MessageState;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_storage::{CopyEnd, Storage};
@@ -425,6 +426,40 @@ impl WebPushRouter {
             (None, None) => {}
         }
         Ok(Delivery::Stored)
+    }
+
+    /// The receipt of a message whose copy `node_id` kept (see
+    /// [`node_journal`]), as that node knows it: `GET
+    /// {node_id}/receipt/{uaid}/{sort_key}/{tag}`, or this process's own
+    /// journal. `None` when the node no longer knows it, or did not answer.
+    pub async fn kept_receipt(
+        &self,
+        node_id: &str,
+        uaid: &Uuid,
+        sort_key: &str,
+        tag: [u8; 8],
+    ) -> Option<(MessageState, u64)> {
+        if self.local_for(node_id).is_some() {
+            let journal = self.journal.as_ref()?;
+            return journal.receipt(uaid, sort_key, tag).await.ok().flatten();
+        }
+        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        let path = format!("/receipt/{}/{sort_key}/{tag}", uaid.simple());
+        let response = match self
+            .nodes
+            .call(Method::GET, node_id, &path, Vec::new())
+            .await
+        {
+            Ok(response) if response.status().is_success() => response,
+            Ok(_) => return None,
+            Err(e) => {
+                warn!(node_id, error = %e, "could not ask a connection node for a receipt");
+                return None;
+            }
+        };
+        let receipt: serde_json::Value = response.json().await.ok()?;
+        let state = MessageState::parse(receipt["state"].as_str()?)?;
+        Some((state, receipt["updated"].as_u64()?))
     }
 
     /// `PUT {node_id}/notif/{uaid}`: ask the node to check storage.

@@ -12,8 +12,10 @@
 //! (its file journal, fsync'd and group-committed) in `--journal-dir`. The
 //! sender hears 201 once the copy is synced there (or acked). The node then
 //! keeps the copy for a window of seconds ([`WINDOW`]):
-//! * acked within it, the copy is settled in the journal, and the shared
-//!   store sees nothing but, with receipts on, the receipt;
+//! * acked within it, the copy is settled in the journal, which keeps its
+//!   receipt (with receipts on): the endpoint that serves `GET /m/…` asks
+//!   this node for it (`GET /receipt/…` on the router API), as the id the
+//!   sender got names the node. The shared store sees nothing of it;
 //! * not acked within it, or its client's session ending first, the copy
 //!   is moved: written to the shared store, then forgotten here, and the
 //!   node that holds the client now is told to look ([`NodeJournal::nudge`]).
@@ -38,9 +40,10 @@ use std::time::Duration;
 use autopush_common::Notification;
 use autopush_common::ids::uaid_tag;
 use autopush_common::node::LocalNode;
+use autopush_common::notification::version_tag;
 use autopush_common::receipt::MessageState;
 use autopush_storage::embedded::EmbeddedStore;
-use autopush_storage::{DirectCopy, Storage, StorageError};
+use autopush_storage::{DirectCopy, Storage, StorageError, StoredMessage};
 use futures_util::StreamExt;
 use http::Method;
 use tracing::{info, warn};
@@ -82,14 +85,18 @@ pub struct NodeJournal {
 impl NodeJournal {
     /// Open the journal in `dir` (made if missing) of the node `node_id`,
     /// for copies bound for `shared`; `nodes` tells other nodes to look.
+    /// The receipts of copies acked here are kept `retention` seconds (0:
+    /// receipts off).
     pub fn open(
         dir: &Path,
         node_id: &str,
         shared: Arc<dyn Storage>,
         nodes: NodeClient,
+        retention: u64,
     ) -> Result<NodeJournal, StorageError> {
+        let local = EmbeddedStore::open_with_cache(dir, CACHE)?.with_receipt_retention(retention);
         Ok(NodeJournal {
-            local: EmbeddedStore::open_with_cache(dir, CACHE)?,
+            local,
             shared,
             nodes,
             node_id: node_id.to_owned(),
@@ -113,7 +120,45 @@ impl NodeJournal {
         self.local.stage_direct(uaid, message).await
     }
 
-    /// The client acked `message`: its copy here is done with.
+    /// The store of the journal, for its housekeeping (receipts past
+    /// their retention).
+    pub fn local(&self) -> &EmbeddedStore {
+        &self.local
+    }
+
+    /// The client acked `message` before its sender was answered: its copy
+    /// here is done with, and its receipt is sealed into its id (or
+    /// written to the shared store) by whoever answers the sender.
+    pub async fn acked_unanswered(&self, uaid: &Uuid, message: &Notification) {
+        self.forget(uaid, message).await;
+    }
+
+    /// The receipt of the message `sort_key` of `uaid` whose client's id
+    /// has `tag`, while this journal knows it: `sent` while it is kept
+    /// here, `delivered` once acked here (for the receipts' retention).
+    /// `None`: not here (never, moved, or forgotten).
+    pub async fn receipt(
+        &self,
+        uaid: &Uuid,
+        sort_key: &str,
+        tag: [u8; 8],
+    ) -> Result<Option<(MessageState, u64)>, StorageError> {
+        let now = autopush_common::time::now_secs();
+        Ok(match self.local.read_message(uaid, sort_key).await? {
+            Some(StoredMessage::Settled(receipt))
+                if receipt.has_tag(tag) && receipt.expiry > now =>
+            {
+                Some((receipt.state, receipt.updated))
+            }
+            Some(StoredMessage::Pending(pending)) if version_tag(&pending.version) == tag => {
+                Some((MessageState::Sent, pending.timestamp))
+            }
+            _ => None,
+        })
+    }
+
+    /// The client acked `message` after its sender was answered: its copy
+    /// here is settled, leaving its receipt here (with receipts on).
     pub async fn acked(&self, uaid: &Uuid, message: &Notification) {
         let settled = self
             .local
