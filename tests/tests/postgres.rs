@@ -514,7 +514,8 @@ async fn autopush_rs_tables_pass_preflight_and_ours_take_its_statements() {
 
 /// A message autopush-rs stored, under its key (its millisecond sort-key
 /// timestamp unpadded, where ours pads it): ours read it, and an ack or a
-/// settle deletes it by the key read, conditional on its version.
+/// settle, alone or in a batch, deletes it by the key read, conditional on
+/// its version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_autopush_rs_stored_are_acked_under_its_key() {
     use autopush_common::User;
@@ -531,7 +532,8 @@ async fn messages_autopush_rs_stored_are_acked_under_its_key() {
         .await
         .unwrap();
     let now = now_secs();
-    for (i, version) in ["acked", "settled"].iter().enumerate() {
+    let versions = ["acked", "settled", "batched 1", "batched 2"];
+    for (i, version) in versions.iter().enumerate() {
         let chid = Uuid::new_v4();
         let ms = now * 1000 + i as u64;
         // As autopush-rs's save_message writes it.
@@ -548,8 +550,18 @@ async fn messages_autopush_rs_stored_are_acked_under_its_key() {
         .await;
     }
     let stored = store.fetch_messages(&uaid, 10).await.unwrap();
-    assert_eq!(stored.len(), 2);
-    for m in &stored {
+    assert_eq!(stored.len(), 4);
+    let (batched, one_by_one): (Vec<_>, Vec<_>) = stored
+        .iter()
+        .partition(|m| m.version.starts_with("batched"));
+    let mut batch: Vec<_> = batched
+        .iter()
+        .map(|m| (m.sort_key(), m.version.clone()))
+        .collect();
+    batch.push((batched[0].sort_key(), "other".into()));
+    let settled = store.settle_messages(&uaid, &batch, MessageState::Delivered);
+    assert_eq!(settled.await.unwrap(), [true, true, false], "batch");
+    for m in one_by_one {
         let key = m.sort_key();
         assert!(
             store.read_message(&uaid, &key).await.unwrap().is_some(),
