@@ -1069,25 +1069,33 @@ impl Storage for PostgresStore {
         state: MessageState,
     ) -> Result<Vec<bool>> {
         let mut settled = vec![false; messages.len()];
-        let (mut keys, mut versions, mut receipt_keys, mut ns) = (vec![], vec![], vec![], vec![]);
-        let mut seen = HashSet::new();
+        let too_large = || StorageError::Backend("PostgreSQL: a batch too large to settle".into());
+        let (mut rows, mut seen) = (Vec::new(), HashSet::new());
         for (n, (sort_key, version)) in messages.iter().enumerate() {
             // A pair given twice: its first settles, as one at a time would.
             if !seen.insert((sort_key, version)) {
                 continue;
             }
-            let receipt_key = receipt_row_key(sort_key, version);
+            let (n, receipt_key) = (
+                i32::try_from(n).map_err(|_| too_large())?,
+                receipt_row_key(sort_key, version),
+            );
             for key in key_spellings(sort_key) {
-                keys.push(key);
-                versions.push(version.as_str());
-                receipt_keys.push(receipt_key.clone());
-                ns.push(i32::try_from(n).map_err(|_| {
-                    StorageError::Backend("PostgreSQL: a batch too large to settle".into())
-                })?);
+                rows.push((key, version.as_str(), receipt_key.clone(), n));
             }
         }
-        if keys.is_empty() {
+        if rows.is_empty() {
             return Ok(settled);
+        }
+        // By key: two batches walked in array order lock the rows they
+        // share in one order.
+        rows.sort_unstable();
+        let (mut keys, mut versions, mut receipt_keys, mut ns) = (vec![], vec![], vec![], vec![]);
+        for (key, version, receipt_key, n) in rows {
+            keys.push(key);
+            versions.push(version);
+            receipt_keys.push(receipt_key);
+            ns.push(n);
         }
         let (uaid, now) = (hex(uaid), big(now_secs()));
         let (state, retention) = (state.as_str(), big(self.retention));
