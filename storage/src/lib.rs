@@ -321,6 +321,24 @@ pub trait Storage: Send + Sync {
         state: MessageState,
     ) -> Result<bool>;
 
+    /// Settle several messages of one user, each `(sort_key, version)` as
+    /// [`Storage::settle_message`] settles it: conditional on its own
+    /// version, and at most once (a pair given twice settles once).
+    /// Returns whether each was settled, in order. A backend may write the
+    /// whole batch in one statement; the default settles one at a time.
+    async fn settle_messages(
+        &self,
+        uaid: &Uuid,
+        messages: &[(String, String)],
+        state: MessageState,
+    ) -> Result<Vec<bool>> {
+        let mut settled = Vec::with_capacity(messages.len());
+        for (sort_key, version) in messages {
+            settled.push(self.settle_message(uaid, sort_key, version, state).await?);
+        }
+        Ok(settled)
+    }
+
     /// The row stored under `sort_key`, whatever it holds: a message
     /// (pending, or past its TTL and kept for its receipt) or a receipt,
     /// even one past its expiry that the backend has not removed yet. One

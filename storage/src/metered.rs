@@ -194,6 +194,16 @@ impl Storage for MeteredStorage {
         self.timed("settle_message", call).await
     }
 
+    async fn settle_messages(
+        &self,
+        uaid: &Uuid,
+        messages: &[(String, String)],
+        state: MessageState,
+    ) -> Result<Vec<bool>> {
+        let call = self.inner.settle_messages(uaid, messages, state);
+        self.timed("settle_messages", call).await
+    }
+
     async fn read_message(&self, uaid: &Uuid, sort_key: &str) -> Result<Option<StoredMessage>> {
         let call = self.inner.read_message(uaid, sort_key);
         self.timed("read_message", call).await

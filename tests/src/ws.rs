@@ -251,6 +251,17 @@ impl WsClient {
         self.ack(chid, version).await;
     }
 
+    /// Acknowledge the notifications `notifications` (as received) in one
+    /// `ack` message.
+    pub async fn ack_notifications(&mut self, notifications: &[Value]) {
+        let updates: Vec<Value> = notifications
+            .iter()
+            .map(|n| json!({"channelID": n["channelID"], "version": n["version"], "code": 100}))
+            .collect();
+        self.send_json(json!({"messageType": "ack", "updates": updates}))
+            .await;
+    }
+
     /// Negatively acknowledge a notification. The server sends no reply.
     pub async fn nack(&mut self, channel_id: &str, version: &str, code: u16) {
         self.send_json(json!({

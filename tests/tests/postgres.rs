@@ -358,7 +358,8 @@ impl Counter {
 /// written) is one read and no write; a stored push two reads (the second
 /// after the write, in case the client came back meanwhile) and a write;
 /// a returning client's hello with the drain of those messages and their
-/// acks.
+/// acks: one write each when the client acks them one at a time, one for
+/// them all when it acks them in one `ack` message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statements_per_path() {
     const PUSHES: u64 = 10;
@@ -403,13 +404,31 @@ async fn statements_per_path() {
         ws.ack_notification(&n).await;
     }
     let drain = counter.spent(PUSHES + 1).await;
-    drain.print("hello, drain and acks", PUSHES);
+    drain.print("hello, drain and acks one at a time", PUSHES);
+
+    ws.close().await;
+    counter.spent(0).await;
+    for i in 0..PUSHES {
+        sub.push_text(&format!("stored again {i}")).await;
+    }
+    counter.spent(PUSHES).await;
+    let mut ws = node.reconnect(&uaid).await;
+    let mut drained = Vec::new();
+    for _ in 0..PUSHES {
+        drained.push(sub.receive(&mut ws).await.0);
+    }
+    ws.ack_notifications(&drained).await;
+    let batched = counter.spent(2).await;
+    batched.print("hello, drain and one ack of them all", PUSHES);
 
     assert_eq!(direct.writes, 0, "acked direct pushes wrote");
     assert!(direct.reads <= 2 * PUSHES, "{} reads", direct.reads);
     // Each message, and the first push's clearing of the node the client left.
     assert_eq!(stored.writes, PUSHES + 1, "stored pushes");
     assert_eq!(drain.writes, PUSHES + 1, "hello and acks");
+    assert_eq!(batched.writes, 2, "hello and one ack of the whole drain");
+    let left = postgres::psql(&format!("SELECT count(*) FROM {schema}.message")).await;
+    assert_eq!(left.trim(), "0", "messages left after their acks");
 }
 
 /// autopush-rs leaves the timestamp messages a client acknowledged in
@@ -514,7 +533,8 @@ async fn autopush_rs_tables_pass_preflight_and_ours_take_its_statements() {
 
 /// A message autopush-rs stored, under its key (its millisecond sort-key
 /// timestamp unpadded, where ours pads it): ours read it, and an ack or a
-/// settle deletes it by the key read, conditional on its version.
+/// settle, alone or in a batch, deletes it by the key read, conditional on
+/// its version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_autopush_rs_stored_are_acked_under_its_key() {
     use autopush_common::User;
@@ -531,7 +551,8 @@ async fn messages_autopush_rs_stored_are_acked_under_its_key() {
         .await
         .unwrap();
     let now = now_secs();
-    for (i, version) in ["acked", "settled"].iter().enumerate() {
+    let versions = ["acked", "settled", "batched 1", "batched 2"];
+    for (i, version) in versions.iter().enumerate() {
         let chid = Uuid::new_v4();
         let ms = now * 1000 + i as u64;
         // As autopush-rs's save_message writes it.
@@ -548,8 +569,18 @@ async fn messages_autopush_rs_stored_are_acked_under_its_key() {
         .await;
     }
     let stored = store.fetch_messages(&uaid, 10).await.unwrap();
-    assert_eq!(stored.len(), 2);
-    for m in &stored {
+    assert_eq!(stored.len(), 4);
+    let (batched, one_by_one): (Vec<_>, Vec<_>) = stored
+        .iter()
+        .partition(|m| m.version.starts_with("batched"));
+    let mut batch: Vec<_> = batched
+        .iter()
+        .map(|m| (m.sort_key(), m.version.clone()))
+        .collect();
+    batch.push((batched[0].sort_key(), "other".into()));
+    let settled = store.settle_messages(&uaid, &batch, MessageState::Delivered);
+    assert_eq!(settled.await.unwrap(), [true, true, false], "batch");
+    for m in one_by_one {
         let key = m.sort_key();
         assert!(
             store.read_message(&uaid, &key).await.unwrap().is_some(),

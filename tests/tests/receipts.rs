@@ -192,6 +192,45 @@ async fn a_client_that_leaves_unacked_turns_sent_back_into_stored(db: Db) {
     wait_for_state(&direct, "delivered").await;
 }
 
+/// A client that acks its drain in one `ack` message: each message it
+/// names reads `delivered` and is counted once as such, one it names with
+/// a version that is not its own stays, and the next hello brings only
+/// that one.
+async fn a_drain_acked_in_one_message_settles_each_message_named(db: Db) {
+    let [metrics_port] = free_ports::<1>();
+    let server = start(db, &["--metrics-port", &metrics_port.to_string()]).await;
+    let (uaid, sub) = server.offline_subscription(false).await;
+    let mut receipts = Vec::new();
+    for i in 0..4 {
+        receipts.push(location(&sub.push_text(&format!("m{i}")).await));
+    }
+    let mut ws = server.reconnect(&uaid).await;
+    let mut drained = Vec::new();
+    for _ in 0..4 {
+        let (n, d) = sub.receive(&mut ws).await;
+        drained.push((d.text, n));
+    }
+    drained.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut acks: Vec<_> = drained.iter().map(|(_, n)| n.clone()).collect();
+    acks[3]["version"] = "not its version".into();
+    ws.ack_notifications(&acks).await;
+    for receipt in &receipts[..3] {
+        wait_for_state(receipt, "delivered").await;
+    }
+    let delivered = [("router_type", "webpush"), ("state", "delivered")];
+    wait_until("three delivered counted", async || {
+        let reply = http::get(&format!("http://127.0.0.1:{metrics_port}/metrics")).await;
+        Scrape::parse(&reply.text).value("notification_final", &delivered) == 3.0
+    })
+    .await;
+    assert_eq!(state_of(&receipts[3]).await, "sent");
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    let (_, d) = sub.receive(&mut ws).await;
+    assert_eq!(d.text, "m3");
+    ws.assert_nothing_arrives().await;
+}
+
 /// A VAPID-restricted subscription's receipts need the push's VAPID key.
 async fn a_v2_receipt_needs_the_push_vapid_key(db: Db) {
     let server = start(db, &[]).await;
@@ -275,6 +314,7 @@ on_every_backend!(
     a_pending_message_of_a_removed_registration_is_gone,
     a_pending_message_of_an_unsubscribed_channel_is_gone,
     a_client_that_leaves_unacked_turns_sent_back_into_stored,
+    a_drain_acked_in_one_message_settles_each_message_named,
     a_v2_receipt_needs_the_push_vapid_key,
     a_receipt_is_gone_after_its_retention,
 );

@@ -462,6 +462,124 @@ mod suite {
         None
     }
 
+    /// The messages of [`settle_a_mixed_batch`], by what the batch does to
+    /// each.
+    struct MixedBatch {
+        uaid: Uuid,
+        /// Settled: a plain message and the Topic's newest.
+        settled: [Notification; 2],
+        /// Left as they were: one named with a stale version, one past its
+        /// TTL.
+        pending: [Notification; 2],
+        /// Not settled: replaced under its Topic before the batch.
+        replaced: Notification,
+    }
+
+    /// One user's batch of a plain message (twice), one under a stale
+    /// version, a Topic message replaced since and its replacement, a
+    /// message never stored and one past its TTL; each settles only if
+    /// it matches, as one settle at a time would. Another user's batch
+    /// naming them settles none.
+    async fn settle_a_mixed_batch(store: &dyn Storage) -> MixedBatch {
+        let (uaid, other_user, chid) = (user(store).await, user(store).await, Uuid::new_v4());
+        let plain = message(chid, None, 1, 60, "plain");
+        let stale = message(chid, None, 2, 60, "stale");
+        let (t1, t2) = (
+            message(chid, Some("score"), 3, 60, "t1"),
+            message(chid, Some("score"), 4, 60, "t2"),
+        );
+        let never_stored = message(chid, None, 5, 60, "never stored");
+        let mut lapsed = message(chid, None, 6, 60, "lapsed");
+        lapsed.timestamp -= 120;
+        for m in [&plain, &stale, &t1, &lapsed] {
+            store.save_messages(&uaid, vec![m.clone()]).await.unwrap();
+        }
+        store.save_messages(&uaid, vec![t2.clone()]).await.unwrap();
+        let pair = |m: &Notification| (m.sort_key(), m.version.clone());
+        let delivered = MessageState::Delivered;
+        let others = [pair(&plain), pair(&t2)];
+        let settled = store.settle_messages(&other_user, &others, delivered);
+        assert_eq!(settled.await.unwrap(), [false, false], "another user's");
+        let batch = [
+            pair(&plain),
+            (stale.sort_key(), "a stale version".to_owned()),
+            pair(&t1),
+            pair(&never_stored),
+            pair(&lapsed),
+            pair(&t2),
+            pair(&plain),
+        ];
+        let settled = store.settle_messages(&uaid, &batch, delivered);
+        let settled = settled.await.unwrap();
+        assert_eq!(
+            settled,
+            [true, false, false, false, false, true, false],
+            "settled, in the batch's order"
+        );
+        let none = store.settle_messages(&uaid, &[], delivered).await.unwrap();
+        assert!(none.is_empty());
+        MixedBatch {
+            uaid,
+            settled: [plain, t2],
+            pending: [stale, lapsed],
+            replaced: t1,
+        }
+    }
+
+    /// With receipts off, a batch deletes what it settles and nothing else.
+    pub async fn a_batch_settles_only_what_matches(store: Arc<dyn Storage>) {
+        let b = settle_a_mixed_batch(&*store).await;
+        for m in &b.settled {
+            let row = store.read_message(&b.uaid, &m.sort_key()).await.unwrap();
+            assert_eq!(row, None, "{:?} left", m.data);
+        }
+        let [stale, lapsed] = &b.pending;
+        let row = store
+            .read_message(&b.uaid, &stale.sort_key())
+            .await
+            .unwrap();
+        assert_eq!(row, Some(StoredMessage::Pending(stale.clone())));
+        // A backend's own expiry may have taken the lapsed one.
+        match store
+            .read_message(&b.uaid, &lapsed.sort_key())
+            .await
+            .unwrap()
+        {
+            None => {}
+            Some(StoredMessage::Pending(kept)) if kept.version == lapsed.version => {}
+            other => panic!("the lapsed message left {other:?}"),
+        }
+        assert_eq!(
+            data(&store.fetch_messages(&b.uaid, 10).await.unwrap()),
+            ["stale"]
+        );
+    }
+
+    /// With receipts on, a batch leaves a `delivered` receipt of each
+    /// message it settles, a Topic message's under its own key, and of no
+    /// other.
+    pub async fn a_batch_leaves_receipts_of_what_it_settles(store: Arc<dyn Storage>) {
+        let b = settle_a_mixed_batch(&*store).await;
+        let delivered = Some(MessageState::Delivered);
+        for m in &b.settled {
+            assert_eq!(
+                receipt_of(&*store, &b.uaid, m).await,
+                delivered,
+                "{:?}",
+                m.data
+            );
+        }
+        for m in &b.pending {
+            assert_eq!(receipt_of(&*store, &b.uaid, m).await, None, "{:?}", m.data);
+        }
+        let replaced = receipt_of(&*store, &b.uaid, &b.replaced).await;
+        assert_eq!(replaced, Some(MessageState::Replaced));
+        assert_eq!(
+            data(&store.fetch_messages(&b.uaid, 10).await.unwrap()),
+            ["stale"]
+        );
+    }
+
     /// A direct message acked before any copy of it was written leaves its
     /// receipt where no row is; where a copy was written after all, the
     /// copy is settled instead. Neither is fetched again.
@@ -1173,6 +1291,7 @@ macro_rules! suite_for {
                 without_receipts_settling_deletes,
                 direct_messages_read_and_settle_like_stored_ones,
                 an_expired_message_is_never_settled,
+                a_batch_settles_only_what_matches,
             );
         )*
     };
@@ -1204,6 +1323,7 @@ macro_rules! receipts_for {
                 direct_messages_leave_receipts,
                 an_unwritten_direct_message_leaves_its_receipt,
                 an_expired_message_is_never_settled,
+                a_batch_leaves_receipts_of_what_it_settles,
             );
         )*
     };

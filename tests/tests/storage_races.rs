@@ -3,7 +3,8 @@
 //! Many tasks interleave what the service's callers do to a few users at
 //! once: endpoints saving plain and Topic messages (some already expired)
 //! or staging direct ones that a client acks at once, sessions fetching
-//! and acking, senders deleting by message id, the sweep, connections
+//! and acking (one message at a time, or a batch with late acks in it),
+//! senders deleting by message id, the sweep, connections
 //! taking a user over, the `/v1` registration calls (list channels, new
 //! token, unregister) through their real handlers, and user removal. Every outcome is written down; at the end the model checks:
 //!
@@ -205,9 +206,11 @@ impl World {
                 }
                 fetched?;
             }
-            // A session fetches and acks some of what it got.
-            3 | 4 => {
+            // A session fetches and acks some of what it got: one ack
+            // message each, or all in one (maybe one of them twice).
+            op @ (3 | 4) => {
                 let now = now_secs();
+                let mut acked = Vec::new();
                 for m in store.fetch_messages(&uaid, 10).await? {
                     if m.is_expired(now) {
                         self.note(|o| {
@@ -216,22 +219,31 @@ impl World {
                         });
                     }
                     if rng.bool() {
-                        self.finish(&uaid, &m, MessageState::Delivered).await?;
+                        acked.push(m);
+                    }
+                }
+                match op {
+                    3 => {
+                        for m in &acked {
+                            self.finish(&uaid, m, MessageState::Delivered).await?;
+                        }
+                    }
+                    _ => {
+                        if let Some(again) = acked.first().filter(|_| rng.bool()).cloned() {
+                            acked.push(again);
+                        }
+                        // An ack late for a message settled or replaced since.
+                        if let Some(late) = self.any_accepted(&uaid, rng) {
+                            acked.push(late);
+                        }
+                        self.finish_all(&uaid, &acked, MessageState::Delivered)
+                            .await?;
                     }
                 }
             }
             // A sender deletes a message by id (maybe one already gone).
             5 => {
-                let pick = {
-                    let o = self.observed.lock().unwrap();
-                    let mine: Vec<_> = o
-                        .accepted
-                        .values()
-                        .filter(|m| self.owner(m) == uaid)
-                        .collect();
-                    (!mine.is_empty()).then(|| mine[rng.usize(..mine.len())].clone())
-                };
-                if let Some(m) = pick {
+                if let Some(m) = self.any_accepted(&uaid, rng) {
                     self.finish(&uaid, &m, MessageState::Deleted).await?;
                 }
             }
@@ -290,14 +302,58 @@ impl World {
             }
         };
         if done {
-            self.note(|o| {
-                o.deleted.insert(m.version.clone());
-                if self.receipts {
-                    o.settled.insert(m.version.clone(), state);
-                }
-            });
+            self.finished(m, state);
         }
         Ok(())
+    }
+
+    /// One of the messages accepted for `uaid`, whatever became of it.
+    fn any_accepted(&self, uaid: &Uuid, rng: &mut fastrand::Rng) -> Option<Notification> {
+        let o = self.observed.lock().unwrap();
+        let mine: Vec<_> = o
+            .accepted
+            .values()
+            .filter(|m| self.owner(m) == *uaid)
+            .collect();
+        (!mine.is_empty()).then(|| mine[rng.usize(..mine.len())].clone())
+    }
+
+    /// Settle the messages `ms` in one batch, as an `ack` message naming
+    /// them all does: each conditional on its version.
+    async fn finish_all(
+        &self,
+        uaid: &Uuid,
+        ms: &[Notification],
+        state: MessageState,
+    ) -> Result<(), StorageError> {
+        let batch: Vec<_> = ms
+            .iter()
+            .map(|m| (m.sort_key(), m.version.clone()))
+            .collect();
+        let settled = self.store.settle_messages(uaid, &batch, state).await?;
+        let once: HashSet<_> = ms.iter().map(|m| &m.version).collect();
+        if settled.iter().filter(|s| **s).count() > once.len() {
+            self.note(|o| {
+                o.problems
+                    .push(("a batch settled a message twice", String::new()))
+            });
+        }
+        for (m, done) in ms.iter().zip(settled) {
+            if done {
+                self.finished(m, state);
+            }
+        }
+        Ok(())
+    }
+
+    /// Note that `m` was settled in `state` (deleted with receipts off).
+    fn finished(&self, m: &Notification, state: MessageState) {
+        self.note(|o| {
+            o.deleted.insert(m.version.clone());
+            if self.receipts {
+                o.settled.insert(m.version.clone(), state);
+            }
+        });
     }
 
     /// With receipts on: problems with the receipts of `uaid`'s messages.

@@ -3,11 +3,13 @@
 //!
 //! An ack settles a stored message as `delivered` (its row becomes its
 //! receipt, or is deleted with receipts off), but only the version acked: a
-//! newer message that replaced it under the same Topic stays. A nack (Firefox
-//! sends one when the service worker's push handler failed) deletes nothing,
-//! as in the seeds: the message is logged, not sent again in this session,
-//! and offered again at the client's next connection until its TTL runs out
-//! (a nacked direct one is stored for that, if it was not already).
+//! newer message that replaced it under the same Topic stays. The stored
+//! messages one `ack` names are settled together, in one write where the
+//! backend can (one statement on PostgreSQL). A nack (Firefox sends one
+//! when the service worker's push handler failed) deletes nothing, as in
+//! the seeds: the message is logged, not sent again in this session, and
+//! offered again at the client's next connection until its TTL runs out (a
+//! nacked direct one is stored for that, if it was not already).
 
 use autopush_common::ids::uaid_tag;
 use autopush_common::metrics;
@@ -22,11 +24,31 @@ use tracing::{debug, info};
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
 
+/// What an ack leaves in storage to settle.
+enum Acked {
+    /// A message sent from storage.
+    Stored(Notification),
+    /// A direct message's durable copy, written and not held back.
+    DirectCopy(Notification),
+    Nothing,
+}
+
 impl Session {
+    /// The stored messages one `ack` settles go to storage together, in
+    /// one call; a durable direct copy is settled on its own.
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
+        let mut stored = Vec::new();
         for update in updates {
-            self.settle(&update.version).await?;
+            match self.forget(&update.version) {
+                Acked::Stored(message) => stored.push((message.sort_key(), update.version)),
+                Acked::DirectCopy(message) => {
+                    self.settle_stored(vec![(message.sort_key(), update.version)])
+                        .await?
+                }
+                Acked::Nothing => {}
+            }
         }
+        self.settle_stored(stored).await?;
         self.after_settling().await
     }
 
@@ -82,40 +104,52 @@ impl Session {
         Ok(())
     }
 
-    /// The client acked `version`: forget it, deleting it from storage if
-    /// it came from there or has a durable copy there.
-    async fn settle(&mut self, version: &str) -> Flow {
+    /// The client acked `version`: forget it, and say what of it is left
+    /// in storage to settle.
+    fn forget(&mut self, version: &str) -> Acked {
         let in_flight = self.in_flight_mut();
-        let stored = if let Some(direct) = in_flight.unacked_direct.remove(version) {
+        if let Some(direct) = in_flight.unacked_direct.remove(version) {
             self.inbox.settled_direct();
             metrics::ack("direct");
             // A copy held back for its grace is its holder's to settle.
             let held = direct.durable && self.ctx.registry.held_copies().ack(&self.uaid, version);
-            (direct.durable && !held).then_some(direct)
+            match direct.durable && !held {
+                true => Acked::DirectCopy(direct),
+                false => Acked::Nothing,
+            }
         } else if let Some(stored) = in_flight.unacked_stored.remove(version) {
             in_flight.recently_settled.remember(version, Instant::now());
             metrics::ack("stored");
-            Some(stored)
+            Acked::Stored(stored)
         } else {
             debug!(uaid = %uaid_tag(&self.uaid), "ack for an unknown version");
             metrics::ack("unknown");
-            None
-        };
-        if let Some(message) = stored {
-            let settled = self
+            Acked::Nothing
+        }
+    }
+
+    /// Settle the acked messages stored under these `(sort_key, version)`s
+    /// as `delivered`, each if it is still that version.
+    async fn settle_stored(&mut self, messages: Vec<(String, String)>) -> Flow {
+        let settled = match messages.as_slice() {
+            [] => return Ok(()),
+            // One (a client acking one at a time, a direct copy): as ever.
+            [(sort_key, version)] => vec![
+                self.ctx
+                    .storage
+                    .settle_message(&self.uaid, sort_key, version, MessageState::Delivered)
+                    .await
+                    .map_err(Close::storage)?,
+            ],
+            _ => self
                 .ctx
                 .storage
-                .settle_message(
-                    &self.uaid,
-                    &message.sort_key(),
-                    version,
-                    MessageState::Delivered,
-                )
+                .settle_messages(&self.uaid, &messages, MessageState::Delivered)
                 .await
-                .map_err(Close::storage)?;
-            if settled {
-                metrics::final_state(RouterType::WebPush, MessageState::Delivered);
-            }
+                .map_err(Close::storage)?,
+        };
+        for _ in settled.into_iter().filter(|settled| *settled) {
+            metrics::final_state(RouterType::WebPush, MessageState::Delivered);
         }
         Ok(())
     }

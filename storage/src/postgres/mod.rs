@@ -125,6 +125,7 @@ struct Sql {
     count_messages: String,
     remove_message: String,
     settle_message: String,
+    settle_messages: String,
     read_message: String,
     read_receipt: String,
     settle_unwritten: String,
@@ -337,6 +338,33 @@ impl Sql {
                      state = EXCLUDED.state, updated = EXCLUDED.updated, expiry = EXCLUDED.expiry) \
                      SELECT count(*) FROM settled"
                 ),
+            },
+            // `settle_message` for a batch, in one statement: element `n`
+            // is a row of each spelling of its key ($2), its version ($3)
+            // and its receipt's key ($4), `n` in $5; now is $6. Returned
+            // are the `n`s settled. With receipts on, their receipts ($7,
+            // kept $8) come in the same statement.
+            settle_messages: {
+                let settled = format!(
+                    "DELETE FROM {m} AS msg \
+                     USING unnest($2::text[], $3::text[], $4::text[], $5::int[]) \
+                     AS batch(key, version, receipt_key, n) \
+                     WHERE msg.uaid = $1 AND msg.chid_message_id = batch.key \
+                     AND msg.version = batch.version AND msg.expiry > $6 \
+                     RETURNING batch.n, batch.version, batch.receipt_key"
+                );
+                match receipts {
+                    false => format!("WITH settled AS ({settled}) SELECT DISTINCT n FROM settled"),
+                    true => format!(
+                        "WITH settled AS ({settled}), \
+                         kept AS (INSERT INTO {rc} (uaid, chid_message_id, version, state, updated, expiry) \
+                         SELECT DISTINCT ON (receipt_key) $1, receipt_key, version, $7, $6, \
+                         $6::bigint + $8::bigint FROM settled \
+                         ON CONFLICT (uaid, chid_message_id) DO UPDATE SET version = EXCLUDED.version, \
+                         state = EXCLUDED.state, updated = EXCLUDED.updated, expiry = EXCLUDED.expiry) \
+                         SELECT DISTINCT n FROM settled"
+                    ),
+                }
             },
             read_message: format!(
                 "SELECT {MESSAGE_COLUMNS} FROM {m} WHERE uaid = $1 AND chid_message_id = ANY($2) \
@@ -1030,6 +1058,59 @@ impl Storage for PostgresStore {
             }
         };
         Ok(removed > 0)
+    }
+
+    /// One statement for the whole batch, each message conditional on its
+    /// own version as in `settle_message`.
+    async fn settle_messages(
+        &self,
+        uaid: &Uuid,
+        messages: &[(String, String)],
+        state: MessageState,
+    ) -> Result<Vec<bool>> {
+        let mut settled = vec![false; messages.len()];
+        let too_large = || StorageError::Backend("PostgreSQL: a batch too large to settle".into());
+        let (mut rows, mut seen) = (Vec::new(), HashSet::new());
+        for (n, (sort_key, version)) in messages.iter().enumerate() {
+            // A pair given twice: its first settles, as one at a time would.
+            if !seen.insert((sort_key, version)) {
+                continue;
+            }
+            let (n, receipt_key) = (
+                i32::try_from(n).map_err(|_| too_large())?,
+                receipt_row_key(sort_key, version),
+            );
+            for key in key_spellings(sort_key) {
+                rows.push((key, version.as_str(), receipt_key.clone(), n));
+            }
+        }
+        if rows.is_empty() {
+            return Ok(settled);
+        }
+        // By key: two batches walked in array order lock the rows they
+        // share in one order.
+        rows.sort_unstable();
+        let (mut keys, mut versions, mut receipt_keys, mut ns) = (vec![], vec![], vec![], vec![]);
+        for (key, version, receipt_key, n) in rows {
+            keys.push(key);
+            versions.push(version);
+            receipt_keys.push(receipt_key);
+            ns.push(n);
+        }
+        let (uaid, now) = (hex(uaid), big(now_secs()));
+        let (state, retention) = (state.as_str(), big(self.retention));
+        let mut params: Vec<&(dyn ToSql + Sync)> =
+            vec![&uaid, &keys, &versions, &receipt_keys, &ns, &now];
+        if self.retention > 0 {
+            params.extend([&state as &(dyn ToSql + Sync), &retention]);
+        }
+        for row in self.query(&self.sql.settle_messages, &params).await? {
+            let n: i32 = row.try_get(0).map_err(|e| backend("read", e))?;
+            if let Some(one) = usize::try_from(n).ok().and_then(|n| settled.get_mut(n)) {
+                *one = true;
+            }
+        }
+        Ok(settled)
     }
 
     /// Held copies, as on DynamoDB: a message its client acks within the
