@@ -30,7 +30,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::Notification;
+use crate::errors::retry_after_secs;
 use crate::limit::{Limiter, Rate};
+use crate::limit_headers::RateLimit;
 use crate::router::RouterError;
 
 /// How long and how often a bridge tries one push.
@@ -187,16 +189,18 @@ pub struct AppLimit {
 impl AppLimit {
     /// A token for one push upstream, or [`RouterError::TooManyRequests`]
     /// (429 `bridge app` for the sender, counted as
-    /// `rate_limit.refused{limit="bridge_app"}`) with the wait until the next.
+    /// `rate_limit.refused{limit="bridge_app"}`) naming the app's bucket,
+    /// with the wait until its next token.
     pub fn check(&self) -> Result<(), RouterError> {
         let Some(limiter) = &self.limiter else {
             return Ok(());
         };
         limiter
-            .check_counted(&self.key, "bridge_app")
-            .map_err(|wait| RouterError::TooManyRequests {
+            .take_counted(&self.key, "bridge_app")
+            .map(drop)
+            .map_err(|refused| RouterError::TooManyRequests {
                 what: "bridge app",
-                retry_after: wait,
+                limit: RateLimit::refused("bridge_app", refused),
             })
     }
 }
@@ -220,11 +224,11 @@ pub fn upstream_retry_after(given: Option<Duration>) -> Duration {
 }
 
 /// The upstream said "too many requests": the sender gets 429 (`bridge`)
-/// with [`upstream_retry_after`].
+/// with [`upstream_retry_after`], under the `upstream` policy.
 pub fn upstream_too_many(given: Option<Duration>) -> RouterError {
     RouterError::TooManyRequests {
         what: "bridge",
-        retry_after: upstream_retry_after(given),
+        limit: RateLimit::upstream(retry_after_secs(upstream_retry_after(given))),
     }
 }
 
@@ -482,7 +486,7 @@ mod tests {
             result,
             Err(RouterError::TooManyRequests {
                 what: "bridge",
-                retry_after: Duration::from_secs(3600)
+                limit: RateLimit::upstream(3600)
             })
         );
     }
@@ -499,11 +503,15 @@ mod tests {
         let limits = AppLimits::new(Rate::new(0.001, 2.0), 100);
         let (fcm, gcm) = (limits.app("fcm", "a"), limits.app("gcm", "a"));
         assert!(fcm.check().is_ok() && fcm.check().is_ok());
-        let Err(RouterError::TooManyRequests { what, retry_after }) = fcm.check() else {
+        let Err(RouterError::TooManyRequests { what, limit }) = fcm.check() else {
             panic!("the third push is over the rate");
         };
         assert_eq!(what, "bridge app");
-        assert!(retry_after > Duration::from_secs(100), "{retry_after:?}");
+        assert_eq!(
+            (limit.policy, limit.quota, limit.window, limit.remaining),
+            ("bridge_app", 2, Some(2000), 0)
+        );
+        assert!(limit.reset > 100, "{limit:?}");
         assert!(gcm.check().is_ok(), "another bridge's app of the same name");
         let off = AppLimits::default().app("fcm", "a");
         assert!((0..1000).all(|_| off.check().is_ok()));

@@ -4,6 +4,8 @@
 use http::StatusCode;
 use serde::Serialize;
 
+use crate::limit_headers::RateLimit;
+
 /// Where the errno table is documented for senders.
 pub const ERROR_URL: &str = "http://autopush.readthedocs.io/en/latest/http.html#error-codes";
 
@@ -81,11 +83,12 @@ pub enum ApiError {
     #[error("Method not allowed: this path takes {allowed} only")]
     MethodNotAllowed { allowed: &'static str },
     /// Over a rate limit (`what` names it: "sender", "subscription",
-    /// "source address", "bridge app"); back off for `retry_after` seconds.
-    #[error("Too many requests for this {what}; retry after {retry_after} seconds")]
+    /// "source address", "bridge app", "bridge"); `limit` is the one that
+    /// refused, and its `reset` the seconds to back off.
+    #[error("Too many requests for this {what}; retry after {} seconds", .limit.reset)]
     TooManyRequests {
         what: &'static str,
-        retry_after: u64,
+        limit: RateLimit,
     },
     /// A bridge registration's mailbox holds its most messages: the app
     /// has not fetched them yet.
@@ -93,13 +96,14 @@ pub enum ApiError {
         "The app's mailbox is full ({0} messages waiting); retry once the app has fetched them"
     )]
     MailboxFull(usize),
-    /// The user agent holds its most messages below its minimum urgency,
-    /// and this subscription holds the most of them.
+    /// The user agent holds its most messages below its minimum urgency
+    /// (`held`, of at most `bound`), and this subscription holds the most
+    /// of them.
     #[error(
-        "The user agent holds {0} messages below its minimum urgency, the most of them for this \
-         subscription; retry once it has lowered its minimum and taken them"
+        "The user agent holds {held} messages below its minimum urgency, the most of them for \
+         this subscription; retry once it has lowered its minimum and taken them"
     )]
-    HoldFull(usize),
+    HoldFull { held: usize, bound: usize },
     /// The backend's detail, for the log only (see [`ApiError::public_message`]).
     #[error("Storage unavailable: {0}")]
     Storage(String),
@@ -117,7 +121,9 @@ impl ApiError {
             | InvalidTtl(_) | InvalidTopic(_) | BadRequest(_) => StatusCode::BAD_REQUEST,
             InvalidAuthentication(_) => StatusCode::UNAUTHORIZED,
             Storage(_) | BridgeUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            TooManyRequests { .. } | MailboxFull(_) | HoldFull(_) => StatusCode::TOO_MANY_REQUESTS,
+            TooManyRequests { .. } | MailboxFull(_) | HoldFull { .. } => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -144,20 +150,36 @@ impl ApiError {
             | BridgeUnavailable { .. }
             | TooManyRequests { .. }
             | MailboxFull(_)
-            | HoldFull(_) => 201,
+            | HoldFull { .. } => 201,
             MethodNotAllowed { .. } => 999,
         }
     }
 
     /// Seconds the sender should wait before retrying (`Retry-After`), for
-    /// the errors that invite a retry.
+    /// the errors that invite a retry: for a 429, what its
+    /// [`ApiError::rate_limit`] says.
     pub fn retry_after(&self) -> Option<u64> {
+        if let Some(limit) = self.rate_limit() {
+            return Some(limit.reset.max(1));
+        }
         match self {
-            ApiError::BridgeUnavailable { retry_after }
-            | ApiError::TooManyRequests { retry_after, .. } => Some((*retry_after).max(1)),
+            ApiError::BridgeUnavailable { retry_after } => Some((*retry_after).max(1)),
             ApiError::Storage(_) => Some(120),
-            ApiError::MailboxFull(_) => Some(MAILBOX_FULL_RETRY_AFTER),
-            ApiError::HoldFull(_) => Some(HOLD_FULL_RETRY_AFTER),
+            _ => None,
+        }
+    }
+
+    /// The limit that refused a 429, for its `RateLimit-Policy` and
+    /// `RateLimit` headers: every 429 names one.
+    pub fn rate_limit(&self) -> Option<RateLimit> {
+        match self {
+            ApiError::TooManyRequests { limit, .. } => Some(*limit),
+            ApiError::MailboxFull(size) => {
+                Some(RateLimit::full("mailbox", *size, MAILBOX_FULL_RETRY_AFTER))
+            }
+            ApiError::HoldFull { bound, .. } => {
+                Some(RateLimit::full("hold", *bound, HOLD_FULL_RETRY_AFTER))
+            }
             _ => None,
         }
     }
@@ -210,6 +232,36 @@ mod tests {
         );
         let body = ApiError::NoSubscription.body();
         assert_eq!((body.code, body.errno), (410, 106));
+    }
+
+    #[test]
+    fn every_429_names_the_limit_that_refused_and_waits_as_it_says() {
+        let errors = [
+            ApiError::TooManyRequests {
+                what: "bridge",
+                limit: RateLimit::upstream(30),
+            },
+            ApiError::MailboxFull(100),
+            ApiError::HoldFull {
+                held: 101,
+                bound: 100,
+            },
+        ];
+        for error in errors {
+            assert_eq!(error.status(), StatusCode::TOO_MANY_REQUESTS);
+            let limit = error.rate_limit().expect("a 429 names its limit");
+            assert_eq!(error.retry_after(), Some(limit.reset), "{error:?}");
+        }
+        let hold = ApiError::HoldFull {
+            held: 101,
+            bound: 100,
+        };
+        assert_eq!(
+            hold.rate_limit().map(|l| (l.policy, l.quota)),
+            Some(("hold", 100))
+        );
+        assert!(hold.to_string().contains("holds 101 messages"), "{hold}");
+        assert_eq!(ApiError::Storage(String::new()).rate_limit(), None);
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod errors;
 pub mod http_client;
 pub mod ids;
 pub mod limit;
+pub mod limit_headers;
 pub mod metrics;
 pub mod node;
 pub mod node_auth;

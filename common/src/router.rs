@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use serde::Deserialize;
 
 use crate::bridge::mask_token;
-use crate::errors::retry_after_secs;
+use crate::limit_headers::RateLimit;
 use crate::{ApiError, ApiResult, Notification, RouterType, Urgency, User};
 
 /// How a router disposed of a notification.
@@ -92,11 +92,12 @@ pub enum RouterError {
     #[error("the bridge is busy; retry after {retry_after:?}")]
     Unavailable { retry_after: std::time::Duration },
     /// Too many requests, by our own rate for the app (`what`: `bridge
-    /// app`) or by the upstream's answer (`bridge`): 429 for the sender.
-    #[error("too many requests for this {what}; retry after {retry_after:?}")]
+    /// app`) or by the upstream's answer (`bridge`): 429 for the sender,
+    /// naming `limit`.
+    #[error("too many requests for this {what}; retry after {} s", .limit.reset)]
     TooManyRequests {
         what: &'static str,
-        retry_after: std::time::Duration,
+        limit: RateLimit,
     },
 }
 
@@ -118,10 +119,9 @@ impl From<RouterError> for ApiError {
                 // Whole seconds, rounded up: `Retry-After: 0` would invite a storm.
                 retry_after: retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0),
             },
-            RouterError::TooManyRequests { what, retry_after } => ApiError::TooManyRequests {
-                what,
-                retry_after: retry_after_secs(retry_after),
-            },
+            RouterError::TooManyRequests { what, limit } => {
+                ApiError::TooManyRequests { what, limit }
+            }
         }
     }
 }
@@ -292,16 +292,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn too_many_requests_is_a_429_with_whole_seconds() {
+    fn too_many_requests_is_a_429_naming_its_limit_in_whole_seconds() {
+        // Half a token short at 0.2 a second: 2.5 s.
+        let standing = crate::limit::Standing {
+            tokens: 0.5,
+            rate: crate::limit::Rate::new(0.2, 2.0).unwrap(),
+        };
         let error = ApiError::from(RouterError::TooManyRequests {
-            what: "bridge",
-            retry_after: std::time::Duration::from_millis(2500),
+            what: "bridge app",
+            limit: RateLimit::refused("bridge_app", standing),
         });
         assert_eq!(
             (error.status().as_u16(), error.errno(), error.retry_after()),
             (429, 201, Some(3))
         );
-        assert!(error.public_message().contains("bridge"), "{error}");
+        let limit = error.rate_limit().unwrap();
+        assert_eq!((limit.policy, limit.reset), ("bridge_app", 3));
+        assert!(error.public_message().contains("bridge app"), "{error}");
     }
 
     #[test]

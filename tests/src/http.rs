@@ -55,12 +55,106 @@ impl HttpReply {
         assert_error_parts(status, errno, self.status, &self.json, &self.text);
     }
 
+    /// Assert a limit's refusal: 429 errno 201, with `Retry-After` and the
+    /// [`RateLimit`] headers agreeing on the wait; the limit they name.
+    pub fn assert_rate_limited(&self, what: &str) -> RateLimit {
+        self.assert_error(429, 201);
+        RateLimit::refused(&self.headers, what)
+    }
+
     /// Assert a push was accepted: 201 with `Location` and `TTL`.
     pub fn assert_created(&self) {
         assert_eq!(self.status, 201, "push not accepted: {self:?}");
         assert!(self.header("location").is_some(), "no Location: {self:?}");
         assert!(self.header("ttl").is_some(), "no TTL: {self:?}");
     }
+}
+
+/// A limit as a sender reads it in the IETF `RateLimit-Policy` and
+/// `RateLimit` headers (draft-ietf-httpapi-ratelimit-headers): the policy's
+/// name, its quota `q` and window `w` in seconds (none for a limit that
+/// does not refill with time), the requests left `r`, and the seconds `t`
+/// until more may pass.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateLimit {
+    pub policy: String,
+    pub quota: u64,
+    pub window: Option<u64>,
+    pub remaining: u64,
+    pub reset: u64,
+}
+
+impl RateLimit {
+    /// Both headers of an answer; panics, naming `what`, when one is
+    /// missing or malformed, or when they name two policies.
+    pub fn read(headers: &BTreeMap<String, String>, what: &str) -> RateLimit {
+        let (policy, mut p) = rate_limit_item(headers, "ratelimit-policy", &["q", "w"], what);
+        let (named, mut l) = rate_limit_item(headers, "ratelimit", &["r", "t"], what);
+        assert_eq!(policy, named, "{what}: the two headers name one policy");
+        let required = |params: &mut BTreeMap<String, u64>, key: &str| {
+            params
+                .remove(key)
+                .unwrap_or_else(|| panic!("{what}: no {key} in {headers:?}"))
+        };
+        RateLimit {
+            quota: required(&mut p, "q"),
+            window: p.remove("w"),
+            remaining: required(&mut l, "r"),
+            reset: required(&mut l, "t"),
+            policy,
+        }
+    }
+
+    /// A refusal's: besides, a `Retry-After` of whole seconds (at least
+    /// one), nothing left (`r=0`), and `t` that same wait.
+    pub fn refused(headers: &BTreeMap<String, String>, what: &str) -> RateLimit {
+        let retry_after: u64 = headers
+            .get("retry-after")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no Retry-After in seconds: {headers:?}"));
+        assert!(retry_after >= 1, "{what}: Retry-After {retry_after}");
+        let limit = RateLimit::read(headers, what);
+        assert_eq!(
+            (limit.remaining, limit.reset),
+            (0, retry_after),
+            "{what}: r and t of a refusal, against Retry-After {retry_after}: {limit:?}"
+        );
+        limit
+    }
+}
+
+/// One `RateLimit-Policy` or `RateLimit` item, `"name";key=value;...`,
+/// with integer parameters among `keys`: its name and parameters.
+fn rate_limit_item(
+    headers: &BTreeMap<String, String>,
+    header: &str,
+    keys: &[&str],
+    what: &str,
+) -> (String, BTreeMap<String, u64>) {
+    let value = headers
+        .get(header)
+        .unwrap_or_else(|| panic!("{what}: no {header} header: {headers:?}"));
+    let mut parts = value.split(';');
+    let name = parts
+        .next()
+        .and_then(|n| n.strip_prefix('"'))
+        .and_then(|n| n.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("{what}: {header}: {value:?} does not start with a string"));
+    let mut params = BTreeMap::new();
+    for part in parts {
+        let parsed = part
+            .split_once('=')
+            .filter(|(k, _)| keys.contains(k))
+            .and_then(|(k, v)| Some((k.to_owned(), v.parse::<u64>().ok()?)));
+        let Some((key, number)) = parsed else {
+            panic!("{what}: {header}: {value:?}: {part:?} is not one of {keys:?}=integer");
+        };
+        assert!(
+            params.insert(key, number).is_none(),
+            "{what}: {header}: {value:?}: {part:?} twice"
+        );
+    }
+    (name.to_owned(), params)
 }
 
 pub(crate) fn assert_error_parts(

@@ -3,6 +3,20 @@
 use serde_json::Value;
 
 use crate::http::HttpReply;
+use crate::py::SendResult;
+
+/// A push refused for a full mailbox of `size` messages, as its sender
+/// sees it: 429 errno 201 with `Retry-After`, and the `mailbox` policy:
+/// its size, with no window (a mailbox empties as its app fetches and
+/// acks, not with time).
+pub fn assert_full(refused: &SendResult, size: u64) {
+    let limit = refused.assert_rate_limited("a push to a full mailbox");
+    assert_eq!(
+        (limit.policy.as_str(), limit.quota, limit.window),
+        ("mailbox", size, None),
+        "{limit:?}"
+    );
+}
 
 /// Every message in a mailbox, page by page (`limit` a page), oldest
 /// first; `page` lists one page given the query string.

@@ -399,6 +399,14 @@ impl SendResult {
     pub fn assert_error(&self, status: u16, errno: u64) {
         crate::http::assert_error_parts(status, errno, self.status, &self.json(), &self.body);
     }
+
+    /// Assert a limit's refusal: 429 errno 201, with `Retry-After` and the
+    /// [`crate::http::RateLimit`] headers agreeing on the wait; the limit
+    /// they name.
+    pub fn assert_rate_limited(&self, what: &str) -> crate::http::RateLimit {
+        self.assert_error(429, 201);
+        crate::http::RateLimit::refused(&self.headers, what)
+    }
 }
 
 /// Send a push message with pywebpush to `endpoint` for a subscription with `keys`.

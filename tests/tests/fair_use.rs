@@ -6,21 +6,11 @@
 //! its client in `X-Forwarded-For`.
 
 use autopush_crypto::vapid::VapidKey as SigningKey;
-use autopush_tests::http::{self, HttpReply, request};
+use autopush_tests::http::{self, HttpReply, RateLimit, request};
 use autopush_tests::prometheus::Scrape;
 use autopush_tests::*;
 use reqwest::Method;
 use serde_json::json;
-
-/// A 429 as the README promises it: errno 201 and a Retry-After to honour.
-fn assert_limited(status: u16, errno: Option<u64>, retry_after: Option<&str>, what: &str) {
-    assert_eq!(status, 429, "{what}: expected 429");
-    assert_eq!(errno, Some(201), "{what}: errno");
-    let seconds: u64 = retry_after
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{what}: no Retry-After in seconds"));
-    assert!(seconds >= 1, "{what}: Retry-After {seconds}");
-}
 
 async fn refused(server: &Server, limit: &str) -> f64 {
     let reply = http::get(&format!("{}/metrics", server.router_base())).await;
@@ -39,11 +29,10 @@ async fn a_sender_over_its_limit_does_not_slow_another_sender() {
             .assert_created();
     }
     let over = sub.send(&SendOptions::text("noisy 3").vapid(&noisy)).await;
-    assert_limited(
-        over.status,
-        over.json()["errno"].as_u64(),
-        over.header("retry-after"),
-        "the noisy sender's 4th push",
+    assert_eq!(
+        over.assert_rate_limited("the noisy sender's 4th push")
+            .policy,
+        "sender"
     );
     // The same subscription, another VAPID key: unaffected.
     for i in 0..3 {
@@ -90,11 +79,10 @@ async fn unsigned_pushes_count_against_their_subscription_and_address() {
         push(&flooded.endpoint).await.assert_created();
     }
     let over = push(&flooded.endpoint).await;
-    assert_limited(
-        over.status,
-        over.json["errno"].as_u64(),
-        over.header("retry-after"),
+    assert_429(
+        &over,
         "the flooded subscription's 3rd unsigned push",
+        "subscription",
     );
     // Another subscription is not affected by that one's flood...
     for _ in 0..2 {
@@ -104,11 +92,10 @@ async fn unsigned_pushes_count_against_their_subscription_and_address() {
     // subscription and cost the address nothing), so it is over its limit
     // whatever subscription it pushes to next.
     let over = push(&third.endpoint).await;
-    assert_limited(
-        over.status,
-        over.json["errno"].as_u64(),
-        over.header("retry-after"),
+    assert_429(
+        &over,
         "the address's 5th accepted unsigned push",
+        "source_ip",
     );
     // A push signed with the key its subscription pins counts against its
     // sender alone.
@@ -137,12 +124,10 @@ async fn registrations_from_one_address_are_limited() {
         assert_eq!(created.status, 200, "{}", created.text);
     }
     let over = register().await;
-    assert_limited(
-        over.status,
-        over.json["errno"].as_u64(),
-        over.header("retry-after"),
-        "the 3rd registration",
-    );
+    assert_429(&over, "the 3rd registration", "registration");
+    // A burst of 2, refilled at one every 100 s.
+    let limit = RateLimit::read(&over.headers, "the 3rd registration");
+    assert_eq!((limit.quota, limit.window), (2, Some(200)), "{limit:?}");
     assert_eq!(refused(&server, "registration").await, 1.0);
 }
 
@@ -182,13 +167,11 @@ async fn signed_push(server: &Server, endpoint: &str, key: &SigningKey) -> HttpR
     .await
 }
 
-fn assert_429(reply: &HttpReply, what: &str) {
-    assert_limited(
-        reply.status,
-        reply.json["errno"].as_u64(),
-        reply.header("retry-after"),
-        what,
-    );
+/// A 429 as the README promises it: errno 201, a Retry-After to honour,
+/// and the RateLimit headers naming `policy`, the limit that refused.
+fn assert_429(reply: &HttpReply, what: &str, policy: &str) {
+    let limit = reply.assert_rate_limited(what);
+    assert_eq!(limit.policy, policy, "{what}: {limit:?}");
 }
 
 /// One host holds a whole IPv6 /64: its addresses share one bucket for
@@ -209,7 +192,7 @@ async fn an_ipv6_64_is_one_address_for_every_limit() {
         assert_eq!(created.status, 200, "{client}: {}", created.text);
     }
     let over = register_from(&server, "2001:db8:1:2:ffff::3").await;
-    assert_429(&over, "a 3rd registration from the /64");
+    assert_429(&over, "a 3rd registration from the /64", "registration");
     let other = register_from(&server, "2001:db8:1:3::1").await;
     assert_eq!(other.status, 200, "another /64: {}", other.text);
 
@@ -221,7 +204,7 @@ async fn an_ipv6_64_is_one_address_for_every_limit() {
             .assert_created();
     }
     let over = unsigned_push_from(&sub.endpoint, "2001:db8:5:6:ffff::c").await;
-    assert_429(&over, "a 3rd unsigned push from the /64");
+    assert_429(&over, "a 3rd unsigned push from the /64", "source_ip");
     unsigned_push_from(&sub.endpoint, "2001:db8:5:7::a")
         .await
         .assert_created();
@@ -259,12 +242,14 @@ async fn fresh_vapid_keys_do_not_escape_the_limits() {
     assert_429(
         &fresh(&first.endpoint).await,
         "a 3rd push to one subscription, each by a fresh key",
+        "subscription",
     );
     // The address has had 2 of its 3 (the refused push cost it nothing).
     fresh(&second.endpoint).await.assert_created();
     assert_429(
         &fresh(&second.endpoint).await,
         "a 4th push from one address, each by a fresh key",
+        "source_ip",
     );
     // The key a subscription pins is its sender's: not limited by address.
     let key = SigningKey::generate();
@@ -337,6 +322,7 @@ async fn forged_signatures_for_a_pinned_key_are_limited_by_address() {
     assert_429(
         &push("192.0.2.1", forged.clone()).await,
         "a 3rd forged signature from one address",
+        "forged",
     );
     // The real sender, elsewhere, is not slowed.
     let genuine = key.authorization(&server.endpoint_base(), "mailto:ops@example.com");
@@ -375,6 +361,7 @@ async fn a_proxy_seen_ipv4_mapped_is_trusted() {
     assert_429(
         &register_from(&server, "192.0.2.1").await,
         "the same client's 2nd registration",
+        "registration",
     );
     let other = register_from(&server, "192.0.2.2").await;
     assert_eq!(other.status, 200, "another client: {}", other.text);
@@ -455,6 +442,7 @@ async fn a_verified_token_is_limited_by_its_key_not_its_address() {
     assert_429(
         &signed_push(&server, &endpoints[204], &SigningKey::generate()).await,
         "a 5th fresh key from the address",
+        "source_ip",
     );
     // The token that is known still passes.
     push_with(&endpoints[204], &authorization)
@@ -499,6 +487,7 @@ async fn a_named_sender_has_its_own_rate() {
     assert_429(
         &push_with(&endpoints[5], &authorization).await,
         "the named sender's 6th push",
+        "sender",
     );
     // Another key has --sender-limit's 2, refused or not the named one.
     let other = SigningKey::generate();
@@ -512,6 +501,7 @@ async fn a_named_sender_has_its_own_rate() {
     assert_429(
         &push_with(&endpoints[8], &other_authorization).await,
         "another key's 3rd push",
+        "sender",
     );
     assert_eq!(refused(&server, "sender").await, 2.0);
 }
@@ -546,46 +536,23 @@ async fn a_malformed_sender_limit_is_named_at_start_up() {
     }
 }
 
-/// One `RateLimit-Policy` or `RateLimit` item, `"name";key=value;...`:
-/// its name and integer parameters.
-fn rate_limit_item(reply: &HttpReply, header: &str, what: &str) -> (String, Vec<(String, u64)>) {
-    let value = reply
-        .header(header)
-        .unwrap_or_else(|| panic!("{what}: no {header} header ({})", reply.status));
-    let mut parts = value.split(';');
-    let name = parts.next().unwrap_or_default();
-    let name = name
-        .strip_prefix('"')
-        .and_then(|n| n.strip_suffix('"'))
-        .unwrap_or_else(|| panic!("{what}: {header}: {value:?} does not start with a string"));
-    let params = parts
-        .map(|p| {
-            let (k, v) = p.split_once('=').expect("key=value");
-            let v = v
-                .parse()
-                .unwrap_or_else(|_| panic!("{what}: {header}: {value:?}: {k} is no integer"));
-            (k.to_owned(), v)
-        })
-        .collect();
-    (name.to_owned(), params)
-}
-
 /// The binding limit's name, its policy's q and w, and its r and t.
 fn rate_limit(reply: &HttpReply, what: &str) -> (String, [u64; 4]) {
-    let (policy, p) = rate_limit_item(reply, "ratelimit-policy", what);
-    let (limit, l) = rate_limit_item(reply, "ratelimit", what);
-    assert_eq!(policy, limit, "{what}: the two headers name one policy");
-    let keys = |params: &[(String, u64)]| params.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
-    assert_eq!(keys(&p), ["q", "w"], "{what}: policy parameters");
-    assert_eq!(keys(&l), ["r", "t"], "{what}: limit parameters");
-    (policy, [p[0].1, p[1].1, l[0].1, l[1].1])
+    let limit = RateLimit::read(&reply.headers, what);
+    let window = limit
+        .window
+        .unwrap_or_else(|| panic!("{what}: a bucket's policy without its window: {limit:?}"));
+    (
+        limit.policy,
+        [limit.quota, window, limit.remaining, limit.reset],
+    )
 }
 
 /// Each 201 and 429 of a push names, in the IETF RateLimit headers, the
 /// limit it stands closest to: the fewest requests left, or the one that
 /// refused. A bucket's policy is its burst over the seconds it takes to
-/// refill; what is left counts down with each push, and on a 429 the
-/// effective window ends no later than Retry-After.
+/// refill; what is left counts down with each push, and on a 429 `t` is
+/// the Retry-After.
 #[tokio::test]
 async fn each_answer_names_the_limit_that_binds() {
     let server = Server::start_with(&[
@@ -618,11 +585,9 @@ async fn each_answer_names_the_limit_that_binds() {
         assert!(t <= 100, "{what}: t={t}");
     }
     let (over, what) = unsigned(3).await;
-    assert_429(&over, &what);
-    let (name, [q, w, r, t]) = rate_limit(&over, &what);
+    assert_429(&over, &what, "source_ip");
+    let (name, [q, w, r, _]) = rate_limit(&over, &what);
     assert_eq!((name.as_str(), q, w, r), ("source_ip", 2, 200, 0), "{what}");
-    let retry_after: u64 = over.header("retry-after").unwrap().parse().unwrap();
-    assert!(t <= retry_after, "{what}: t={t}, Retry-After {retry_after}");
 
     // A pinned key counts against its sender alone.
     let mut ws = server.client().await;
@@ -636,9 +601,7 @@ async fn each_answer_names_the_limit_that_binds() {
         assert_eq!((name.as_str(), q, w, r), ("sender", 3, 300, left), "{what}");
     }
     let over = signed_push(&server, &pinned, &key).await;
-    assert_429(&over, "the sender's 4th push");
-    let (name, [q, w, r, t]) = rate_limit(&over, "the sender's 4th push");
+    assert_429(&over, "the sender's 4th push", "sender");
+    let (name, [q, w, r, _]) = rate_limit(&over, "the sender's 4th push");
     assert_eq!((name.as_str(), q, w, r), ("sender", 3, 300, 0));
-    let retry_after: u64 = over.header("retry-after").unwrap().parse().unwrap();
-    assert!(t <= retry_after, "t={t}, Retry-After {retry_after}");
 }

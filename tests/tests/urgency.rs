@@ -291,12 +291,17 @@ async fn raw_push(sub: &Subscription, urgency: &str) -> autopush_tests::http::Ht
     post_push(&sub.endpoint, &[("ttl", "600"), ("urgency", urgency)], None).await
 }
 
-/// The answer to a push over the hold's bound: 429 errno 201, with a
-/// `Retry-After`.
-fn assert_hold_full(reply: &autopush_tests::http::HttpReply) {
-    assert_eq!(reply.status, 429, "{reply:?}");
-    assert_eq!(reply.json["errno"], 201, "{reply:?}");
-    assert!(reply.header("retry-after").is_some(), "{reply:?}");
+/// The answer to a push over the hold's bound of `bound` messages: 429
+/// errno 201, with a `Retry-After`, and the `hold` policy: that bound, with
+/// no window (the hold empties as the user agent takes its messages, not
+/// with time).
+fn assert_hold_full(reply: &autopush_tests::http::HttpReply, bound: u64) {
+    let limit = reply.assert_rate_limited("a push over the hold's bound");
+    assert_eq!(
+        (limit.policy.as_str(), limit.quota, limit.window),
+        ("hold", bound, None),
+        "{limit:?}"
+    );
 }
 
 /// Messages held below the minimum are never sent while held, so they are
@@ -326,7 +331,7 @@ async fn held_messages_never_reset_the_user_agent_and_are_bounded() {
     }
     let answered: Vec<u16> = statuses.iter().map(|r| r.status).collect();
     assert_eq!(answered, [201, 201, 201, 429], "{statuses:?}");
-    assert_hold_full(&statuses[3]);
+    assert_hold_full(&statuses[3], 3);
     set_min(&mut ws, "very-low").await;
     let released = ws.recv_notifications(3).await;
     for n in &released {
@@ -352,7 +357,7 @@ async fn a_full_hold_costs_only_the_subscription_holding_the_most() {
         assert_eq!(reply.status, 201, "{reply:?}");
         filled.push(reply.header("location").expect("Location").to_owned());
     }
-    assert_hold_full(&raw_push(&filler, "low").await);
+    assert_hold_full(&raw_push(&filler, "low").await, 3);
 
     let reply = raw_push(&other, "low").await;
     assert_eq!(
@@ -361,7 +366,7 @@ async fn a_full_hold_costs_only_the_subscription_holding_the_most() {
     );
     assert_eq!(receipt::state_of(&filled[0]).await, "dropped");
     assert_eq!(receipt::state_of(&filled[1]).await, "stored");
-    assert_hold_full(&raw_push(&filler, "low").await);
+    assert_hold_full(&raw_push(&filler, "low").await, 3);
 
     set_min(&mut ws, "very-low").await;
     let released = ws.recv_notifications(3).await;

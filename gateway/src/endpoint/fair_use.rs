@@ -34,10 +34,10 @@
 //! spreading over N nodes, a sender gets up to N times the rate.
 //!
 //! Over any limit is 429 with `Retry-After`, never 403 (a Matrix homeserver
-//! deletes a pusher on 403). A push's 201, or a limit's 429, names the
-//! limit the push stands closest to (the one with the fewest requests
-//! left, or the one that refused it) in the IETF `RateLimit-Policy` and
-//! `RateLimit` headers ([`Binding`]).
+//! deletes a pusher on 403). A push's 201 names the limit the push stands
+//! closest to (the one with the fewest requests left, [`Binding`]), and a
+//! limit's 429 the one that refused it, in the IETF `RateLimit-Policy` and
+//! `RateLimit` headers ([`RateLimit`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -45,11 +45,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use autopush_common::endpoint::TokenInfo;
-use autopush_common::errors::retry_after_secs;
 use autopush_common::limit::{AddressLimiter, Bucket, Limiter, Rate, Span, Standing};
+use autopush_common::limit_headers::RateLimit;
 use autopush_common::{ApiError, ApiResult, metrics};
 use uuid::Uuid;
-use warp::http::{HeaderMap, HeaderValue};
 
 use crate::settings::RateLimits;
 use crate::vapid::VapidIdentity;
@@ -104,14 +103,13 @@ pub struct FairUse {
     pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
-/// The limit a push stands closest to (the fewest requests left), or the
-/// one that refused it: what its answer's `RateLimit` headers name.
+/// Of the limits a push passed, the one it stands closest to (the fewest
+/// requests left): what its 201's `RateLimit` headers name. (A refusal
+/// names its own limit, in its [`ApiError::TooManyRequests`].)
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Binding {
     pub policy: &'static str,
     pub standing: Standing,
-    /// This limit refused the push.
-    pub refused: bool,
 }
 
 impl Binding {
@@ -122,27 +120,9 @@ impl Binding {
         }
     }
 
-    /// `RateLimit-Policy: "name";q=BURST;w=SECONDS` (a token bucket's burst,
-    /// and the whole seconds it takes to refill from empty: its sustained
-    /// rate is q/w) and `RateLimit: "name";r=LEFT;t=SECONDS` (the requests
-    /// that may still pass at once, and the whole seconds before another
-    /// may), as draft-ietf-httpapi-ratelimit-headers spells them.
-    pub fn add_headers(&self, headers: &mut HeaderMap) {
-        let Standing { rate, .. } = self.standing;
-        let quota = rate.burst.floor() as u64;
-        let window = ((rate.burst / rate.per_second).round() as u64).max(1);
-        let policy = format!("\"{}\";q={quota};w={window}", self.policy);
-        let limit = format!(
-            "\"{}\";r={};t={}",
-            self.policy,
-            self.standing.remaining(),
-            self.standing.next_token().as_secs()
-        );
-        for (name, value) in [("ratelimit-policy", policy), ("ratelimit", limit)] {
-            if let Ok(value) = HeaderValue::from_str(&value) {
-                headers.insert(name, value);
-            }
-        }
+    /// The limit as the answer's headers tell it.
+    pub fn rate_limit(&self) -> RateLimit {
+        RateLimit::passed(self.policy, self.standing)
     }
 }
 
@@ -203,13 +183,13 @@ impl FairUse {
 
     /// Before a signature from `client` is checked: refused while its
     /// address is out of budget for failed checks ([`FairUse::forged`]).
-    pub fn may_verify(&self, client: IpAddr, binding: &mut Option<Binding>) -> ApiResult<()> {
+    pub fn may_verify(&self, client: IpAddr) -> ApiResult<()> {
         let Some(limiter) = &self.forged else {
             return Ok(());
         };
         limiter
             .ready_counted(client, FORGED.limit)
-            .map_err(|(span, refused)| refuse(FORGED.policy(span), FORGED.what, refused, binding))
+            .map_err(|(span, refused)| refuse(FORGED.policy(span), FORGED.what, refused))
     }
 
     /// A signature from `client` failed its check.
@@ -335,36 +315,19 @@ fn settle(
 ) -> ApiResult<()> {
     match taken {
         Ok(standing) => {
-            Binding::closer(
-                binding,
-                Binding {
-                    policy,
-                    standing,
-                    refused: false,
-                },
-            );
+            Binding::closer(binding, Binding { policy, standing });
             Ok(())
         }
-        Err(refused) => Err(refuse(policy, what, refused, binding)),
+        Err(refused) => Err(refuse(policy, what, refused)),
     }
 }
 
-/// The 429 for `what`, refused under `policy`: the binding limit is that
-/// one, whatever others stand at.
-fn refuse(
-    policy: &'static str,
-    what: &'static str,
-    refused: Standing,
-    binding: &mut Option<Binding>,
-) -> ApiError {
-    *binding = Some(Binding {
-        policy,
-        standing: refused,
-        refused: true,
-    });
+/// The 429 for `what`, refused under `policy`: it names that limit,
+/// whatever others stand at.
+fn refuse(policy: &'static str, what: &'static str, refused: Standing) -> ApiError {
     ApiError::TooManyRequests {
         what,
-        retry_after: retry_after_secs(refused.next_token()),
+        limit: RateLimit::refused(policy, refused),
     }
 }
 
@@ -397,53 +360,6 @@ mod tests {
         matches!(result, Err(ApiError::TooManyRequests { .. }))
     }
 
-    fn headers(binding: &Binding) -> (String, String) {
-        let mut out = HeaderMap::new();
-        binding.add_headers(&mut out);
-        let text = |name: &str| out[name].to_str().unwrap().to_owned();
-        (text("ratelimit-policy"), text("ratelimit"))
-    }
-
-    #[test]
-    fn the_headers_name_the_bucket_and_where_it_stands() {
-        let rate = Rate::new(1000.0, 10_000.0).unwrap();
-        let standing = Standing {
-            tokens: 9957.4,
-            rate,
-        };
-        let binding = Binding {
-            policy: "sender",
-            standing,
-            refused: false,
-        };
-        assert_eq!(
-            headers(&binding),
-            (
-                r#""sender";q=10000;w=10"#.to_owned(),
-                r#""sender";r=9957;t=0"#.to_owned()
-            )
-        );
-        // Refused at a token every 100 s: the window ends within Retry-After.
-        let slow = Rate::new(0.01, 3.0).unwrap();
-        let refused = Standing {
-            tokens: 0.25,
-            rate: slow,
-        };
-        let binding = Binding {
-            policy: "source_ip",
-            standing: refused,
-            refused: true,
-        };
-        assert_eq!(
-            headers(&binding),
-            (
-                r#""source_ip";q=3;w=300"#.to_owned(),
-                r#""source_ip";r=0;t=75"#.to_owned()
-            )
-        );
-        assert_eq!(retry_after_secs(refused.next_token()), 75);
-    }
-
     #[test]
     fn the_binding_limit_is_the_one_with_fewest_left() {
         let limits = fair_use(3.0);
@@ -467,12 +383,16 @@ mod tests {
         limits.unproven_push(other, &mut binding).unwrap();
         assert_eq!(closest(binding), ("subscription", 1));
         limits.unpinned_push(uaid, channel_id, &mut None).unwrap();
-        assert!(refused(limits.unpinned_push(
-            uaid,
-            channel_id,
-            &mut binding
-        )));
-        assert!(binding.is_some_and(|b| b.refused && b.policy == "subscription"));
+        // The subscription's 4th: its refusal names it.
+        let Err(ApiError::TooManyRequests { limit, .. }) =
+            limits.unpinned_push(uaid, channel_id, &mut None)
+        else {
+            panic!("the subscription's 4th push passed");
+        };
+        assert_eq!(
+            (limit.policy, limit.quota, limit.remaining),
+            ("subscription", 3, 0)
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use autopush_common::endpoint::TokenInfo;
+use autopush_common::limit_headers::RateLimit;
 use autopush_common::{ApiError, ApiResult, metrics};
 use autopush_serving::http::Peer;
 use serde_json::{Map, Value, json};
@@ -92,6 +93,7 @@ pub fn routes(
                         errcode: "M_UNRECOGNIZED",
                         error: "this path takes GET and POST only".into(),
                         retry_after: None,
+                        rate_limit: None,
                     }
                     .into_response(),
                 }
@@ -269,6 +271,8 @@ struct MatrixError {
     error: String,
     /// Seconds to wait, for `Retry-After` (and `retry_after_ms`).
     retry_after: Option<u64>,
+    /// The limit that refused a 429, for the `RateLimit` headers.
+    rate_limit: Option<RateLimit>,
 }
 
 impl MatrixError {
@@ -278,6 +282,7 @@ impl MatrixError {
             errcode,
             error,
             retry_after: None,
+            rate_limit: None,
         }
     }
 
@@ -292,6 +297,9 @@ impl MatrixError {
             response
                 .headers_mut()
                 .insert("retry-after", HeaderValue::from(seconds));
+        }
+        if let Some(limit) = self.rate_limit {
+            limit.add_headers(response.headers_mut());
         }
         response
     }
@@ -311,6 +319,7 @@ impl From<ApiError> for MatrixError {
             errcode,
             error: e.public_message(),
             retry_after: e.retry_after(),
+            rate_limit: e.rate_limit(),
         }
     }
 }

@@ -91,6 +91,9 @@ pub fn error_response(error: &ApiError) -> Response {
             .headers_mut()
             .insert("retry-after", warp::http::HeaderValue::from(seconds));
     }
+    if let Some(limit) = error.rate_limit() {
+        limit.add_headers(response.headers_mut());
+    }
     response
 }
 
@@ -142,13 +145,13 @@ pub fn routes(
                         metrics::push_answered(router_type, e.status().as_u16(), Some(e.errno()))
                     }
                 }
-                // A push accepted, or refused by a limit: not one refused
-                // for another reason (a bridge app's limit, a full mailbox)
-                // after the limits passed it.
-                let binding = binding.filter(|b| result.is_ok() || b.refused);
+                // An accepted push names the limit it stands closest to;
+                // a refused one, whatever refused it, its own (a 429 the
+                // limit that refused).
+                let binding = binding.filter(|_| result.is_ok());
                 let mut response = render(result);
                 if let Some(binding) = binding {
-                    binding.add_headers(response.headers_mut());
+                    binding.rate_limit().add_headers(response.headers_mut());
                 }
                 response
             },

@@ -288,7 +288,7 @@ fn authenticate(
             if pinned.is_none() {
                 fair_use.unproven_push(client, binding)?;
             }
-            fair_use.may_verify(client, binding)?;
+            fair_use.may_verify(client)?;
             state
                 .vapid
                 .verify_claim(unverified, pinned)

@@ -54,7 +54,10 @@ pub async fn make_room(
         return Ok(());
     };
     if own >= most {
-        return Err(ApiError::HoldFull(held.len()));
+        return Err(ApiError::HoldFull {
+            held: held.len(),
+            bound: limit,
+        });
     }
     let Some(oldest) = held
         .iter()
