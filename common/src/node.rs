@@ -96,6 +96,12 @@ impl HeldCopies {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Whether no copy is held: at shutdown, once every holder has moved
+    /// or settled its copy.
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
+    }
+
     /// Hold the copy of `version` (before the message is offered to the
     /// client, so its ack cannot come first); what wakes the holder.
     pub fn hold(&self, uaid: &Uuid, version: &str) -> Arc<Notify> {

@@ -832,7 +832,9 @@ pub async fn run(mode: Mode, settings: Settings) -> Result<(), String> {
 }
 
 /// Close every websocket and give sessions a moment to store what their
-/// clients had not acknowledged.
+/// clients had not acknowledged, and the holders of their copies to move
+/// them to storage (what a node's journal still holds after that moves at
+/// its next start).
 async fn close_sessions(clients: &ClientRegistry) {
     info!(
         clients = clients.len(),
@@ -840,7 +842,8 @@ async fn close_sessions(clients: &ClientRegistry) {
     );
     clients.kick_all();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while clients.live_sessions() > 0 && tokio::time::Instant::now() < deadline {
+    let busy = || clients.live_sessions() > 0 || !clients.held_copies().is_empty();
+    while busy() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -494,6 +494,28 @@ async fn a_keeping_node_killed_delivers_its_copies_when_it_starts_again(db: Db) 
     assert_eq!(cluster.stored_count(&uaid).await, 0);
 }
 
+/// A keeping node stopped the way a service manager stops it (SIGTERM)
+/// closes its sessions and moves the copies they leave unacked to the
+/// shared store before it exits: the client gets them on node B while A
+/// stays down.
+async fn a_keeping_node_stopped_moves_its_copies_before_it_exits(db: Db) {
+    let mut cluster = Cluster::keeping_for(db, 60_000).await;
+    let mut ws = cluster.a.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    let (sent, n) = tokio::join!(sub.push_text("before the stop"), ws.recv_notification());
+    sent.assert_created();
+    assert_eq!(sub.decrypt(&n).await.text, "before the stop");
+    assert!(cluster.a.terminate(), "node A exits on SIGTERM");
+    drop(ws);
+    let mut on_b = cluster.b.reconnect(&uaid).await;
+    let mut seen = BTreeMap::new();
+    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
+    on_b.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([("before the stop".to_owned(), 1)]));
+}
+
 /// A node keeping copies answers a hold `kept` only to an endpoint of
 /// router API 5 or later; an older one, which would write a kept copy
 /// again, gets what it knows: the copy written after the grace.
@@ -584,4 +606,5 @@ on_holding_stores!(
     a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
     kill9_of_the_keeping_node_at_random_points_loses_nothing,
     a_keeping_node_answers_an_older_endpoint_as_before,
+    a_keeping_node_stopped_moves_its_copies_before_it_exits,
 );
