@@ -23,6 +23,7 @@ fn example(key: &str) -> Option<&'static str> {
         "db_settings" => {
             r#"'{"table_name": "projects/my-project/instances/my-instance/tables/autopush"}'"#
         }
+        "journal_dir" => r#""/var/lib/autopush/journal""#,
         "router_table" => r#""router""#,
         "message_table" => r#""message""#,
         "message_table_rotation" => "false",

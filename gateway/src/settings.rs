@@ -1366,6 +1366,26 @@ mod tests {
     }
 
     #[test]
+    fn a_journal_directory_is_for_a_shared_store_only() {
+        let journal = Some(PathBuf::from("/var/lib/autopush/journal"));
+        let embedded = SettingsLayer {
+            journal_dir: journal.clone(),
+            ..SettingsLayer::default()
+        };
+        let e = Settings::from_layer(embedded).unwrap_err();
+        assert!(
+            e.contains("--journal-dir applies to a shared store only"),
+            "{e}"
+        );
+        let dynamodb = SettingsLayer {
+            db: Some("dynamodb".into()),
+            journal_dir: journal.clone(),
+            ..SettingsLayer::default()
+        };
+        assert_eq!(Settings::from_layer(dynamodb).unwrap().journal_dir, journal);
+    }
+
+    #[test]
     fn defaults_match_the_design() {
         let s = Settings::from_layer(SettingsLayer::default()).unwrap();
         assert_eq!(
