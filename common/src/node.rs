@@ -35,6 +35,8 @@ pub trait LocalNode: Send + Sync {
     /// Ask the client `uaid`, if connected here, to check storage. Returns
     /// whether it is connected.
     fn notify(&self, uaid: &Uuid) -> bool;
+    /// Whether the client `uaid` is connected here.
+    fn is_connected(&self, uaid: &Uuid) -> bool;
     /// The durable direct copies this node holds back for their grace.
     fn held_copies(&self) -> &HeldCopies;
 }
@@ -73,6 +75,9 @@ pub struct HeldCopies(Mutex<HashMap<(Uuid, String), Held>>);
 
 struct Held {
     acked: bool,
+    /// The session it was offered to ended, or holds it back, without an
+    /// ack ([`HeldCopies::write_now`]).
+    left: bool,
     /// Wakes the holder at the ack, or when no ack will come.
     wake: Arc<Notify>,
     /// Wakes a session waiting for the copy to be written.
@@ -108,6 +113,7 @@ impl HeldCopies {
         let wake = Arc::new(Notify::new());
         let held = Held {
             acked: false,
+            left: false,
             wake: wake.clone(),
             released: Arc::default(),
         };
@@ -195,10 +201,19 @@ impl HeldCopies {
     /// next connection finds it. What tells the copy's release, if one is
     /// held here.
     pub fn write_now(&self, uaid: &Uuid, version: &str) -> Option<Arc<Notify>> {
-        let map = self.map();
-        let held = map.get(&(*uaid, version.to_owned()))?;
+        let mut map = self.map();
+        let held = map.get_mut(&(*uaid, version.to_owned()))?;
+        held.left = true;
         held.wake.notify_one();
         Some(held.released.clone())
+    }
+
+    /// Whether the session `version` was offered to asked for its copy to
+    /// be written ([`HeldCopies::write_now`]).
+    pub fn left(&self, uaid: &Uuid, version: &str) -> bool {
+        self.map()
+            .get(&(*uaid, version.to_owned()))
+            .is_some_and(|held| held.left)
     }
 
     /// The client acked `version`: whether its copy is held (its holder

@@ -279,6 +279,10 @@ impl LocalNode for ClientRegistry {
         }
     }
 
+    fn is_connected(&self, uaid: &Uuid) -> bool {
+        self.read().contains_key(uaid)
+    }
+
     fn held_copies(&self) -> &HeldCopies {
         &self.held
     }

@@ -395,10 +395,15 @@ impl Keeper {
                 }
             }
         }
+        let left = self.held().left(uaid, version);
         if self.held().release(uaid, version) {
             settle_written(self.storage.as_ref(), uaid, notification).await;
             self.held().settled(uaid, version);
         }
-        self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+        // A client still connected here has the message in flight, or
+        // its session, ending, tells its next node to look.
+        if left || !self.node.is_connected(uaid) {
+            self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+        }
     }
 }
