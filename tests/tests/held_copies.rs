@@ -84,11 +84,34 @@ impl Cluster {
         }
     }
 
+    /// A client on node A, subscribed, that received `text` (answered 201)
+    /// and holds its ack back: the client, its UAID and subscription.
+    async fn taken_unacked_on_a(
+        &self,
+        text: &str,
+    ) -> (autopush_tests::WsClient, String, Subscription) {
+        let mut ws = self.a.client().await;
+        let uaid = ws.uaid().to_owned();
+        let sub = Subscription::new(&mut ws).await;
+        let (sent, n) = tokio::join!(sub.push_text(text), ws.recv_notification());
+        sent.assert_created();
+        assert_eq!(sub.decrypt(&n).await.text, text);
+        (ws, uaid, sub)
+    }
+
     /// Stored messages of `uaid`, as the nodes stored them.
     async fn stored_count(&self, uaid: &str) -> usize {
         let uaid = uuid::Uuid::parse_str(uaid).unwrap();
         self.store.count_messages(&uaid, 10).await.unwrap()
     }
+}
+
+/// `text`, and nothing else, arrives once on `ws` (acked there).
+async fn arrives_once(ws: &mut autopush_tests::WsClient, sub: &Subscription, text: &str) {
+    let mut seen = BTreeMap::new();
+    receive_and_ack(ws, sub, 1, &mut seen).await;
+    ws.assert_nothing_arrives().await;
+    assert_eq!(seen, BTreeMap::from([(text.to_owned(), 1)]));
 }
 
 /// `kill -9` of the connection node while it holds the copy of a message
@@ -111,10 +134,7 @@ async fn a_connection_node_killed_inside_the_grace_loses_nothing(db: Db) {
     sent.assert_created();
 
     let mut ws = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    ws.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+    arrives_once(&mut ws, &sub, "held").await;
 }
 
 /// `kill -9` of the endpoint while the connection node holds the copy: the
@@ -140,10 +160,7 @@ async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing(db: Db) 
     .await;
     ws.close().await;
     let mut ws = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut ws, &sub, 1, &mut seen).await;
-    ws.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("held".to_owned(), 1)]));
+    arrives_once(&mut ws, &sub, "held").await;
 }
 
 /// The client leaves node A for node B inside the grace without acking:
@@ -165,10 +182,7 @@ async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node(db: D
         cluster.b.reconnect(&uaid).await
     });
     sent.assert_created();
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-    on_b.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("moving".to_owned(), 1)]));
+    arrives_once(&mut on_b, &sub, "moving").await;
 }
 
 /// The ack racing the grace, both ways: acked within it, the message is
@@ -455,19 +469,10 @@ async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: D
 /// the message arrives on B long before the window (a minute) ends.
 async fn a_client_leaving_gets_its_kept_message_on_its_new_node(db: Db) {
     let cluster = Cluster::keeping_for(db, 60_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let (sent, n) = tokio::join!(sub.push_text("left"), ws.recv_notification());
-    sent.assert_created();
-    assert_eq!(sub.decrypt(&n).await.text, "left");
+    let (ws, uaid, sub) = cluster.taken_unacked_on_a("left").await;
     ws.close().await;
     let mut on_b = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-    on_b.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("left".to_owned(), 1)]));
+    arrives_once(&mut on_b, &sub, "left").await;
 }
 
 /// `kill -9` of node A while it keeps a copy answered 201 and not acked:
@@ -476,21 +481,12 @@ async fn a_client_leaving_gets_its_kept_message_on_its_new_node(db: Db) {
 /// client went meanwhile, look.
 async fn a_keeping_node_killed_delivers_its_copies_when_it_starts_again(db: Db) {
     let mut cluster = Cluster::keeping_for(db, 60_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let (sent, n) = tokio::join!(sub.push_text("on disk"), ws.recv_notification());
-    sent.assert_created();
-    assert_eq!(sub.decrypt(&n).await.text, "on disk");
+    let (ws, uaid, sub) = cluster.taken_unacked_on_a("on disk").await;
     cluster.a.kill9();
     drop(ws);
     let mut on_b = cluster.b.reconnect(&uaid).await;
     cluster.a.restart().await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-    on_b.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("on disk".to_owned(), 1)]));
+    arrives_once(&mut on_b, &sub, "on disk").await;
     assert_eq!(cluster.stored_count(&uaid).await, 0);
 }
 
@@ -500,20 +496,11 @@ async fn a_keeping_node_killed_delivers_its_copies_when_it_starts_again(db: Db) 
 /// stays down.
 async fn a_keeping_node_stopped_moves_its_copies_before_it_exits(db: Db) {
     let mut cluster = Cluster::keeping_for(db, 60_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
-
-    let (sent, n) = tokio::join!(sub.push_text("before the stop"), ws.recv_notification());
-    sent.assert_created();
-    assert_eq!(sub.decrypt(&n).await.text, "before the stop");
+    let (ws, uaid, sub) = cluster.taken_unacked_on_a("before the stop").await;
     assert!(cluster.a.terminate(), "node A exits on SIGTERM");
     drop(ws);
     let mut on_b = cluster.b.reconnect(&uaid).await;
-    let mut seen = BTreeMap::new();
-    receive_and_ack(&mut on_b, &sub, 1, &mut seen).await;
-    on_b.assert_nothing_arrives().await;
-    assert_eq!(seen, BTreeMap::from([("before the stop".to_owned(), 1)]));
+    arrives_once(&mut on_b, &sub, "before the stop").await;
 }
 
 /// A node keeping copies answers a hold `kept` only to an endpoint of
