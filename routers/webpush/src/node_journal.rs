@@ -66,7 +66,9 @@ fn window() -> Duration {
         .map_or(WINDOW, Duration::from_millis)
 }
 
-/// Memory for the journal's store: it holds at most a window of copies.
+/// Memory for the journal's store: it holds at most a window of copies,
+/// and the receipts of those acked (29 bytes each on disk) for their
+/// retention.
 const CACHE: usize = 8 << 20;
 
 /// Moves to the shared store in flight at once while recovering.
