@@ -106,6 +106,22 @@ impl Cluster {
     }
 }
 
+/// The body of an endpoint's `PUT /push` of `text` to `sub` (TTL 600 s),
+/// its version `text` with dashes.
+async fn router_push(sub: &Subscription, text: &str) -> serde_json::Value {
+    let encrypted = autopush_tests::py::encrypt(
+        &sub.keys,
+        &autopush_tests::Payload::Text(text.into()),
+        autopush_tests::Encoding::Aes128Gcm,
+    )
+    .await;
+    let version = text.replace(' ', "-");
+    let mut body = autopush_tests::http::router_notification(&sub.channel_id, &version, &encrypted);
+    body["ttl"] = serde_json::json!(600);
+    body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+    body
+}
+
 /// `text`, and nothing else, arrives once on `ws` (acked there).
 async fn arrives_once(ws: &mut autopush_tests::WsClient, sub: &Subscription, text: &str) {
     let mut seen = BTreeMap::new();
@@ -244,19 +260,7 @@ async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(
     assert_eq!(answer["status"], 200, "{answer}");
 
     // What an endpoint that read the record just before the raise sends.
-    let encrypted = autopush_tests::py::encrypt(
-        &sub.keys,
-        &autopush_tests::Payload::Text("held below the minimum".into()),
-        autopush_tests::Encoding::Aes128Gcm,
-    )
-    .await;
-    let mut body = autopush_tests::http::router_notification(
-        &sub.channel_id,
-        "held-below-the-minimum",
-        &encrypted,
-    );
-    body["ttl"] = serde_json::json!(600);
-    body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+    let mut body = router_push(&sub, "held below the minimum").await;
     body["urgency"] = serde_json::json!("low");
     let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
     // The node answers once the copy is written; not waited for here.
@@ -513,19 +517,7 @@ async fn a_keeping_node_answers_an_older_endpoint_as_before(db: Db) {
     let uaid = ws.uaid().to_owned();
     let sub = Subscription::new(&mut ws).await;
     for (version, fate, stored) in [("4", "written", 1), ("5", "kept", 1)] {
-        let encrypted = autopush_tests::py::encrypt(
-            &sub.keys,
-            &autopush_tests::Payload::Text(format!("from version {version}")),
-            autopush_tests::Encoding::Aes128Gcm,
-        )
-        .await;
-        let mut body = autopush_tests::http::router_notification(
-            &sub.channel_id,
-            &format!("from-version-{version}"),
-            &encrypted,
-        );
-        body["ttl"] = serde_json::json!(600);
-        body["sortkey_timestamp"] = serde_json::json!(now_millis() * 1000);
+        let body = router_push(&sub, &format!("from version {version}")).await;
         let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
         let headers = [
             ("x-autopush-router-api", version),
