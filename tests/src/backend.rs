@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use autopush_storage::Storage;
+use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
 use autopush_storage::dynamodb::Tables;
 use autopush_storage::postgres::{PostgresSettings, PostgresStore};
 
@@ -129,7 +130,19 @@ pub async fn shared(db: Db, args: &[&str]) -> (Node, Arc<dyn Storage>) {
             };
             Arc::new(dynamo::connect(endpoint, tables).await)
         }
-        Db::Bigtable => panic!("no test looks at Bigtable through shared() yet"),
+        Db::Bigtable => {
+            let settings = BigtableSettings::parse(
+                &bigtable::local().await.dsn(),
+                Some(&arg("--db-settings=")),
+                None,
+            )
+            .expect("emulator settings");
+            Arc::new(
+                BigtableStore::connect(settings)
+                    .await
+                    .expect("connect to the Bigtable emulator"),
+            )
+        }
         Db::Postgres => Arc::new(
             PostgresStore::connect(
                 PostgresSettings::parse(&postgres::local().await.dsn, Some(&arg("--db-settings=")))

@@ -2,7 +2,9 @@
 //! grace and writes it only if its client has not acked by then: on every
 //! store whose writes cost (DynamoDB, PostgreSQL). Kills, moves and acks
 //! racing the grace, end to end through split mode; none may lose a
-//! message answered 201.
+//! message answered 201. With a journal of its own (`--journal-dir`), the
+//! node keeps the copy there for a window instead: those tests run on the
+//! Bigtable emulator too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -572,6 +574,20 @@ macro_rules! on_holding_stores {
     };
 }
 
+/// The journal's tests on the Bigtable emulator too.
+macro_rules! on_bigtable {
+    ($($test:ident),* $(,)?) => {
+        mod bigtable {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $test() {
+                    super::$test(super::Db::Bigtable).await;
+                }
+            )*
+        }
+    };
+}
+
 on_holding_stores!(
     a_connection_node_killed_inside_the_grace_loses_nothing,
     an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing,
@@ -586,4 +602,12 @@ on_holding_stores!(
     kill9_of_the_keeping_node_at_random_points_loses_nothing,
     a_keeping_node_answers_an_older_endpoint_as_before,
     a_keeping_node_stopped_moves_its_copies_before_it_exits,
+);
+
+on_bigtable!(
+    a_kept_copy_is_answered_before_the_ack_and_never_written,
+    a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store,
+    a_client_leaving_gets_its_kept_message_on_its_new_node,
+    a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
+    kill9_of_the_keeping_node_at_random_points_loses_nothing,
 );
