@@ -33,6 +33,22 @@ impl fmt::Debug for UaidTag {
     }
 }
 
+/// `bytes` as lowercase hex digits.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes hex digits `s` spell; `None` if it is not an even count of them.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
+}
+
 /// Channel ids are lowercase dashed UUIDs, exactly as Firefox makes them.
 pub fn parse_channel_id(channel_id: &str) -> Option<Uuid> {
     let uuid = Uuid::parse_str(channel_id).ok()?;

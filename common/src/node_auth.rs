@@ -14,6 +14,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
+use crate::ids::{hex, unhex};
 use crate::secret::Secret;
 
 /// The `Authorization` scheme.
@@ -53,20 +54,6 @@ fn mac(key: &Secret, method: &str, path: &str, t: u64, body: &[u8]) -> Hmac<Sha2
     let body_hash = hex(&Sha256::digest(body));
     mac.update(format!("{method}\n{path}\n{t}\n{body_hash}").as_bytes());
     mac
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) || !s.is_ascii() {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
-        .collect()
 }
 
 impl NodeKeys {

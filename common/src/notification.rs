@@ -170,13 +170,9 @@ impl Notification {
 /// the receipt's reader finds from the message id alone. `None` for any
 /// other message: its receipt stays in its row.
 pub fn receipt_key(sort_key: &str, version: &str) -> Option<String> {
-    sort_key.starts_with("01:").then(|| {
-        let hex: String = version_tag(version)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        format!("{sort_key}:{hex}")
-    })
+    sort_key
+        .starts_with("01:")
+        .then(|| format!("{sort_key}:{}", crate::ids::hex(&version_tag(version))))
 }
 
 /// A message id's first 8 bytes of SHA-256: enough to tell it from the

@@ -215,14 +215,7 @@ fn parse_uaid(uaid: &str) -> Option<Uuid> {
 
 /// A message id's tag, in the 16 hex digits `GET /receipt` carries.
 fn parse_tag(hex: &str) -> Option<[u8; 8]> {
-    let mut tag = [0; 8];
-    if hex.len() != 16 {
-        return None;
-    }
-    for (i, byte) in tag.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(tag)
+    <[u8; 8]>::try_from(autopush_common::ids::unhex(hex)?).ok()
 }
 
 pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {

@@ -102,8 +102,7 @@ impl Eq for Receipt {}
 /// A receipt's version when only its tag is known: `#` (which no id
 /// holds) and the tag's hex.
 fn tagged(tag: [u8; 8]) -> String {
-    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
-    format!("#{hex}")
+    format!("#{}", autopush_common::ids::hex(&tag))
 }
 
 /// What a message's row holds.

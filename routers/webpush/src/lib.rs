@@ -443,7 +443,7 @@ impl WebPushRouter {
             let journal = self.journal.as_ref()?;
             return journal.receipt(uaid, sort_key, tag).await.ok().flatten();
         }
-        let tag: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+        let tag = autopush_common::ids::hex(&tag);
         let path = format!("/receipt/{}/{sort_key}/{tag}", uaid.simple());
         let response = match self
             .nodes
