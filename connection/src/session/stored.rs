@@ -9,7 +9,6 @@ use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use tracing::debug;
 use uuid::Uuid;
-use warp::http::Method;
 
 use super::{Close, Flow, Session};
 use crate::NodeContext;
@@ -142,11 +141,7 @@ pub(super) async fn store_undelivered(
         && let Some(node_id) = ctx.storage.get_user(uaid).await?.and_then(|u| u.node_id)
         && node_id != ctx.node_id()
     {
-        let path = format!("/notif/{}", uaid.simple());
-        let _ = ctx
-            .nodes
-            .call(Method::PUT, &node_id, &path, Vec::new())
-            .await;
+        let _ = ctx.nodes.notify(&node_id, uaid).await;
     }
     Ok(())
 }

@@ -468,12 +468,7 @@ impl WebPushRouter {
             local.notify(uaid);
             return;
         }
-        let path = format!("/notif/{}", uaid.simple());
-        if let Err(e) = self
-            .nodes
-            .call(Method::PUT, node_id, &path, Vec::new())
-            .await
-        {
+        if let Err(e) = self.nodes.notify(node_id, uaid).await {
             warn!(node_id, error = %e, "could not notify connection node");
         }
     }

@@ -12,6 +12,7 @@ use autopush_common::time::now_secs;
 use http::header::{AUTHORIZATION, CONTENT_TYPE};
 use http::{Method, StatusCode};
 use tracing::warn;
+use uuid::Uuid;
 
 use crate::protocol::{ROUTER_API, VERSION};
 
@@ -64,6 +65,15 @@ impl NodeClient {
         body: Vec<u8>,
     ) -> Result<reqwest::Response, NodeCallError> {
         self.call_with(method, node_id, path, body, None).await
+    }
+
+    /// `PUT {node_id}/notif/{uaid}`: have the node's session of `uaid`, if
+    /// it holds one, look in storage.
+    pub async fn notify(&self, node_id: &str, uaid: &Uuid) -> Result<(), NodeCallError> {
+        let path = format!("/notif/{}", uaid.simple());
+        self.call(Method::PUT, node_id, &path, Vec::new())
+            .await
+            .map(drop)
     }
 
     /// [`NodeClient::call`] with one more request header.

@@ -45,7 +45,6 @@ use autopush_common::receipt::MessageState;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::{DirectCopy, Storage, StorageError, StoredMessage};
 use futures_util::StreamExt;
-use http::Method;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -220,8 +219,7 @@ impl NodeJournal {
                 }
             }
             Some(on) => {
-                let path = format!("/notif/{}", uaid.simple());
-                if let Err(e) = self.nodes.call(Method::PUT, &on, &path, Vec::new()).await {
+                if let Err(e) = self.nodes.notify(&on, uaid).await {
                     warn!(node_id = %on, error = %e, "could not tell a node about a moved copy");
                 }
             }
