@@ -156,26 +156,39 @@ async fn hold_copy(
     }
     let saved = storage.save_direct(uaid, notification.clone()).await;
     holding.disarm();
-    // After the release an ack is the session's to settle; before it, ours.
-    let acked_meanwhile = held.release(uaid, &version);
-    let fate = match (saved, acked_meanwhile) {
+    let fate = released(held, storage.as_ref(), uaid, &notification, saved).await;
+    (outcome, fate, None)
+}
+
+/// Release a held copy its holder tried to write (`written`, the result),
+/// settling an ack that came meanwhile: after the release an ack is the
+/// session's to settle; before it, the holder's. The copy's fate; `None`
+/// when it was neither written nor acked (the endpoint writes it).
+async fn released(
+    held: &HeldCopies,
+    storage: &dyn Storage,
+    uaid: &Uuid,
+    notification: &Notification,
+    written: autopush_storage::Result<()>,
+) -> Option<CopyFate> {
+    let version = &notification.version;
+    match (written, held.release(uaid, version)) {
         (Ok(()), false) => Some(CopyFate::Written),
         (Ok(()), true) => {
-            settle_written(storage.as_ref(), uaid, &notification).await;
-            held.settled(uaid, &version);
+            settle_written(storage, uaid, notification).await;
+            held.settled(uaid, version);
             Some(CopyFate::Acked)
         }
         (Err(_), true) => {
-            let fate = acked(storage.as_ref(), uaid, &notification).await;
-            held.settled(uaid, &version);
+            let fate = acked(storage, uaid, notification).await;
+            held.settled(uaid, version);
             Some(fate)
         }
         (Err(e), false) => {
             warn!(error = %e, "could not write a held direct copy; the endpoint writes it");
             None
         }
-    };
-    (outcome, fate, None)
+    }
 }
 
 /// A copy being held, released if its holder is dropped before it is done
@@ -330,9 +343,7 @@ impl Keeper {
     /// with receipts on, its receipt, sealed into its id by an endpoint
     /// that `seals`.
     async fn acked_first(&self, notification: &Notification, seals: bool, answer: Answer) {
-        self.journal
-            .acked_unanswered(&self.uaid, notification)
-            .await;
+        self.journal.forget(&self.uaid, notification).await;
         let answered = if seals {
             metrics::final_state(RouterType::WebPush, MessageState::Delivered);
             answer.send((PushOutcome::Delivered, Some(CopyFate::Acked)))
@@ -348,29 +359,18 @@ impl Keeper {
     /// Move the copy to the shared store while its sender waits: its fate,
     /// `None` if the shared store refused it (the endpoint writes it).
     async fn move_now(&self, notification: &Notification) -> Option<CopyFate> {
-        let (uaid, version) = (&self.uaid, &notification.version);
+        let uaid = &self.uaid;
         let moved = self.journal.move_to_shared(uaid, notification).await;
-        let acked_meanwhile = self.held().release(uaid, version);
-        let fate = match (moved, acked_meanwhile) {
-            (Ok(()), false) => Some(CopyFate::Written),
-            (Ok(()), true) => {
-                settle_written(self.storage.as_ref(), uaid, notification).await;
-                self.held().settled(uaid, version);
-                Some(CopyFate::Acked)
-            }
-            (Err(_), true) => {
-                self.journal.acked_unanswered(uaid, notification).await;
-                let fate = acked(self.storage.as_ref(), uaid, notification).await;
-                self.held().settled(uaid, version);
-                Some(fate)
-            }
-            (Err(e), false) => {
-                warn!(error = %e, "could not move a direct copy; the endpoint writes it");
-                self.journal.acked_unanswered(uaid, notification).await;
-                return None;
-            }
-        };
-        self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+        let was_moved = moved.is_ok();
+        if !was_moved {
+            // Acked, or the endpoint writes it: this journal's no more.
+            self.journal.forget(uaid, notification).await;
+        }
+        let storage = self.storage.as_ref();
+        let fate = released(self.held(), storage, uaid, notification, moved).await;
+        if was_moved {
+            self.journal.nudge(Some(self.node.as_ref()), uaid).await;
+        }
         fate
     }
 
@@ -396,10 +396,14 @@ impl Keeper {
             }
         }
         let left = self.held().left(uaid, version);
-        if self.held().release(uaid, version) {
-            settle_written(self.storage.as_ref(), uaid, notification).await;
-            self.held().settled(uaid, version);
-        }
+        released(
+            self.held(),
+            self.storage.as_ref(),
+            uaid,
+            notification,
+            Ok(()),
+        )
+        .await;
         // A client still connected here has the message in flight, or
         // its session, ending, tells its next node to look.
         if left || !self.node.is_connected(uaid) {

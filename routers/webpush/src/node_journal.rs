@@ -127,13 +127,6 @@ impl NodeJournal {
         &self.local
     }
 
-    /// The client acked `message` before its sender was answered: its copy
-    /// here is done with, and its receipt is sealed into its id (or
-    /// written to the shared store) by whoever answers the sender.
-    pub async fn acked_unanswered(&self, uaid: &Uuid, message: &Notification) {
-        self.forget(uaid, message).await;
-    }
-
     /// The receipt of the message `sort_key` of `uaid` whose client's id
     /// has `tag`, while this journal knows it: `sent` while it is kept
     /// here, `delivered` once acked here (for the receipts' retention).
@@ -188,8 +181,10 @@ impl NodeJournal {
     }
 
     /// Drop the copy of `message` here, without a receipt: the shared
-    /// store has it now.
-    async fn forget(&self, uaid: &Uuid, message: &Notification) {
+    /// store has it now, or it was acked before its sender was answered
+    /// (whoever answers seals its receipt into its id, or writes it to the
+    /// shared store), or the endpoint writes it.
+    pub async fn forget(&self, uaid: &Uuid, message: &Notification) {
         let removed = self
             .local
             .remove_message(uaid, &message.sort_key(), &message.version)
