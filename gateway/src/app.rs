@@ -576,22 +576,18 @@ impl Checked {
         );
         // Both public ports speak HTTP/1.1 only (see autopush_serving::http).
         let tls = tls.map(|certs| certs.acceptor(&[b"http/1.1"]));
+        let sweep = autopush_storage::sweeper::SweepSettings {
+            interval: settings.sweep_interval,
+            drop_idle_users_after: settings.drop_idle_users_after,
+        };
         servers.spawn(autopush_storage::sweeper::run(
             shared.storage.clone(),
-            autopush_storage::sweeper::SweepSettings {
-                interval: settings.sweep_interval,
-                drop_idle_users_after: settings.drop_idle_users_after,
-            },
+            sweep.clone(),
         ));
         if let Some(journal) = &shared.journal {
             // Receipts of copies acked there, past their retention.
-            servers.spawn(autopush_storage::sweeper::run(
-                Arc::new(journal.local().clone()),
-                autopush_storage::sweeper::SweepSettings {
-                    interval: settings.sweep_interval,
-                    drop_idle_users_after: settings.drop_idle_users_after,
-                },
-            ));
+            let local = Arc::new(journal.local().clone());
+            servers.spawn(autopush_storage::sweeper::run(local, sweep));
         }
         let Listeners {
             websocket,

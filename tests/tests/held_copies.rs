@@ -86,15 +86,22 @@ impl Cluster {
         }
     }
 
+    /// A client on node A, subscribed: the client, its UAID and
+    /// subscription.
+    async fn subscribed_on_a(&self) -> (autopush_tests::WsClient, String, Subscription) {
+        let mut ws = self.a.client().await;
+        let uaid = ws.uaid().to_owned();
+        let sub = Subscription::new(&mut ws).await;
+        (ws, uaid, sub)
+    }
+
     /// A client on node A, subscribed, that received `text` (answered 201)
     /// and holds its ack back: the client, its UAID and subscription.
     async fn taken_unacked_on_a(
         &self,
         text: &str,
     ) -> (autopush_tests::WsClient, String, Subscription) {
-        let mut ws = self.a.client().await;
-        let uaid = ws.uaid().to_owned();
-        let sub = Subscription::new(&mut ws).await;
+        let (mut ws, uaid, sub) = self.subscribed_on_a().await;
         let (sent, n) = tokio::join!(sub.push_text(text), ws.recv_notification());
         sent.assert_created();
         assert_eq!(sub.decrypt(&n).await.text, text);
@@ -138,9 +145,7 @@ async fn arrives_once(ws: &mut autopush_tests::WsClient, sub: &Subscription, tex
 /// node it moves to.
 async fn a_connection_node_killed_inside_the_grace_loses_nothing(db: Db) {
     let mut cluster = Cluster::holding_for(db, 30_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     let a = &mut cluster.a;
     let (sent, ()) = tokio::join!(sub.push_text("held"), async {
@@ -160,9 +165,7 @@ async fn a_connection_node_killed_inside_the_grace_loses_nothing(db: Db) {
 /// never acked, gets the message again at its next connection.
 async fn an_endpoint_killed_while_the_node_holds_the_copy_loses_nothing(db: Db) {
     let mut cluster = Cluster::holding_for(db, 3_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     // The sender never hears back; its answer is not waited for.
     let sender = sub.clone();
@@ -189,9 +192,7 @@ async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node(db: D
     // Longer than a hello on a loaded machine, shorter than the endpoint's
     // node call timeout (3 s): the node answers, after B's storage check.
     let cluster = Cluster::holding_for(db, 2_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     let (sent, mut on_b) = tokio::join!(sub.push_text("moving"), async {
         let (_, d) = sub.receive(&mut ws).await;
@@ -210,9 +211,7 @@ async fn a_client_moving_inside_the_grace_gets_the_message_on_its_new_node(db: D
 /// hand the first message over and ack it, still acks within it.
 async fn acks_inside_and_after_the_grace_settle_the_message_once(db: Db) {
     let cluster = Cluster::holding_for(db, 10_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     // Acked as it arrives (decrypted after): the endpoint's call to the
     // node waits for the ack.
@@ -255,9 +254,7 @@ async fn acks_inside_and_after_the_grace_settle_the_message_once(db: Db) {
 async fn a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered(db: Db) {
     let cluster = Cluster::holding_for(db, 60_000).await;
     let router_key = cluster.router_key.clone();
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
     let answer = ws.set_min_urgency(serde_json::json!("high")).await;
     assert_eq!(answer["status"], 200, "{answer}");
 
@@ -323,9 +320,7 @@ async fn kill9_at_random_points(db: Db, keeps: bool) {
         true => Cluster::keeping_for(db, grace).await,
         false => Cluster::holding_for(db, grace).await,
     };
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
     // Answered 201 and not acked: must arrive.
     let mut owed = BTreeSet::new();
     // Acked, or not answered 201: may arrive (again).
@@ -408,9 +403,7 @@ async fn kill9_at_random_points(db: Db, keeps: bool) {
 /// nothing more than the id's `sent`), before and after A restarts.
 async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
     let mut cluster = Cluster::keeping_for(db, 60_000).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     // The 201 comes while the client holds its ack back.
     let (sent, n) = tokio::join!(sub.push_text("kept"), ws.recv_notification());
@@ -443,9 +436,7 @@ async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
 /// settles it there.
 async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: Db) {
     let cluster = Cluster::keeping_for(db, 500).await;
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     let (sent, n) = tokio::join!(sub.push_text("slow"), ws.recv_notification());
     sent.assert_created();
@@ -515,9 +506,7 @@ async fn a_keeping_node_stopped_moves_its_copies_before_it_exits(db: Db) {
 async fn a_keeping_node_answers_an_older_endpoint_as_before(db: Db) {
     let cluster = Cluster::keeping_for(db, 60_000).await;
     let router_key = cluster.router_key.clone();
-    let mut ws = cluster.a.client().await;
-    let uaid = ws.uaid().to_owned();
-    let sub = Subscription::new(&mut ws).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
     for (version, fate, stored) in [("4", "written", 1), ("5", "kept", 1)] {
         let body = router_push(&sub, &format!("from version {version}")).await;
         let (base, path) = (cluster.a.router_base(), format!("/push/{uaid}"));
