@@ -24,28 +24,14 @@ use tracing::{debug, info};
 use super::{Close, Flow, Session};
 use crate::protocol::Update;
 
-/// What an ack leaves in storage to settle.
-enum Acked {
-    /// A message sent from storage.
-    Stored(Notification),
-    /// A direct message's durable copy, written and not held back.
-    DirectCopy(Notification),
-    Nothing,
-}
-
 impl Session {
-    /// The stored messages one `ack` settles go to storage together, in
-    /// one call; a durable direct copy is settled on its own.
+    /// The messages one `ack` leaves in storage (sent from there, or a
+    /// direct message's durable copy) go to storage together, in one call.
     pub(super) async fn ack(&mut self, updates: Vec<Update>) -> Flow {
         let mut stored = Vec::new();
         for update in updates {
-            match self.forget(&update.version) {
-                Acked::Stored(message) => stored.push((message.sort_key(), update.version)),
-                Acked::DirectCopy(message) => {
-                    self.settle_stored(vec![(message.sort_key(), update.version)])
-                        .await?
-                }
-                Acked::Nothing => {}
+            if let Some(message) = self.forget(&update.version) {
+                stored.push((message.sort_key(), update.version));
             }
         }
         self.settle_stored(stored).await?;
@@ -104,27 +90,25 @@ impl Session {
         Ok(())
     }
 
-    /// The client acked `version`: forget it, and say what of it is left
-    /// in storage to settle.
-    fn forget(&mut self, version: &str) -> Acked {
+    /// The client acked `version`: forget it, and return it if it is left
+    /// in storage to settle (it came from there, or has a durable copy
+    /// there).
+    fn forget(&mut self, version: &str) -> Option<Notification> {
         let in_flight = self.in_flight_mut();
         if let Some(direct) = in_flight.unacked_direct.remove(version) {
             self.inbox.settled_direct();
             metrics::ack("direct");
             // A copy held back for its grace is its holder's to settle.
             let held = direct.durable && self.ctx.registry.held_copies().ack(&self.uaid, version);
-            match direct.durable && !held {
-                true => Acked::DirectCopy(direct),
-                false => Acked::Nothing,
-            }
+            (direct.durable && !held).then_some(direct)
         } else if let Some(stored) = in_flight.unacked_stored.remove(version) {
             in_flight.recently_settled.remember(version, Instant::now());
             metrics::ack("stored");
-            Acked::Stored(stored)
+            Some(stored)
         } else {
             debug!(uaid = %uaid_tag(&self.uaid), "ack for an unknown version");
             metrics::ack("unknown");
-            Acked::Nothing
+            None
         }
     }
 
@@ -133,7 +117,7 @@ impl Session {
     async fn settle_stored(&mut self, messages: Vec<(String, String)>) -> Flow {
         let settled = match messages.as_slice() {
             [] => return Ok(()),
-            // One (a client acking one at a time, a direct copy): as ever.
+            // One (a client acking one at a time): as ever.
             [(sort_key, version)] => vec![
                 self.ctx
                     .storage
