@@ -276,10 +276,13 @@ pub fn routes(ctx: Arc<NodeContext>) -> BoxedFilter<(Response,)> {
             move |uaid: String, sort_key: String, tag: String, _: Bytes| {
                 let journal = journal.clone();
                 async move {
-                    let (Some(journal), Some(uaid), Some(tag)) =
-                        (journal, parse_uaid(&uaid), parse_tag(&tag))
-                    else {
+                    let (Some(uaid), Some(tag)) = (parse_uaid(&uaid), parse_tag(&tag)) else {
                         return status(StatusCode::NOT_FOUND);
+                    };
+                    // A node without its journal cannot tell a receipt
+                    // it forgot from one it never had.
+                    let Some(journal) = journal else {
+                        return status(StatusCode::SERVICE_UNAVAILABLE);
                     };
                     match journal.receipt(&uaid, &sort_key, tag).await {
                         Ok(Some((state, updated))) => {

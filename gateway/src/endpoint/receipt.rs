@@ -28,6 +28,7 @@ use autopush_common::receipt::MessageState;
 use autopush_common::time::now_secs;
 use autopush_common::{ApiError, ApiResult, RouterType};
 use autopush_storage::{Receipt, StoredMessage};
+use autopush_webpush::KeptReceipt;
 use serde_json::json;
 use warp::http::HeaderMap;
 use warp::reply::{Reply, Response};
@@ -55,13 +56,14 @@ pub async fn answer(
                     let (uaid, sort_key) = (&message.uaid, message.sort_key());
                     state.webpush.kept_receipt(node, uaid, &sort_key, tag).await
                 }
-                None => None,
+                None => KeptReceipt::Unanswered,
             };
+            let stored = || look_up(&state, &message, ClientId::Tagged(tag), now);
             match node {
-                Some(found) => Some(found),
-                None => look_up(&state, &message, ClientId::Tagged(tag), now)
-                    .await?
-                    .or(Some(sent)),
+                KeptReceipt::Known(settled, at) => Some((settled, at)),
+                // Moved to storage, or its receipt's retention is over.
+                KeptReceipt::Unknown => stored().await?,
+                KeptReceipt::Unanswered => stored().await?.or(Some(sent)),
             }
         }
         (Some((settled, at)), None) => kept(at).then_some((settled, at)),

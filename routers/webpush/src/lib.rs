@@ -49,7 +49,7 @@ use autopush_common::receipt::MessageState;
 use autopush_common::router::{Delivery, Router, RouterDataInput, RouterError};
 use autopush_common::{ApiResult, Notification, User};
 use autopush_storage::{CopyEnd, Storage};
-use http::Method;
+use http::{Method, StatusCode};
 use tracing::{debug, warn};
 use uuid::Uuid;
 
@@ -100,6 +100,17 @@ struct Taken {
 /// worth a write).
 pub fn stores_direct(durable_direct: bool, ttl: u64) -> bool {
     durable_direct && ttl > 0
+}
+
+/// What a connection node says of a copy it kept, for `GET /m/…`.
+pub enum KeptReceipt {
+    /// The copy's state, and when it took it.
+    Known(MessageState, u64),
+    /// The node no longer knows it: moved to storage, or its receipt's
+    /// retention is over.
+    Unknown,
+    /// No answer: the node is down, busy, or keeps no journal.
+    Unanswered,
 }
 
 pub struct WebPushRouter {
@@ -431,17 +442,23 @@ impl WebPushRouter {
     /// The receipt of a message whose copy `node_id` kept (see
     /// [`node_journal`]), as that node knows it: `GET
     /// {node_id}/receipt/{uaid}/{sort_key}/{tag}`, or this process's own
-    /// journal. `None` when the node no longer knows it, or did not answer.
+    /// journal.
     pub async fn kept_receipt(
         &self,
         node_id: &str,
         uaid: &Uuid,
         sort_key: &str,
         tag: [u8; 8],
-    ) -> Option<(MessageState, u64)> {
+    ) -> KeptReceipt {
         if self.local_for(node_id).is_some() {
-            let journal = self.journal.as_ref()?;
-            return journal.receipt(uaid, sort_key, tag).await.ok().flatten();
+            let Some(journal) = &self.journal else {
+                return KeptReceipt::Unanswered;
+            };
+            return match journal.receipt(uaid, sort_key, tag).await {
+                Ok(Some((state, at))) => KeptReceipt::Known(state, at),
+                Ok(None) => KeptReceipt::Unknown,
+                Err(_) => KeptReceipt::Unanswered,
+            };
         }
         let tag = autopush_common::ids::hex(&tag);
         let path = format!("/receipt/{}/{sort_key}/{tag}", uaid.simple());
@@ -451,15 +468,21 @@ impl WebPushRouter {
             .await
         {
             Ok(response) if response.status().is_success() => response,
-            Ok(_) => return None,
+            Ok(response) if response.status() == StatusCode::NOT_FOUND => {
+                return KeptReceipt::Unknown;
+            }
+            Ok(_) => return KeptReceipt::Unanswered,
             Err(e) => {
                 warn!(node_id, error = %e, "could not ask a connection node for a receipt");
-                return None;
+                return KeptReceipt::Unanswered;
             }
         };
-        let receipt: serde_json::Value = response.json().await.ok()?;
-        let state = MessageState::parse(receipt["state"].as_str()?)?;
-        Some((state, receipt["updated"].as_u64()?))
+        let known = async {
+            let receipt: serde_json::Value = response.json().await.ok()?;
+            let state = MessageState::parse(receipt["state"].as_str()?)?;
+            Some(KeptReceipt::Known(state, receipt["updated"].as_u64()?))
+        };
+        known.await.unwrap_or(KeptReceipt::Unanswered)
     }
 
     /// `PUT {node_id}/notif/{uaid}`: ask the node to check storage.
