@@ -43,9 +43,9 @@ struct Cli {
     /// CPU measured with the server's
     #[arg(long, value_enum, default_value_t = Store::Embedded, global = true, conflicts_with = "target_ws")]
     store: Store,
-    /// With a shared --store, the server keeps direct copies in a journal
-    /// of its own (`--journal-dir`)
-    #[arg(long, global = true, conflicts_with = "target_ws")]
+    /// With a shared --store, whether the server keeps direct copies in a
+    /// journal of its own (`--journal-dir`, the server's default)
+    #[arg(long, global = true, conflicts_with = "target_ws", default_value_t = true, action = clap::ArgAction::Set)]
     journal: bool,
     #[command(subcommand)]
     scenario: Scenario,

@@ -63,7 +63,7 @@ pub enum ServerUnderTest {
         store: Store,
         tls: Option<KeyKind>,
         /// On a shared store, keep direct copies in a journal of the
-        /// node's own (`--journal-dir` in its data directory).
+        /// node's own (`--journal-dir` in its data directory), or not.
         journal: bool,
     },
     Target(Target),
@@ -202,11 +202,12 @@ impl Server {
                 (dsn, Some(Counter::Postgres(counter)))
             }
         };
-        if journal && store != Store::Embedded {
-            args.push(format!(
-                "--journal-dir={}",
-                data.path().join("journal").display()
-            ));
+        if store != Store::Embedded {
+            let dir = match journal {
+                true => data.path().join("journal").display().to_string(),
+                false => "off".into(),
+            };
+            args.push(format!("--journal-dir={dir}"));
         }
         let child = Command::new(server_binary())
             .arg("all")

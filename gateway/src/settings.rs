@@ -90,9 +90,11 @@ pub struct SettingsLayer {
     /// copies of the direct messages it delivers: senders are answered
     /// once a copy is synced there, and a copy its client acks within
     /// seconds never reaches the shared store. A node moves what it holds
-    /// there to the shared store when it starts: keep it across restarts.
-    /// Unset: the node writes a copy not acked within milliseconds to the
-    /// shared store before its sender is answered
+    /// there to the shared store when it starts: keep it across restarts,
+    /// one per node. `off` turns it off (`./off` is a directory of that
+    /// name): the node then writes a copy not acked within milliseconds
+    /// to the shared store before its sender is answered. With a shared
+    /// store [default: ./autopush-journal]
     #[arg(long, env = "AUTOPUSH_JOURNAL_DIR", global = true)]
     pub journal_dir: Option<PathBuf>,
     /// DynamoDB router (user) table, with --db dynamodb [default: router]
@@ -426,6 +428,8 @@ impl SettingsLayer {
             or(&mut self.db_cache_mib, || {
                 autopush_storage::embedded::DEFAULT_CACHE_MIB
             });
+        } else {
+            or(&mut self.journal_dir, || "./autopush-journal".into());
         }
         // The table settings are an error on any other store.
         if db == "dynamodb" {
@@ -989,7 +993,9 @@ impl Settings {
             }
             (_, None) => 0,
         };
-        if matches!(db, Db::Embedded(_)) && l.journal_dir.is_some() {
+        // `off`: no journal, on any store.
+        let journal_dir = l.journal_dir.filter(|dir| dir.as_os_str() != "off");
+        if matches!(db, Db::Embedded(_)) && journal_dir.is_some() {
             p.add(format!(
                 "{} applies to a shared store only (the embedded store journals direct copies itself)",
                 name("journal_dir")
@@ -1125,7 +1131,7 @@ impl Settings {
             tls,
             db,
             db_cache,
-            journal_dir: l.journal_dir,
+            journal_dir,
             tables,
             crypto_key,
             auth_key,
@@ -1383,6 +1389,28 @@ mod tests {
             ..SettingsLayer::default()
         };
         assert_eq!(Settings::from_layer(dynamodb).unwrap().journal_dir, journal);
+    }
+
+    #[test]
+    fn a_shared_store_journals_by_default_unless_turned_off() {
+        let on = |db: &str, dir: Option<&str>| {
+            let table = r#"{"table_name": "projects/p/instances/i/tables/autopush"}"#;
+            let layer = SettingsLayer {
+                db: Some(db.into()),
+                db_settings: db.starts_with("grpc://").then(|| table.into()),
+                journal_dir: dir.map(PathBuf::from),
+                ..SettingsLayer::default()
+            };
+            Settings::from_layer(layer).unwrap().journal_dir
+        };
+        let default = Some(PathBuf::from("./autopush-journal"));
+        assert_eq!(on("dynamodb", None), default);
+        assert_eq!(on("grpc://127.0.0.1:8086", None), default);
+        assert_eq!(on("postgres://autopush@db/autopush", None), default);
+        assert_eq!(on("dynamodb", Some("off")), None);
+        assert_eq!(on("dynamodb", Some("./off")), Some(PathBuf::from("./off")));
+        assert_eq!(on("/var/lib/autopush", None), None);
+        assert_eq!(on("/var/lib/autopush", Some("off")), None);
     }
 
     #[test]

@@ -373,6 +373,10 @@ impl Server {
             Some(db) => db.clone(),
             None => self.db.display().to_string(),
         };
+        // A connection node on a shared store journals its direct copies
+        // by default in ./autopush-journal: give each node its own, kept
+        // across its restarts.
+        let journal = shared_store(&db).then(|| self.work.path().join("journal"));
         // The node's own arguments replace these defaults where they name
         // the same flag (e.g. a wrong --endpoint-url on purpose).
         let defaults = [
@@ -389,9 +393,12 @@ impl Server {
             ("--registration-limit", "0".to_string()),
             ("--new-uaid-limit", "0".to_string()),
         ];
+        let journal = journal.map(|dir| ("--journal-dir", dir.display().to_string()));
         let mut args = vec![self.node.role.to_string()];
-        for (flag, value) in defaults {
-            if !self.node.args.iter().any(|a| a == flag) {
+        for (flag, value) in defaults.into_iter().chain(journal) {
+            let named =
+                |a: &String| a == flag || a.strip_prefix(flag).is_some_and(|v| v.starts_with('='));
+            if !self.node.args.iter().any(named) {
                 args.extend([flag.to_string(), value]);
             }
         }
@@ -579,4 +586,10 @@ impl Server {
         ws.close().await;
         (uaid, sub)
     }
+}
+
+/// Whether `--db` names a store shared by nodes (DynamoDB, Bigtable,
+/// PostgreSQL) rather than an embedded store's directory.
+fn shared_store(db: &str) -> bool {
+    db == "dynamodb" || db == "bigtable" || db.contains("://")
 }

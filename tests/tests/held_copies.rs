@@ -24,25 +24,24 @@ struct Cluster {
     store: Arc<dyn Storage>,
     /// The key the nodes sign their calls to each other with.
     router_key: String,
-    /// A's own journal of the copies it keeps (`--journal-dir`), if any.
-    _journal: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
     /// The three nodes on fresh tables of `db`, A's grace `grace_ms` (long
     /// enough to act inside it).
     async fn holding_for(db: Db, grace_ms: u64) -> Cluster {
-        Cluster::start(db, grace_ms, None).await
+        Cluster::start(db, grace_ms, None, &[]).await
     }
 
     /// The three nodes, A keeping copies in a journal of its own, each for
     /// up to `window_ms` before it moves it to the shared store.
     async fn keeping_for(db: Db, window_ms: u64) -> Cluster {
-        Cluster::start(db, 10, Some(window_ms)).await
+        Cluster::start(db, 10, Some(window_ms), &[]).await
     }
 
-    async fn start(db: Db, grace_ms: u64, window_ms: Option<u64>) -> Cluster {
-        let (node, store) = backend::shared(db, &[]).await;
+    /// The three nodes, each started with `args` too.
+    async fn start(db: Db, grace_ms: u64, window_ms: Option<u64>, args: &[&str]) -> Cluster {
+        let (node, store) = backend::shared(db, args).await;
         let router_key = node
             .args
             .iter()
@@ -63,17 +62,15 @@ impl Cluster {
         node_a
             .env
             .push(("AUTOPUSH_TEST_DIRECT_GRACE_MS".into(), grace_ms.to_string()));
-        let journal = window_ms.map(|window_ms| {
-            let dir = tempfile::tempdir().expect("a journal directory");
-            node_a
-                .args
-                .push(format!("--journal-dir={}", dir.path().display()));
-            node_a.env.push((
+        // The harness gives each node a journal of its own (the default on
+        // a shared store); without a window, A has none.
+        match window_ms {
+            Some(window_ms) => node_a.env.push((
                 "AUTOPUSH_TEST_JOURNAL_WINDOW_MS".into(),
                 window_ms.to_string(),
-            ));
-            dir
-        });
+            )),
+            None => node_a.args.push("--journal-dir=off".into()),
+        }
         let a = Server::start_node(node_a).await;
         let b = Server::start_node(connection()).await;
         Cluster {
@@ -82,7 +79,6 @@ impl Cluster {
             b,
             store,
             router_key,
-            _journal: journal,
         }
     }
 
@@ -431,6 +427,19 @@ async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
     ws.assert_nothing_arrives().await;
 }
 
+/// The receipt of a kept copy acked after its 201 lives in A's journal for
+/// the receipts' retention, then is gone: `GET /m/…` answers 404, not the
+/// id's `sent`, once A says it no longer knows it.
+async fn a_kept_copy_receipt_is_gone_after_its_retention(db: Db) {
+    let cluster = Cluster::start(db, 10, Some(60_000), &["--receipt-retention", "1"]).await;
+    let (mut ws, _, sub) = cluster.subscribed_on_a().await;
+    let (sent, n) = tokio::join!(sub.push_text("kept"), ws.recv_notification());
+    let location = autopush_tests::receipt::location(&sent);
+    assert_eq!(autopush_tests::receipt::state_of(&location).await, "sent");
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_for_404(&location).await;
+}
+
 /// A copy its client does not ack within the window moves to the shared
 /// store, and is not sent again meanwhile; the ack that comes after
 /// settles it there.
@@ -585,6 +594,7 @@ on_holding_stores!(
     a_held_copy_below_the_minimum_is_delivered_when_the_minimum_is_lowered,
     kill9_of_the_holding_node_at_random_points_loses_nothing,
     a_kept_copy_is_answered_before_the_ack_and_never_written,
+    a_kept_copy_receipt_is_gone_after_its_retention,
     a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store,
     a_client_leaving_gets_its_kept_message_on_its_new_node,
     a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
