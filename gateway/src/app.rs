@@ -17,12 +17,12 @@ use autopush_connection::{ClientRegistry, ConnectionSettings, NodeContext, serve
 use autopush_registration::{RegistrationState, SecretKeys};
 use autopush_serving::health::HealthCheck;
 use autopush_serving::tls::{self, Certificates, TlsAcceptor};
-use autopush_storage::Storage;
 use autopush_storage::bigtable::{BigtableSettings, BigtableStore};
 use autopush_storage::dynamodb::DynamoStore;
 use autopush_storage::embedded::EmbeddedStore;
 use autopush_storage::metered::MeteredStorage;
 use autopush_storage::postgres::{PostgresSettings, PostgresStore};
+use autopush_storage::{Storage, StorageError};
 use autopush_webpush::{NodeClient, NodeJournal};
 use autopush_webpush::{Waker, WebPushRouter};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -105,7 +105,12 @@ async fn open_journal(
         nodes.clone(),
         settings.receipt_retention,
     )
-    .map_err(|e| format!("--journal-dir {name}: {e}"))?;
+    .map_err(|e| match e {
+        StorageError::InUse(_) => format!(
+            "--journal-dir {name} is in use by another node: give each node a journal of its own"
+        ),
+        e => format!("--journal-dir {name}: {e}"),
+    })?;
     journal.recover().await.map_err(|e| {
         format!("--journal-dir {name}: cannot move the copies it holds to the shared store: {e}")
     })?;

@@ -440,6 +440,41 @@ async fn a_kept_copy_receipt_is_gone_after_its_retention(db: Db) {
     autopush_tests::receipt::wait_for_404(&location).await;
 }
 
+/// One journal, one node: a node started on the journal directory of a
+/// running one refuses to start, and says why, rather than share it.
+async fn a_second_node_on_a_journal_in_use_refuses_to_start(db: Db) {
+    let (node, _) = backend::shared(db, &[]).await;
+    let dir = tempfile::tempdir().expect("a journal directory");
+    let journal = format!("--journal-dir={}", dir.path().display());
+    let mut first = Node {
+        role: "connection",
+        ..node.clone()
+    };
+    first.args.push(journal.clone());
+    let _running = Server::start_node(first).await;
+
+    let mut args = vec![
+        "connection".to_owned(),
+        format!("--db={}", node.db.clone().unwrap_or_default()),
+    ];
+    args.extend(autopush_tests::server::port_flags());
+    args.extend(node.args.iter().cloned());
+    args.push(journal);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, &str)> = node
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let out = autopush_tests::server::run_autopush_with_env(&args, &env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second node started: {stderr}");
+    assert!(
+        stderr.contains("is in use by another node: give each node a journal of its own"),
+        "{stderr}"
+    );
+}
+
 /// A copy its client does not ack within the window moves to the shared
 /// store, and is not sent again meanwhile; the ack that comes after
 /// settles it there.
@@ -595,6 +630,7 @@ on_holding_stores!(
     kill9_of_the_holding_node_at_random_points_loses_nothing,
     a_kept_copy_is_answered_before_the_ack_and_never_written,
     a_kept_copy_receipt_is_gone_after_its_retention,
+    a_second_node_on_a_journal_in_use_refuses_to_start,
     a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store,
     a_client_leaving_gets_its_kept_message_on_its_new_node,
     a_keeping_node_killed_delivers_its_copies_when_it_starts_again,
