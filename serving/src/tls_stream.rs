@@ -30,7 +30,7 @@ use rustls::unbuffered::{ConnectionState, EncodeError, EncryptError, Insufficien
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::tls_record::RecordLayer;
+use crate::tls_record::{RecordLayer, SecretCapture};
 
 /// Bytes read from the socket at a time, on the stack of the poll.
 const READ_CHUNK: usize = 8 * 1024;
@@ -55,7 +55,7 @@ impl TlsAcceptor {
     /// The handshake over `io`; the connection once it is done. A failed
     /// handshake sends rustls's alert, if any, before the error is returned.
     pub fn accept(&self, io: TcpStream) -> impl Future<Output = io::Result<TlsStream>> + use<> {
-        let config = self.config.clone();
+        let (capture, config) = SecretCapture::config(&self.config);
         async move {
             let conn = UnbufferedServerConnection::new(config).map_err(invalid_data)?;
             let mut stream = TlsStream {
@@ -74,7 +74,7 @@ impl TlsAcceptor {
                 // Handshake messages, or the alert of a failed handshake.
                 poll_fn(|cx| stream.poll_send(cx)).await?;
                 match step? {
-                    Step::Traffic => return stream.established(),
+                    Step::Traffic => return stream.established(&capture),
                     Step::Closed => return Err(io::ErrorKind::UnexpectedEof.into()),
                     Step::Handshaking => {
                         if !poll_fn(|cx| stream.poll_receive(cx)).await? {
@@ -136,10 +136,11 @@ enum Step {
 }
 
 impl TlsStream {
-    /// The handshake is done: on TLS 1.3, [`RecordLayer`] takes over.
-    fn established(mut self) -> io::Result<TlsStream> {
+    /// The handshake is done: on TLS 1.3, [`RecordLayer`] takes over with
+    /// the secrets `capture` kept.
+    fn established(mut self, capture: &SecretCapture) -> io::Result<TlsStream> {
         if let Session::Rustls(conn) = self.session {
-            self.session = match RecordLayer::take_over(conn) {
+            self.session = match RecordLayer::take_over(conn, capture) {
                 Ok(records) => Session::Records(Box::new(records?)),
                 Err(conn) => Session::Rustls(conn),
             };

@@ -2,7 +2,9 @@
 //! the handshake is over and the server protects them itself: a record
 //! changed in flight ends the connection with a `bad_record_mac` alert, a
 //! record of the wrong type with `unexpected_message`, and a TLS 1.2
-//! client (whose records rustls keeps protecting) is served as well.
+//! client (whose records rustls keeps protecting) is served as well. On
+//! each TLS 1.3 suite, the keys the server derives at each key update are
+//! the client's.
 
 use std::io::{Read, Write};
 
@@ -13,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod support;
-use support::{cert_file, client_config};
+use support::{cert_file, client_config, client_config_with};
 
 /// An echo server on a free port; its address.
 async fn echo_server() -> std::net::SocketAddr {
@@ -157,4 +159,60 @@ async fn a_tls_1_2_client_is_served() {
         .read_to_end(&mut rest)
         .await
         .expect("the server's close_notify, not a cut");
+}
+
+/// A client that offers only `suite` updates its keys (asking the server to
+/// update its own) at once after the handshake and after each echo: the
+/// server reads and answers under every new key.
+async fn keys_updated_on(suite: rustls::SupportedCipherSuite) {
+    let addr = echo_server().await;
+    let provider = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![suite],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let name = ServerName::IpAddress(addr.ip().into());
+    let mut client =
+        tokio_rustls::TlsConnector::from(client_config_with(provider, &[&rustls::version::TLS13]))
+            .connect(name, tcp)
+            .await
+            .expect("a handshake");
+    assert_eq!(
+        client.get_ref().1.negotiated_cipher_suite(),
+        Some(suite),
+        "another suite was negotiated"
+    );
+    for round in 0..4u8 {
+        client
+            .get_mut()
+            .1
+            .refresh_traffic_keys()
+            .expect("a key update");
+        let hello = [round; 300];
+        client.write_all(&hello).await.expect("a write");
+        let mut back = [0u8; 300];
+        client.read_exact(&mut back).await.expect("the echo");
+        assert!(back == hello, "the echo after key update {round} differs");
+    }
+    client.shutdown().await.expect("close_notify");
+    let mut rest = Vec::new();
+    client
+        .read_to_end(&mut rest)
+        .await
+        .expect("the server's close_notify, not a cut");
+}
+
+#[tokio::test]
+async fn keys_are_updated_on_aes_128_gcm_sha256() {
+    keys_updated_on(rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256).await;
+}
+
+#[tokio::test]
+async fn keys_are_updated_on_aes_256_gcm_sha384() {
+    keys_updated_on(rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384).await;
+}
+
+#[tokio::test]
+async fn keys_are_updated_on_chacha20_poly1305_sha256() {
+    keys_updated_on(rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256).await;
 }

@@ -18,18 +18,24 @@ pub fn cert_file(name: &str) -> PathBuf {
 pub fn client_config(
     versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Arc<rustls::ClientConfig> {
+    client_config_with(rustls::crypto::ring::default_provider(), versions)
+}
+
+/// [`client_config`] on `provider` (ring's, with the suites a test offers).
+pub fn client_config_with(
+    provider: rustls::crypto::CryptoProvider,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_file_iter(cert_file("tls-ca.pem"))
         .expect("certs/tls-ca.pem")
     {
         roots.add(cert.expect("a CA certificate")).expect("a root");
     }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_protocol_versions(versions)
-    .expect("TLS versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
+        .with_protocol_versions(versions)
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     Arc::new(config)
 }
