@@ -56,7 +56,7 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 
 /// Lookups of users in flight at most, each a batch of those that queued
 /// (see [`lookup`]); at most the pool's size.
-const LOOKUP_SLOTS: usize = 4;
+const LOOKUP_SLOTS: usize = 2;
 
 /// The first key of the advisory locks that serialize one user's
 /// registrations (ASCII "push"), kept apart from other users of advisory
@@ -228,12 +228,15 @@ impl Sql {
             // A batch of lookups (see `lookup`): element `n` is a user
             // ($1), a channel or NULL ($2) and `n` ($3); a row for each
             // user found, its columns, whether it has the channel, and `n`.
+            // Each element its own index lookups (the LIMIT keeps the
+            // subquery a per-element one): as a join, the planner would
+            // scan the whole tables for a few dozen elements.
             lookup_users: format!(
-                "SELECT {USER_COLUMNS}, \
-                 EXISTS (SELECT 1 FROM {c} WHERE uaid = batch.user_id AND channel_id = batch.chid), \
-                 batch.n \
+                "SELECT found.*, batch.n \
                  FROM unnest($1::text[], $2::text[], $3::int[]) AS batch(user_id, chid, n) \
-                 JOIN {r} ON uaid = batch.user_id"
+                 CROSS JOIN LATERAL (SELECT {USER_COLUMNS}, \
+                 EXISTS (SELECT 1 FROM {c} WHERE uaid = batch.user_id AND channel_id = batch.chid) \
+                 FROM {r} WHERE uaid = batch.user_id LIMIT 1) AS found"
             ),
             // Channels and messages go even where no router row is.
             remove_user: format!(
