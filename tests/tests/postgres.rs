@@ -431,6 +431,90 @@ async fn statements_per_path() {
     assert_eq!(left.trim(), "0", "messages left after their acks");
 }
 
+/// A user's lookups coalesce: many at once get exactly the answers each
+/// got alone (users with the channel asked and without, users whose row is
+/// past its `expiry`, users with no row, and lookups of the user alone), in
+/// fewer statements than lookups; one alone is one statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_lookups_coalesce_into_fewer_statements() {
+    use autopush_common::{Urgency, User};
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    const USERS: u64 = 40;
+    const ROUNDS: usize = 5;
+    postgres::psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await;
+    let store = postgres::fresh_store().await;
+    let schema = store.settings().schema.clone().unwrap_or_default();
+    // Each user's lookups: of its channel, of a channel it lacks, of the
+    // user alone; and as many of users with no row.
+    let (mut asks, mut expected) = (Vec::new(), Vec::new());
+    for i in 0..USERS {
+        let mut user = User::new_webpush(Uuid::new_v4(), &format!("http://node-{i}"), 1000 + i);
+        user.min_urgency = [Urgency::VeryLow, Urgency::High][i as usize % 2];
+        user.last_wake = i;
+        store.add_user(&user).await.unwrap();
+        let (chid, other) = (Uuid::new_v4(), Uuid::new_v4());
+        assert!(store.add_channel(&user.uaid, &chid, 100).await.unwrap());
+        asks.extend([
+            (user.uaid, Some(chid)),
+            (user.uaid, Some(other)),
+            (user.uaid, None),
+        ]);
+        expected.extend([
+            Some((user.clone(), true)),
+            Some((user.clone(), false)),
+            Some((user, false)),
+        ]);
+        asks.extend([(Uuid::new_v4(), Some(chid)), (Uuid::new_v4(), None)]);
+        expected.extend([None, None]);
+    }
+    // A quarter of the rows past their expiry: read as before, not hidden.
+    postgres::psql(&format!(
+        "UPDATE {schema}.router SET expiry = 1 WHERE uaid IN \
+         (SELECT uaid FROM {schema}.router ORDER BY uaid LIMIT {})",
+        USERS / 4
+    ))
+    .await;
+    let ask = async |(uaid, chid): &(Uuid, Option<Uuid>)| match chid {
+        Some(chid) => store.get_user_and_channel(uaid, chid).await.unwrap(),
+        None => store
+            .get_user(uaid)
+            .await
+            .unwrap()
+            .map(|user| (user, false)),
+    };
+    let mut counter = Counter::new(&schema).await;
+
+    let mut alone = Vec::new();
+    for one in &asks {
+        alone.push(ask(one).await);
+    }
+    assert_eq!(alone, expected, "lookups one at a time");
+    let spent = counter.spent(0).await;
+    assert_eq!(
+        spent.reads,
+        asks.len() as u64,
+        "one statement per lookup alone"
+    );
+
+    for round in 0..ROUNDS {
+        let together = futures_util::future::join_all(asks.iter().map(ask)).await;
+        for (n, (got, want)) in together.iter().zip(&alone).enumerate() {
+            assert_eq!(got, want, "round {round}, lookup {n} of {:?}", asks[n]);
+        }
+    }
+    let spent = counter.spent(0).await;
+    spent.print("concurrent lookups", (asks.len() * ROUNDS) as u64);
+    assert_eq!(spent.writes, 0);
+    assert!(
+        spent.reads < (asks.len() * ROUNDS) as u64,
+        "{} statements for {} lookups",
+        spent.reads,
+        asks.len() * ROUNDS
+    );
+}
+
 /// autopush-rs leaves the timestamp messages a client acknowledged in
 /// the table and moves the user's `last_update` past them (its
 /// `increment_storage`); its reads then skip them, and ours must too, or a

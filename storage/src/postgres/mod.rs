@@ -17,6 +17,8 @@
 //! the same statement. Expired messages are filtered on read and deleted
 //! by the sweep, in bounded batches. Statements are prepared once per
 //! connection; independent ones of a call are pipelined on one connection.
+//! Reads of a user (and a channel) that arrive together go to the server
+//! as one statement ([`lookup`]).
 //!
 //! Receipts (`--receipt-retention`) are rows of our own `receipt` table,
 //! which autopush-rs never reads: the statement that settles a message
@@ -27,6 +29,7 @@
 //! receipts and deletes receipts past their retention.
 
 pub mod admin;
+mod lookup;
 mod pool;
 pub mod settings;
 pub mod tls;
@@ -50,6 +53,10 @@ pub use settings::PostgresSettings;
 
 /// How long a call waits for a connection of the pool, or for a new one.
 const POOL_WAIT: Duration = Duration::from_secs(5);
+
+/// Lookups of users in flight at most, each a batch of those that queued
+/// (see [`lookup`]); at most the pool's size.
+const LOOKUP_SLOTS: usize = 2;
 
 /// The first key of the advisory locks that serialize one user's
 /// registrations (ASCII "push"), kept apart from other users of advisory
@@ -105,8 +112,7 @@ struct Sql {
     take_over_user: String,
     touch_user: String,
     set_router_data: String,
-    get_user: String,
-    get_user_and_channel: String,
+    lookup_users: String,
     remove_user: String,
     remove_user_if_unchanged: String,
     remove_node_id: String,
@@ -219,11 +225,18 @@ impl Sql {
                 "UPDATE {r} SET router_data = $3 \
                  WHERE uaid = $1 AND coalesce(router_data, 'null')::jsonb = $2::text::jsonb"
             ),
-            get_user: format!("SELECT {USER_COLUMNS} FROM {r} WHERE uaid = $1"),
-            get_user_and_channel: format!(
-                "SELECT {USER_COLUMNS}, \
-                 EXISTS (SELECT 1 FROM {c} WHERE uaid = $1 AND channel_id = $2) \
-                 FROM {r} WHERE uaid = $1"
+            // A batch of lookups (see `lookup`): element `n` is a user
+            // ($1), a channel or NULL ($2) and `n` ($3); a row for each
+            // user found, its columns, whether it has the channel, and `n`.
+            // Each element its own index lookups (the LIMIT keeps the
+            // subquery a per-element one): as a join, the planner would
+            // scan the whole tables for a few dozen elements.
+            lookup_users: format!(
+                "SELECT found.*, batch.n \
+                 FROM unnest($1::text[], $2::text[], $3::int[]) AS batch(user_id, chid, n) \
+                 CROSS JOIN LATERAL (SELECT {USER_COLUMNS}, \
+                 EXISTS (SELECT 1 FROM {c} WHERE uaid = batch.user_id AND channel_id = batch.chid) \
+                 FROM {r} WHERE uaid = batch.user_id LIMIT 1) AS found"
             ),
             // Channels and messages go even where no router row is.
             remove_user: format!(
@@ -430,6 +443,8 @@ impl Sql {
 
 pub struct PostgresStore {
     pool: Pool,
+    /// Reads of users, coalesced.
+    lookups: Arc<lookup::Lookups>,
     /// Where a refused write is noted, so the pool reconnects.
     demotion: Arc<pool::Demotion>,
     settings: PostgresSettings,
@@ -631,10 +646,18 @@ impl PostgresStore {
     /// unreadable `sslrootcert` is an error naming it.
     pub fn connect(settings: PostgresSettings) -> Result<Self> {
         let (pool, demotion) = pool::build(&settings, POOL_WAIT).map_err(StorageError::Backend)?;
+        let sql = Sql::new(&settings, 0);
+        let lookups = lookup::Lookups::new(
+            pool.clone(),
+            demotion.clone(),
+            sql.lookup_users.clone(),
+            LOOKUP_SLOTS.min(settings.pool_size),
+        );
         Ok(PostgresStore {
             pool,
+            lookups,
             demotion,
-            sql: Sql::new(&settings, 0),
+            sql,
             settings,
             retention: 0,
             user_cursor: Mutex::new(String::new()),
@@ -810,27 +833,18 @@ impl Storage for PostgresStore {
         Ok(changed > 0)
     }
 
+    /// Coalesced with the lookups in flight with it (see [`lookup`]).
     async fn get_user(&self, uaid: &Uuid) -> Result<Option<User>> {
-        let rows = self.query(&self.sql.get_user, &[&hex(uaid)]).await?;
-        rows.first().map(|row| user_from_row(uaid, row)).transpose()
+        Ok(self.lookups.get(uaid, None).await?.map(|(user, _)| user))
     }
 
+    /// Coalesced with the lookups in flight with it (see [`lookup`]).
     async fn get_user_and_channel(
         &self,
         uaid: &Uuid,
         channel_id: &Uuid,
     ) -> Result<Option<(User, bool)>> {
-        let rows = self
-            .query(
-                &self.sql.get_user_and_channel,
-                &[&hex(uaid), &hex(channel_id)],
-            )
-            .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        let subscribed: bool = row.try_get(9).map_err(|e| backend("read", e))?;
-        Ok(Some((user_from_row(uaid, row)?, subscribed)))
+        self.lookups.get(uaid, Some(channel_id)).await
     }
 
     async fn remove_user(&self, uaid: &Uuid) -> Result<()> {
