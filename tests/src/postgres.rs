@@ -171,6 +171,12 @@ impl LocalPostgres {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Once, before the tests: their own `CREATE EXTENSION IF NOT
+        // EXISTS` run at the same time would race on creating it.
+        psql_at(
+            &local.dsn,
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+        );
         local
     }
 

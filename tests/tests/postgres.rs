@@ -515,6 +515,62 @@ async fn concurrent_lookups_coalesce_into_fewer_statements() {
     );
 }
 
+/// A lookup's statement keeps its plan: PostgreSQL plans it for the first
+/// few calls on a connection, then keeps the generic plan, as it does for a
+/// statement of one user. Planning it at every call costs the server more
+/// than running it. Counted by the server (`pg_stat_statements` with
+/// `track_planning`, turned on for the cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_keep_their_plan() {
+    use autopush_common::User;
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    const LOOKUPS: u64 = 60;
+    postgres::psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await;
+    postgres::psql("ALTER SYSTEM SET pg_stat_statements.track_planning = on").await;
+    postgres::psql("SELECT pg_reload_conf()").await;
+    // Connections opened once the server has reloaded its settings count
+    // their plans.
+    let deadline = tokio::time::Instant::now() + autopush_tests::HANG_GUARD;
+    while postgres::psql("SHOW pg_stat_statements.track_planning")
+        .await
+        .trim()
+        != "on"
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "track_planning stays off"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let store = postgres::fresh_store().await;
+    let schema = store.settings().schema.clone().unwrap_or_default();
+    let (uaid, chid) = (Uuid::new_v4(), Uuid::new_v4());
+    store
+        .add_user(&User::new_webpush(uaid, "http://node", 1))
+        .await
+        .unwrap();
+    assert!(store.add_channel(&uaid, &chid, 100).await.unwrap());
+    for _ in 0..LOOKUPS {
+        let (_, subscribed) = store
+            .get_user_and_channel(&uaid, &chid)
+            .await
+            .unwrap()
+            .expect("the user");
+        assert!(subscribed);
+    }
+    let counts = postgres::psql(&format!(
+        "SELECT sum(calls), sum(plans) FROM pg_stat_statements \
+         WHERE query LIKE '%batch%{schema}.router%'"
+    ))
+    .await;
+    let (calls, plans) = counts.trim().split_once('|').expect("calls|plans");
+    let (calls, plans): (u64, u64) = (calls.parse().unwrap(), plans.parse().unwrap());
+    assert_eq!(calls, LOOKUPS, "lookup statements");
+    assert!(plans <= LOOKUPS / 3, "{plans} plans for {calls} lookups");
+}
+
 /// autopush-rs leaves the timestamp messages a client acknowledged in
 /// the table and moves the user's `last_update` past them (its
 /// `increment_storage`); its reads then skip them, and ours must too, or a

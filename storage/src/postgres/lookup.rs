@@ -45,7 +45,7 @@ pub struct Lookups {
     pool: Pool,
     demotion: Arc<Demotion>,
     /// The batch statement: `$1` the users, `$2` the channels (NULL: none
-    /// asked), `$3` each lookup's place; a row per user found.
+    /// asked); a row per user found, with its lookup's place.
     sql: String,
     /// Batches in flight at most.
     slots: usize,
@@ -147,7 +147,6 @@ impl Lookups {
             .iter()
             .map(|l| l.channel_id.as_ref().map(hex))
             .collect();
-        let places: Vec<i32> = (0..batch.len() as i32).collect();
         let client = self.pool.get().await.map_err(|e| match e {
             deadpool_postgres::PoolError::Backend(e) => backend("connect", e),
             other => StorageError::Backend(format!("PostgreSQL connect: {other}")),
@@ -156,7 +155,7 @@ impl Lookups {
             .prepare_cached(&self.sql)
             .await
             .map_err(|e| backend("prepare", e))?;
-        let params: [&(dyn ToSql + Sync); 3] = [&uaids, &channels, &places];
+        let params: [&(dyn ToSql + Sync); 2] = [&uaids, &channels];
         let rows = client.query(&statement, &params).await.map_err(|e| {
             self.demotion.note(&e);
             backend("query", e)

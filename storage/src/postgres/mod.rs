@@ -231,12 +231,18 @@ impl Sql {
             // Each element its own index lookups (the LIMIT keeps the
             // subquery a per-element one): as a join, the planner would
             // scan the whole tables for a few dozen elements.
+            // By the arrays' subscripts, not `unnest`: the planner sees
+            // an array's length only in a plan for its values, which then
+            // looks cheaper than the generic plan, so it would plan every
+            // call anew; `generate_subscripts` is estimated alike in both,
+            // and the generic plan is kept after the first few calls.
             lookup_users: format!(
-                "SELECT found.*, batch.n \
-                 FROM unnest($1::text[], $2::text[], $3::int[]) AS batch(user_id, chid, n) \
+                "SELECT found.*, batch.n - 1 \
+                 FROM generate_subscripts($1::text[], 1) AS batch(n) \
                  CROSS JOIN LATERAL (SELECT {USER_COLUMNS}, \
-                 EXISTS (SELECT 1 FROM {c} WHERE uaid = batch.user_id AND channel_id = batch.chid) \
-                 FROM {r} WHERE uaid = batch.user_id LIMIT 1) AS found"
+                 EXISTS (SELECT 1 FROM {c} WHERE uaid = ($1::text[])[batch.n] \
+                 AND channel_id = ($2::text[])[batch.n]) \
+                 FROM {r} WHERE uaid = ($1::text[])[batch.n] LIMIT 1) AS found"
             ),
             // Channels and messages go even where no router row is.
             remove_user: format!(
