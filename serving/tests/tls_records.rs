@@ -153,12 +153,7 @@ async fn a_tls_1_2_client_is_served() {
     written.expect("a large write");
     read.expect("the large echo");
     assert!(back == big, "the echo differs");
-    client.shutdown().await.expect("close_notify");
-    let mut rest = Vec::new();
-    client
-        .read_to_end(&mut rest)
-        .await
-        .expect("the server's close_notify, not a cut");
+    support::close_cleanly(&mut client).await;
 }
 
 /// A client that offers only `suite` updates its keys (asking the server to
@@ -194,12 +189,7 @@ async fn keys_updated_on(suite: rustls::SupportedCipherSuite) {
         client.read_exact(&mut back).await.expect("the echo");
         assert!(back == hello, "the echo after key update {round} differs");
     }
-    client.shutdown().await.expect("close_notify");
-    let mut rest = Vec::new();
-    client
-        .read_to_end(&mut rest)
-        .await
-        .expect("the server's close_notify, not a cut");
+    support::close_cleanly(&mut client).await;
 }
 
 #[tokio::test]

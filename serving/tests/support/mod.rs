@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// A file of `certs/`.
 pub fn cert_file(name: &str) -> PathBuf {
@@ -38,4 +39,17 @@ pub fn client_config_with(
         .with_root_certificates(roots)
         .with_no_client_auth();
     Arc::new(config)
+}
+
+/// Close `client` as a TLS client should: its `close_notify`, then what the
+/// server sends up to its own (an end, not a cut), returned.
+#[allow(dead_code)] // the library's own tests include this module too
+pub async fn close_cleanly(client: &mut (impl AsyncRead + AsyncWrite + Unpin)) -> Vec<u8> {
+    client.shutdown().await.expect("close_notify");
+    let mut rest = Vec::new();
+    client
+        .read_to_end(&mut rest)
+        .await
+        .expect("the server's close_notify, not a cut");
+    rest
 }
