@@ -29,7 +29,7 @@ pub use receipt::{Receipt, StoredMessage};
 
 pub type Result<T> = std::result::Result<T, StorageError>;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StorageError {
     #[error(
         "the store at {0} is in use by another process (the embedded store belongs to one process; run several processes on --db dynamodb)"

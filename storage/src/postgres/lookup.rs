@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
-use super::{backend, hex, pool::Demotion, user_from_row};
+use super::{backend, hex, pool::Demotion, query_on, user_from_row};
 use crate::{Result, StorageError};
 
 /// Lookups in one statement at most: a bound on its size and on how long
@@ -134,7 +134,7 @@ impl Lookups {
             }
             Err(e) => {
                 for lookup in batch {
-                    let _ = lookup.reply.send(Err(same(&e)));
+                    let _ = lookup.reply.send(Err(e.clone()));
                 }
             }
         }
@@ -147,19 +147,8 @@ impl Lookups {
             .iter()
             .map(|l| l.channel_id.as_ref().map(hex))
             .collect();
-        let client = self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(e) => backend("connect", e),
-            other => StorageError::Backend(format!("PostgreSQL connect: {other}")),
-        })?;
-        let statement = client
-            .prepare_cached(&self.sql)
-            .await
-            .map_err(|e| backend("prepare", e))?;
         let params: [&(dyn ToSql + Sync); 2] = [&uaids, &channels];
-        let rows = client.query(&statement, &params).await.map_err(|e| {
-            self.demotion.note(&e);
-            backend("query", e)
-        })?;
+        let rows = query_on(&self.pool, &self.demotion, &self.sql, &params).await?;
         let mut answers: Vec<Result<Answer>> = batch.iter().map(|_| Ok(None)).collect();
         for row in &rows {
             let place: i32 = row.try_get(10).map_err(|e| backend("read", e))?;
@@ -185,16 +174,5 @@ impl Slot {
             self.lookups.run(batch).await;
         }
         self.given_back = true;
-    }
-}
-
-/// `e` again, for each caller of a batch that failed.
-fn same(e: &StorageError) -> StorageError {
-    match e {
-        StorageError::InUse(s) => StorageError::InUse(s.clone()),
-        StorageError::Backend(s) => StorageError::Backend(s.clone()),
-        StorageError::NoTable(s) => StorageError::NoTable(s.clone()),
-        StorageError::Corrupt(s) => StorageError::Corrupt(s.clone()),
-        StorageError::KeyTaken(s) => StorageError::KeyTaken(s.clone()),
     }
 }

@@ -463,6 +463,41 @@ pub struct PostgresStore {
 
 /// A failed statement: the server's message when it answered, else what
 /// went wrong on the way. A missing table is [`StorageError::NoTable`].
+/// A connection of `pool`.
+async fn checkout(pool: &Pool) -> Result<Object> {
+    pool.get().await.map_err(|e| match e {
+        deadpool_postgres::PoolError::Backend(e) => backend("connect", e),
+        other => StorageError::Backend(format!("PostgreSQL connect: {other}")),
+    })
+}
+
+/// Run `sql` (prepared once per connection) on a connection of `pool` and
+/// return its rows; a refusal as a write to a read-only server is noted in
+/// `demotion`.
+async fn query_on(
+    pool: &Pool,
+    demotion: &pool::Demotion,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>> {
+    let client = checkout(pool).await?;
+    let statement = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| backend("prepare", e))?;
+    client
+        .query(&statement, params)
+        .await
+        .map_err(|e| failed(demotion, "query", e))
+}
+
+/// A failed statement; one refused as a write to a read-only server
+/// makes the pool connect anew (see [`pool`]).
+fn failed(demotion: &pool::Demotion, op: &str, e: tokio_postgres::Error) -> StorageError {
+    demotion.note(&e);
+    backend(op, e)
+}
+
 fn backend(op: &str, e: tokio_postgres::Error) -> StorageError {
     match e.as_db_error() {
         Some(db) if db.code() == &tokio_postgres::error::SqlState::UNDEFINED_TABLE => {
@@ -702,23 +737,12 @@ impl PostgresStore {
 
     /// A connection of the pool.
     async fn client(&self) -> Result<Object> {
-        self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(e) => backend("connect", e),
-            other => StorageError::Backend(format!("PostgreSQL connect: {other}")),
-        })
+        checkout(&self.pool).await
     }
 
     /// Run `sql` (prepared once per connection) and return its rows.
     async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
-        let client = self.client().await?;
-        let statement = client
-            .prepare_cached(sql)
-            .await
-            .map_err(|e| backend("prepare", e))?;
-        client
-            .query(&statement, params)
-            .await
-            .map_err(|e| self.failed("query", e))
+        query_on(&self.pool, &self.demotion, sql, params).await
     }
 
     /// Run `sql` and return how many rows it changed.
@@ -737,8 +761,7 @@ impl PostgresStore {
     /// A failed statement; one refused as a write to a read-only server
     /// makes the pool connect anew (see [`pool`]).
     fn failed(&self, op: &str, e: tokio_postgres::Error) -> StorageError {
-        self.demotion.note(&e);
-        backend(op, e)
+        failed(&self.demotion, op, e)
     }
 
     /// The one value of the one row `sql` returns.
