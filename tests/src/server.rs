@@ -376,7 +376,10 @@ impl Server {
         // A connection node on a shared store journals its direct copies
         // by default in ./autopush-journal: give each node its own, kept
         // across its restarts.
-        let journal = shared_store(&db).then(|| self.work.path().join("journal"));
+        let journal = shared_store(&db).then(|| {
+            let dir = self.work.path().join("journal");
+            ("--journal-dir", dir.display().to_string())
+        });
         // The node's own arguments replace these defaults where they name
         // the same flag (e.g. a wrong --endpoint-url on purpose).
         let defaults = [
@@ -393,7 +396,6 @@ impl Server {
             ("--registration-limit", "0".to_string()),
             ("--new-uaid-limit", "0".to_string()),
         ];
-        let journal = journal.map(|dir| ("--journal-dir", dir.display().to_string()));
         let mut args = vec![self.node.role.to_string()];
         for (flag, value) in defaults.into_iter().chain(journal) {
             let named =
