@@ -175,6 +175,11 @@ impl HeldCopies {
         }
     }
 
+    /// Whether a holder has the copy of `version`, acked or not.
+    pub fn holds(&self, uaid: &Uuid, version: &str) -> bool {
+        self.map().contains_key(&(*uaid, version.to_owned()))
+    }
+
     /// Whether the client acked `version` and its holder has not settled
     /// the copy yet: a storage check that finds the copy passes over it,
     /// or the message would be sent again.

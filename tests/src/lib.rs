@@ -35,6 +35,7 @@ pub mod backend;
 pub mod bigtable;
 pub mod bridge;
 pub mod caddy;
+pub mod cut_off;
 pub mod dynamo;
 pub mod firefox;
 pub mod fleet;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use autopush_common::time::now_millis;
 use autopush_storage::Storage;
 use autopush_tests::backend::{self, Db};
+use autopush_tests::cut_off::CutOffRelay;
 use autopush_tests::scenarios::receive_and_ack;
 use autopush_tests::{Node, SendOptions, Server, Subscription};
 
@@ -30,17 +31,23 @@ impl Cluster {
     /// The three nodes on fresh tables of `db`, A's grace `grace_ms` (long
     /// enough to act inside it).
     async fn holding_for(db: Db, grace_ms: u64) -> Cluster {
-        Cluster::start(db, grace_ms, None, &[]).await
+        Cluster::start(db, grace_ms, None, &[], &[]).await
     }
 
     /// The three nodes, A keeping copies in a journal of its own, each for
     /// up to `window_ms` before it moves it to the shared store.
     async fn keeping_for(db: Db, window_ms: u64) -> Cluster {
-        Cluster::start(db, 10, Some(window_ms), &[]).await
+        Cluster::start(db, 10, Some(window_ms), &[], &[]).await
     }
 
-    /// The three nodes, each started with `args` too.
-    async fn start(db: Db, grace_ms: u64, window_ms: Option<u64>, args: &[&str]) -> Cluster {
+    /// The three nodes, each started with `args` too, A with `a_args`.
+    async fn start(
+        db: Db,
+        grace_ms: u64,
+        window_ms: Option<u64>,
+        args: &[&str],
+        a_args: &[&str],
+    ) -> Cluster {
         let (node, store) = backend::shared(db, args).await;
         let router_key = node
             .args
@@ -71,6 +78,7 @@ impl Cluster {
             )),
             None => node_a.args.push("--journal-dir=off".into()),
         }
+        node_a.args.extend(a_args.iter().map(|arg| arg.to_string()));
         let a = Server::start_node(node_a).await;
         let b = Server::start_node(connection()).await;
         Cluster {
@@ -431,7 +439,7 @@ async fn a_kept_copy_is_answered_before_the_ack_and_never_written(db: Db) {
 /// the receipts' retention, then is gone: `GET /m/…` answers 404, not the
 /// id's `sent`, once A says it no longer knows it.
 async fn a_kept_copy_receipt_is_gone_after_its_retention(db: Db) {
-    let cluster = Cluster::start(db, 10, Some(60_000), &["--receipt-retention", "1"]).await;
+    let cluster = Cluster::start(db, 10, Some(60_000), &["--receipt-retention", "1"], &[]).await;
     let (mut ws, _, sub) = cluster.subscribed_on_a().await;
     let (sent, n) = tokio::join!(sub.push_text("kept"), ws.recv_notification());
     let location = autopush_tests::receipt::location(&sent);
@@ -500,6 +508,107 @@ async fn a_kept_copy_not_acked_within_the_window_moves_to_the_shared_store(db: D
         autopush_tests::receipt::state_of(&location).await,
         "delivered"
     );
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// The endpoint gives up on a paused node A (its call times out) and
+/// writes the copy itself; A, resumed, still offers the message and keeps
+/// its own copy. When A's journal syncs before the ack, A's answer,
+/// `kept`, finds no one: the copy the endpoint wrote is in the shared
+/// store, and the ack must settle it there, or the next connection gets
+/// the message again. A resumed also handles the endpoint's nudge, which
+/// may deliver the stored copy first (a path without the race): rounds
+/// make the racy one all but certain.
+async fn a_kept_copy_whose_endpoint_gave_up_is_delivered_once(db: Db) {
+    let cluster = Cluster::keeping_for(db, 60_000).await;
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
+
+    for round in 0..4 {
+        let text = format!("given up {round}");
+        cluster.a.pause();
+        sub.push_text(&text).await;
+        assert_eq!(cluster.stored_count(&uaid).await, 1, "round {round}");
+        cluster.a.resume();
+        let n = ws.recv_notification().await;
+        assert_eq!(sub.decrypt(&n).await.text, text);
+        // Held back past A's journal sync (milliseconds).
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        ws.ack_notification(&n).await;
+        let what = format!("round {round}: the ack settles the endpoint's copy");
+        autopush_tests::receipt::wait_until(&what, async || cluster.stored_count(&uaid).await == 0)
+            .await;
+        // Nothing comes again, and A is idle before it is paused: a
+        // storage call paused midway would time out at once on resuming.
+        ws.assert_nothing_arrives().await;
+    }
+    ws.close().await;
+    let mut ws = cluster.b.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+/// Node A cut off from the endpoint past its calls' timeout (3 s), then
+/// back, its client connected all along: the endpoint stores the push,
+/// its nudge to A gets no answer either, and it asks A again until A
+/// answers, so the message arrives without another push or reconnect.
+async fn a_node_cut_off_gets_what_was_stored_meanwhile_when_it_is_back(db: Db) {
+    let relay = CutOffRelay::start().await;
+    let node_url = format!("--node-url={}", relay.url());
+    let cluster = Cluster::start(db, 10, Some(60_000), &[], &[&node_url]).await;
+    let a_router = cluster.a.router_base();
+    let a_router = a_router.trim_start_matches("http://").parse().unwrap();
+    relay.forward_to(a_router);
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
+
+    relay.cut();
+    sub.push_text("while cut off").await;
+    assert_eq!(cluster.stored_count(&uaid).await, 1);
+    relay.forward_to(a_router);
+    arrives_once(&mut ws, &sub, "while cut off").await;
+    autopush_tests::receipt::wait_until("the ack settles the stored copy", async || {
+        cluster.stored_count(&uaid).await == 0
+    })
+    .await;
+}
+
+/// Node A's answers lost on the way (a muted relay): the endpoint gives
+/// up on each push after its timeout and writes the copy itself, though A
+/// delivered the message and keeps its own copy. A, nudged, finds the
+/// endpoint's copy in storage: settled there at the ack if the message is
+/// still in flight, or at once if its client acked it already. Neither
+/// comes again, on A or at the next connection.
+async fn copies_an_endpoint_wrote_after_losing_the_answer_are_settled(db: Db) {
+    let relay = CutOffRelay::start().await;
+    let node_url = format!("--node-url={}", relay.url());
+    let cluster = Cluster::start(db, 10, Some(60_000), &[], &[&node_url]).await;
+    let a_router = cluster.a.router_base();
+    let a_router = a_router.trim_start_matches("http://").parse().unwrap();
+    let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
+    relay.mute(a_router);
+
+    // Acked after the 201: A's session found the copy meanwhile.
+    let (sent, n) = tokio::join!(sub.push_text("in flight"), ws.recv_notification());
+    sent.assert_created();
+    assert_eq!(cluster.stored_count(&uaid).await, 1);
+    ws.ack_notification(&n).await;
+    autopush_tests::receipt::wait_until("the ack settles the endpoint's copy", async || {
+        cluster.stored_count(&uaid).await == 0
+    })
+    .await;
+
+    // Acked before the endpoint gave up: A's session finds the copy after.
+    let (sent, ()) = tokio::join!(sub.push_text("acked"), async {
+        let n = ws.recv_notification().await;
+        ws.ack_notification(&n).await;
+    });
+    sent.assert_created();
+    autopush_tests::receipt::wait_until("the endpoint's later copy is settled", async || {
+        cluster.stored_count(&uaid).await == 0
+    })
+    .await;
+
+    ws.assert_nothing_arrives().await;
     ws.close().await;
     let mut ws = cluster.b.reconnect(&uaid).await;
     ws.assert_nothing_arrives().await;
@@ -637,6 +746,9 @@ on_holding_stores!(
     kill9_of_the_keeping_node_at_random_points_loses_nothing,
     a_keeping_node_answers_an_older_endpoint_as_before,
     a_keeping_node_stopped_moves_its_copies_before_it_exits,
+    a_kept_copy_whose_endpoint_gave_up_is_delivered_once,
+    a_node_cut_off_gets_what_was_stored_meanwhile_when_it_is_back,
+    copies_an_endpoint_wrote_after_losing_the_answer_are_settled,
 );
 
 on_bigtable!(

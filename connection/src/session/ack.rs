@@ -52,6 +52,7 @@ impl Session {
             metrics::nack();
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
             let in_flight = self.in_flight_mut();
+            in_flight.stored_too.remove(&version);
             if let Some(direct) = in_flight.unacked_direct.remove(&version) {
                 self.keep_nacked_direct(direct).await?;
                 continue;
@@ -96,11 +97,17 @@ impl Session {
     fn forget(&mut self, version: &str) -> Option<Notification> {
         let in_flight = self.in_flight_mut();
         if let Some(direct) = in_flight.unacked_direct.remove(version) {
+            let stored_too = in_flight.stored_too.remove(version);
             self.inbox.settled_direct();
             metrics::ack("direct");
-            // A copy held back for its grace is its holder's to settle.
+            // A copy held back for its grace is its holder's to settle,
+            // unless an endpoint wrote one to storage too.
             let held = direct.durable && self.ctx.registry.held_copies().ack(&self.uaid, version);
-            (direct.durable && !held).then_some(direct)
+            if held {
+                let acked = &mut self.in_flight_mut().recently_acked_held;
+                acked.remember(version, Instant::now());
+            }
+            (direct.durable && (!held || stored_too)).then_some(direct)
         } else if let Some(stored) = in_flight.unacked_stored.remove(version) {
             in_flight.recently_settled.remember(version, Instant::now());
             metrics::ack("stored");
@@ -114,7 +121,7 @@ impl Session {
 
     /// Settle the acked messages stored under these `(sort_key, version)`s
     /// as `delivered`, each if it is still that version.
-    async fn settle_stored(&mut self, messages: Vec<(String, String)>) -> Flow {
+    pub(super) async fn settle_stored(&mut self, messages: Vec<(String, String)>) -> Flow {
         let settled = match messages.as_slice() {
             [] => return Ok(()),
             // One (a client acking one at a time): as ever.

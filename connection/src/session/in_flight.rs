@@ -29,6 +29,14 @@ pub(super) struct InFlight {
     /// The last stored messages settled, so a durable direct copy of one
     /// that arrives late is not delivered twice.
     pub recently_settled: RecentlySettled,
+    /// Unacked direct messages whose copy a holder keeps (see
+    /// `autopush_webpush::held`) and that were found in storage all the
+    /// same: written there by an endpoint that gave up waiting for this
+    /// node. Settled there at the ack too.
+    pub stored_too: HashSet<String>,
+    /// The last such held messages acked, so a copy an endpoint wrote
+    /// after giving up, found by a later look, is settled, not sent again.
+    pub recently_acked_held: RecentlySettled,
 }
 
 impl InFlight {
@@ -49,13 +57,15 @@ impl InFlight {
     /// What is left worth keeping after the client has been silent for a
     /// ping interval: `None` when nothing is.
     pub fn shed(mut self: Box<Self>, now: Instant) -> Option<Box<Self>> {
-        if self.recently_settled.forgettable(now) {
-            self.recently_settled = RecentlySettled::default();
+        for recent in [&mut self.recently_settled, &mut self.recently_acked_held] {
+            if recent.forgettable(now) {
+                *recent = RecentlySettled::default();
+            }
         }
         let unsettled = !self.unacked_direct.is_empty()
             || !self.unacked_stored.is_empty()
             || !self.skip_stored.is_empty();
-        if !unsettled && self.recently_settled.is_empty() {
+        if !unsettled && self.recently_settled.is_empty() && self.recently_acked_held.is_empty() {
             return None;
         }
         // What a burst grew and no longer uses.

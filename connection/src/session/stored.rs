@@ -34,10 +34,13 @@ impl Session {
         // past them. Held ones are counted, so the next look fetches past
         // them in one read; until then the fetch doubles while they fill it.
         // A direct copy acked while this node wrote it is about to be
-        // settled by its holder: passed over too.
-        let copies = self.ctx.registry.held_copies();
+        // settled by its holder: passed over too. A copy of a held message
+        // in flight, or acked already, was written by an endpoint that gave
+        // up on this node: settled at its ack, or now.
+        let ctx = self.ctx.clone();
+        let copies = ctx.registry.held_copies();
         let mut limit = batch + self.in_flight().skip_stored.len() + self.held;
-        let (ready, held) = loop {
+        let (ready, held, acked) = loop {
             let messages = self
                 .ctx
                 .storage
@@ -45,15 +48,22 @@ impl Session {
                 .await
                 .map_err(Close::storage)?;
             let read = messages.len();
-            let (mut ready, mut held) = (Vec::new(), 0);
+            let (mut ready, mut held, mut acked) = (Vec::new(), 0, Vec::new());
             for message in messages {
-                if self.in_flight().skip_stored.contains(&message.version)
-                    || self
-                        .in_flight()
-                        .unacked_direct
-                        .contains_key(&message.version)
-                    || copies.settling(&self.uaid, &message.version)
+                let version = &message.version;
+                if self.in_flight().unacked_direct.contains_key(version) {
+                    if copies.holds(&self.uaid, version) {
+                        self.in_flight_mut().stored_too.insert(version.clone());
+                    }
+                    continue;
+                }
+                if self.in_flight().skip_stored.contains(version)
+                    || copies.settling(&self.uaid, version)
                 {
+                    continue;
+                }
+                if self.in_flight().recently_acked_held.contains(version) {
+                    acked.push((message.sort_key(), version.clone()));
                     continue;
                 }
                 if message.is_below(self.min_urgency) {
@@ -65,10 +75,11 @@ impl Session {
                 }
             }
             if ready.len() == batch || read < limit {
-                break (ready, held);
+                break (ready, held, acked);
             }
             limit = limit.saturating_mul(2);
         };
+        self.settle_stored(acked).await?;
         self.held = held;
         let fresh = ready.len();
         let mut sent = 0;

@@ -328,8 +328,16 @@ impl Keeper {
         match first {
             First::Woken(GraceEnd::Acked) => self.acked_first(&notification, seals, answer).await,
             First::Synced(Ok(_)) => {
-                let _ = answer.send((outcome, Some(CopyFate::Kept)));
-                self.keep_until_settled(&notification, &wake).await;
+                if answer.send((outcome, Some(CopyFate::Kept))).is_ok() {
+                    self.keep_until_settled(&notification, &wake).await;
+                    return;
+                }
+                // The endpoint stopped waiting and wrote the copy to the
+                // shared store itself: an ack settled only here would
+                // leave that copy to be delivered again. Ours goes there
+                // too (the same message under the same key), where the
+                // session settles it at the ack.
+                self.move_now(&notification).await;
             }
             First::Woken(GraceEnd::Write) | First::Synced(Err(_)) => {
                 // The session ended, or the journal could not write it.
@@ -356,8 +364,9 @@ impl Keeper {
         }
     }
 
-    /// Move the copy to the shared store while its sender waits: its fate,
-    /// `None` if the shared store refused it (the endpoint writes it).
+    /// Move the copy to the shared store now (its sender waiting, or gone):
+    /// its fate, `None` if the shared store refused it (the endpoint writes
+    /// it).
     async fn move_now(&self, notification: &Notification) -> Option<CopyFate> {
         let uaid = &self.uaid;
         let moved = self.journal.move_to_shared(uaid, notification).await;

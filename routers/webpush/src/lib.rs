@@ -7,8 +7,9 @@
 //! the client may have reconnected and already checked storage in between.
 //! Any other answer, or none in time, means the node is busy (overloaded,
 //! paused, its router key or clock not yet agreeing with ours): the message
-//! is stored and the node told to look, and `node_id` stays, so its client
-//! keeps receiving once the node recovers.
+//! is stored and the node told to look (asked again until it answers, see
+//! [`NodeClient::notify`]), and `node_id` stays, so its client keeps
+//! receiving once the node recovers.
 //!
 //! With durable direct delivery on, a message is written to storage before
 //! it is handed to the connection node (and before the sender hears 201), and

@@ -3,8 +3,9 @@
 //! speaks; the webpush router delivers through it, and a connection node
 //! tells the node a client left to drop it.
 
-use std::sync::Arc;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use autopush_common::node_auth::NodeKeys;
@@ -25,7 +26,18 @@ pub struct NodeClient {
     /// Whether the last answer was a 401, so a key mismatch is logged once
     /// per outage rather than once per call.
     refused: Arc<AtomicBool>,
+    /// The nodes and users whose notify is being asked again.
+    retrying: Arc<Mutex<HashSet<(String, Uuid)>>>,
 }
+
+/// The waits (in seconds) before each retry of a notify that got no answer: half a
+/// minute in all, longer than a node's usual stall (a VM paused, a
+/// runtime starved), short enough that a node gone for good is let go.
+const RETRY_AFTER: [u64; 5] = [1, 2, 4, 8, 16];
+
+/// Most notifies retried at once: past it, a stored message waits for its
+/// client's next connection or push, as it would with no retry.
+const RETRYING_AT_ONCE: usize = 10_000;
 
 /// A node call that got no answer. Its text never holds the URL: paths
 /// carry UAIDs.
@@ -48,6 +60,7 @@ impl NodeClient {
             http,
             keys: Arc::new(keys),
             refused: Arc::default(),
+            retrying: Arc::default(),
         }
     }
 
@@ -68,12 +81,47 @@ impl NodeClient {
     }
 
     /// `PUT {node_id}/notif/{uaid}`: have the node's session of `uaid`, if
-    /// it holds one, look in storage.
+    /// it holds one, look in storage. A node that does not answer is asked
+    /// again in the background ([`RETRY_AFTER`]): one paused or overloaded
+    /// past the call's timeout keeps its clients, who would otherwise get
+    /// what was stored meanwhile only at their next connection or push.
     pub async fn notify(&self, node_id: &str, uaid: &Uuid) -> Result<(), NodeCallError> {
+        let told = self.notify_once(node_id, uaid).await;
+        if let Err(NodeCallError::Unreachable(_)) = &told {
+            self.notify_later(node_id, uaid);
+        }
+        told
+    }
+
+    async fn notify_once(&self, node_id: &str, uaid: &Uuid) -> Result<(), NodeCallError> {
         let path = format!("/notif/{}", uaid.simple());
         self.call(Method::PUT, node_id, &path, Vec::new())
             .await
             .map(drop)
+    }
+
+    /// Ask `node_id` about `uaid` again after each of [`RETRY_AFTER`], until
+    /// it answers: one task per node and user, at most [`RETRYING_AT_ONCE`].
+    fn notify_later(&self, node_id: &str, uaid: &Uuid) {
+        let key = (node_id.to_owned(), *uaid);
+        {
+            let mut retrying = self.retrying.lock().unwrap_or_else(|e| e.into_inner());
+            if retrying.len() >= RETRYING_AT_ONCE || !retrying.insert(key.clone()) {
+                return;
+            }
+        }
+        let client = self.clone();
+        tokio::spawn(async move {
+            let (node_id, uaid) = &key;
+            for wait in RETRY_AFTER {
+                tokio::time::sleep(Duration::from_secs(wait)).await;
+                if client.notify_once(node_id, uaid).await.is_ok() {
+                    break;
+                }
+            }
+            let mut retrying = client.retrying.lock().unwrap_or_else(|e| e.into_inner());
+            retrying.remove(&key);
+        });
     }
 
     /// [`NodeClient::call`] with one more request header.
