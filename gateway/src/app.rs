@@ -103,6 +103,7 @@ async fn open_journal(
         &settings.node_url,
         storage.clone(),
         nodes.clone(),
+        settings.journal_window,
         settings.receipt_retention,
     )
     .map_err(|e| match e {

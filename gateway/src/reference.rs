@@ -24,6 +24,7 @@ fn example(key: &str) -> Option<&'static str> {
             r#"'{"table_name": "projects/my-project/instances/my-instance/tables/autopush"}'"#
         }
         "journal_dir" => r#""/var/lib/autopush/journal""#,
+        "journal_window" => "10",
         "router_table" => r#""router""#,
         "message_table" => r#""message""#,
         "message_table_rotation" => "false",

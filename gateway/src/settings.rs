@@ -13,7 +13,7 @@
 //! [`crate::bridges::BridgeSettings`].
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use autopush_common::limit::Rate;
@@ -97,6 +97,13 @@ pub struct SettingsLayer {
     /// store [default: ./autopush-journal]
     #[arg(long, env = "AUTOPUSH_JOURNAL_DIR", global = true)]
     pub journal_dir: Option<PathBuf>,
+    /// Seconds a node keeps a copy its client has not acked in its journal
+    /// before it moves it to the shared store: a client that acks later
+    /// costs the shared store a write, and the loss of the node's disk
+    /// loses at most this long of its pushes not acked yet. With a journal
+    /// [default: 10]
+    #[arg(long, env = "AUTOPUSH_JOURNAL_WINDOW", global = true)]
+    pub journal_window: Option<f64>,
     /// DynamoDB router (user) table, with --db dynamodb [default: router]
     #[arg(long, env = "AUTOPUSH_ROUTER_TABLE", global = true)]
     pub router_table: Option<String>,
@@ -430,6 +437,9 @@ impl SettingsLayer {
             });
         } else {
             or(&mut self.journal_dir, || "./autopush-journal".into());
+            if self.journal_dir.as_deref() != Some(Path::new("off")) {
+                or(&mut self.journal_window, || WINDOW.as_secs_f64());
+            }
         }
         // The table settings are an error on any other store.
         if db == "dynamodb" {
@@ -714,6 +724,8 @@ pub struct Settings {
     /// The connection node's own journal of durable copies (on a shared
     /// store).
     pub journal_dir: Option<PathBuf>,
+    /// How long the journal keeps a copy for its ack before it moves it.
+    pub journal_window: Duration,
     /// DynamoDB table names (with `Db::DynamoDb`).
     pub tables: Tables,
     pub crypto_key: Option<Secret>,
@@ -887,6 +899,23 @@ fn timeout(name: &str, value: f64) -> Result<Duration, String> {
     }
 }
 
+use autopush_webpush::node_journal::WINDOW;
+
+/// The longest journal window: a node's disk alone holds that much of its
+/// pushes not acked yet.
+const WINDOW_MAX: Duration = Duration::from_secs(3600);
+
+/// A journal window: more than 0 seconds, at most [`WINDOW_MAX`].
+fn journal_window(name: &str, value: f64) -> Result<Duration, String> {
+    match timeout(name, value)? {
+        d if d > WINDOW_MAX => Err(format!(
+            "{name} must be at most {} seconds: the node's disk alone holds what it keeps",
+            WINDOW_MAX.as_secs()
+        )),
+        d => Ok(d),
+    }
+}
+
 impl Settings {
     /// Resolve `flags` (which already carry env values, via clap) over the
     /// TOML file at `config`, if any, over the defaults. Every problem
@@ -1001,6 +1030,20 @@ impl Settings {
                 name("journal_dir")
             ));
         }
+        let journal_window = match (&journal_dir, l.journal_window) {
+            (Some(_), Some(window)) => {
+                p.take(journal_window(&name("journal_window"), window), WINDOW_MAX)
+            }
+            (Some(_), None) => WINDOW,
+            (None, Some(_)) => {
+                p.add(format!(
+                    "{} applies to a node with a journal only (--journal-dir on a shared store)",
+                    name("journal_window")
+                ));
+                Duration::ZERO
+            }
+            (None, None) => Duration::ZERO,
+        };
         let defaults = Tables::default();
         let tables = Tables {
             router: l.router_table.unwrap_or(defaults.router),
@@ -1132,6 +1175,7 @@ impl Settings {
             db,
             db_cache,
             journal_dir,
+            journal_window,
             tables,
             crypto_key,
             auth_key,
@@ -1389,6 +1433,39 @@ mod tests {
             ..SettingsLayer::default()
         };
         assert_eq!(Settings::from_layer(dynamodb).unwrap().journal_dir, journal);
+    }
+
+    #[test]
+    fn a_journal_window_is_for_a_journal_and_bounded() {
+        let window = |db: &str, dir: Option<&str>, secs: Option<f64>| {
+            let layer = SettingsLayer {
+                db: Some(db.into()),
+                journal_dir: dir.map(PathBuf::from),
+                journal_window: secs,
+                ..SettingsLayer::default()
+            };
+            Settings::from_layer(layer).map(|s| s.journal_window)
+        };
+        assert_eq!(window("dynamodb", None, None), Ok(Duration::from_secs(10)));
+        assert_eq!(
+            window("dynamodb", None, Some(0.5)),
+            Ok(Duration::from_millis(500))
+        );
+        for (secs, says) in [
+            (0.0, "--journal-window must be more than 0 seconds"),
+            (-1.0, "--journal-window"),
+            (3601.0, "--journal-window must be at most 3600 seconds"),
+        ] {
+            let e = window("dynamodb", None, Some(secs)).unwrap_err();
+            assert!(e.contains(says), "{secs}: {e}");
+        }
+        for (db, dir) in [("dynamodb", Some("off")), ("/var/lib/autopush", None)] {
+            let e = window(db, dir, Some(30.0)).unwrap_err();
+            assert!(
+                e.contains("--journal-window applies to a node with a journal only"),
+                "{db}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -299,15 +299,16 @@ const BRIDGES: &[(&str, &str, &str)] = &[
 ];
 
 /// Settings that are an error without `--db dynamodb` (`db_settings`:
-/// without a Bigtable `--db`; `journal_dir`: without a shared store), so a
-/// row setting only them cannot stand alone; the settings module's own
-/// tests read them.
+/// without a Bigtable `--db`; `journal_dir` and `journal_window`: without a
+/// shared store), so a row setting only them cannot stand alone; the
+/// settings module's own tests read them.
 const NEEDS_DYNAMODB: &[&str] = &[
     "router_table",
     "message_table",
     "message_table_rotation",
     "db_settings",
     "journal_dir",
+    "journal_window",
 ];
 
 /// Settings that are an error without their companion (`tls_cert` and

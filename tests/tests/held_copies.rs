@@ -72,10 +72,9 @@ impl Cluster {
         // The harness gives each node a journal of its own (the default on
         // a shared store); without a window, A has none.
         match window_ms {
-            Some(window_ms) => node_a.env.push((
-                "AUTOPUSH_TEST_JOURNAL_WINDOW_MS".into(),
-                window_ms.to_string(),
-            )),
+            Some(window_ms) => node_a
+                .args
+                .push(format!("--journal-window={}", window_ms as f64 / 1000.0)),
             None => node_a.args.push("--journal-dir=off".into()),
         }
         node_a.args.extend(a_args.iter().map(|arg| arg.to_string()));
@@ -88,6 +87,31 @@ impl Cluster {
             store,
             router_key,
         }
+    }
+
+    /// [`Cluster::keeping_for`] a minute, A's router API reached through
+    /// `relay` (its node id the relay's URL, so the endpoint calls go
+    /// there), which relays to A until told otherwise: the cluster and A's
+    /// router API address.
+    async fn keeping_behind(db: Db, relay: &CutOffRelay) -> (Cluster, std::net::SocketAddr) {
+        let node_url = format!("--node-url={}", relay.url());
+        let cluster = Cluster::start(db, 10, Some(60_000), &[], &[&node_url]).await;
+        let a_router = cluster.a.router_base();
+        let a_router = a_router
+            .trim_start_matches("http://")
+            .parse()
+            .expect("A's router address");
+        relay.forward_to(a_router);
+        (cluster, a_router)
+    }
+
+    /// Nothing more arrives on `ws`, nor at the client's next connection,
+    /// on B.
+    async fn nothing_comes_again(&self, mut ws: autopush_tests::WsClient, uaid: &str) {
+        ws.assert_nothing_arrives().await;
+        ws.close().await;
+        let mut ws = self.b.reconnect(uaid).await;
+        ws.assert_nothing_arrives().await;
     }
 
     /// A client on node A, subscribed: the client, its UAID and
@@ -543,9 +567,7 @@ async fn a_kept_copy_whose_endpoint_gave_up_is_delivered_once(db: Db) {
         // storage call paused midway would time out at once on resuming.
         ws.assert_nothing_arrives().await;
     }
-    ws.close().await;
-    let mut ws = cluster.b.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
+    cluster.nothing_comes_again(ws, &uaid).await;
 }
 
 /// Node A cut off from the endpoint past its calls' timeout (3 s), then
@@ -554,11 +576,7 @@ async fn a_kept_copy_whose_endpoint_gave_up_is_delivered_once(db: Db) {
 /// answers, so the message arrives without another push or reconnect.
 async fn a_node_cut_off_gets_what_was_stored_meanwhile_when_it_is_back(db: Db) {
     let relay = CutOffRelay::start().await;
-    let node_url = format!("--node-url={}", relay.url());
-    let cluster = Cluster::start(db, 10, Some(60_000), &[], &[&node_url]).await;
-    let a_router = cluster.a.router_base();
-    let a_router = a_router.trim_start_matches("http://").parse().unwrap();
-    relay.forward_to(a_router);
+    let (cluster, a_router) = Cluster::keeping_behind(db, &relay).await;
     let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
 
     relay.cut();
@@ -580,10 +598,7 @@ async fn a_node_cut_off_gets_what_was_stored_meanwhile_when_it_is_back(db: Db) {
 /// comes again, on A or at the next connection.
 async fn copies_an_endpoint_wrote_after_losing_the_answer_are_settled(db: Db) {
     let relay = CutOffRelay::start().await;
-    let node_url = format!("--node-url={}", relay.url());
-    let cluster = Cluster::start(db, 10, Some(60_000), &[], &[&node_url]).await;
-    let a_router = cluster.a.router_base();
-    let a_router = a_router.trim_start_matches("http://").parse().unwrap();
+    let (cluster, a_router) = Cluster::keeping_behind(db, &relay).await;
     let (mut ws, uaid, sub) = cluster.subscribed_on_a().await;
     relay.mute(a_router);
 
@@ -607,11 +622,7 @@ async fn copies_an_endpoint_wrote_after_losing_the_answer_are_settled(db: Db) {
         cluster.stored_count(&uaid).await == 0
     })
     .await;
-
-    ws.assert_nothing_arrives().await;
-    ws.close().await;
-    let mut ws = cluster.b.reconnect(&uaid).await;
-    ws.assert_nothing_arrives().await;
+    cluster.nothing_comes_again(ws, &uaid).await;
 }
 
 /// The client leaves node A without acking a kept message and comes back

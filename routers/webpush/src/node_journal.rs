@@ -51,19 +51,10 @@ use uuid::Uuid;
 use crate::NodeClient;
 
 /// How long the node keeps a copy its client has not acked before it
-/// moves it to the shared store. Long enough for a client a few seconds
-/// away (a phone on a poor network); short enough that a node lost for
-/// good loses little.
+/// moves it to the shared store, unless `--journal-window` says otherwise.
+/// Long enough for a client a few seconds away (a phone on a poor
+/// network); short enough that a node lost for good loses little.
 pub const WINDOW: Duration = Duration::from_secs(10);
-
-/// [`WINDOW`], or `AUTOPUSH_TEST_JOURNAL_WINDOW_MS` milliseconds: tests of
-/// the binary see a move happen (hidden: not a setting).
-fn window() -> Duration {
-    std::env::var("AUTOPUSH_TEST_JOURNAL_WINDOW_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
-        .map_or(WINDOW, Duration::from_millis)
-}
 
 /// Memory for the journal's store: it holds at most a window of copies,
 /// and the receipts of those acked (29 bytes each on disk) for their
@@ -85,14 +76,15 @@ pub struct NodeJournal {
 
 impl NodeJournal {
     /// Open the journal in `dir` (made if missing) of the node `node_id`,
-    /// for copies bound for `shared`; `nodes` tells other nodes to look.
-    /// The receipts of copies acked here are kept `retention` seconds (0:
-    /// receipts off).
+    /// for copies bound for `shared`, each kept `window` for its ack;
+    /// `nodes` tells other nodes to look. The receipts of copies acked
+    /// here are kept `retention` seconds (0: receipts off).
     pub fn open(
         dir: &Path,
         node_id: &str,
         shared: Arc<dyn Storage>,
         nodes: NodeClient,
+        window: Duration,
         retention: u64,
     ) -> Result<NodeJournal, StorageError> {
         let local = EmbeddedStore::open_with_cache(dir, CACHE)?.with_receipt_retention(retention);
@@ -101,7 +93,7 @@ impl NodeJournal {
             shared,
             nodes,
             node_id: node_id.to_owned(),
-            window: window(),
+            window,
         })
     }
 
