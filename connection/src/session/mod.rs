@@ -497,7 +497,7 @@ impl Session {
         STORAGE_UNAVAILABLE
     }
 
-    async fn send_direct(&mut self, notification: Notification) -> Flow {
+    async fn send_direct(&mut self, mut notification: Notification) -> Flow {
         let expired =
             notification.is_expired(autopush_common::time::now_secs()) && notification.ttl > 0;
         // A durable direct message is in storage before it is routed here,
@@ -513,6 +513,12 @@ impl Session {
             return self.hold_direct(notification).await;
         }
         let message = notification_json(&notification);
+        if notification.durable {
+            // Its copy is in storage, or with its holder: an ack or a nack
+            // settles it by key, and a session that ends writes nothing of
+            // it. The payload would only wait here for the ack.
+            notification.data = None;
+        }
         self.in_flight_mut()
             .unacked_direct
             .insert(notification.version.clone(), notification);
