@@ -21,6 +21,7 @@ use autopush_common::{Secret, Urgency};
 use autopush_serving::http::HttpLimits;
 use autopush_serving::tls::TlsFiles;
 use autopush_webpush::WakeSettings;
+use autopush_webpush::node_journal::WINDOW;
 use clap::Args;
 
 use crate::bridges::BridgeSettings;
@@ -898,8 +899,6 @@ fn timeout(name: &str, value: f64) -> Result<Duration, String> {
         d => Ok(d),
     }
 }
-
-use autopush_webpush::node_journal::WINDOW;
 
 /// The longest journal window: a node's disk alone holds that much of its
 /// pushes not acked yet.

@@ -30,10 +30,16 @@ pub struct NodeClient {
     retrying: Arc<Mutex<HashSet<(String, Uuid)>>>,
 }
 
-/// The waits (in seconds) before each retry of a notify that got no answer: half a
+/// The waits before each retry of a notify that got no answer: half a
 /// minute in all, longer than a node's usual stall (a VM paused, a
 /// runtime starved), short enough that a node gone for good is let go.
-const RETRY_AFTER: [u64; 5] = [1, 2, 4, 8, 16];
+const RETRY_AFTER: [Duration; 5] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+];
 
 /// Most notifies retried at once: past it, a stored message waits for its
 /// client's next connection or push, as it would with no retry.
@@ -114,7 +120,7 @@ impl NodeClient {
         tokio::spawn(async move {
             let (node_id, uaid) = &key;
             for wait in RETRY_AFTER {
-                tokio::time::sleep(Duration::from_secs(wait)).await;
+                tokio::time::sleep(wait).await;
                 if client.notify_once(node_id, uaid).await.is_ok() {
                     break;
                 }
