@@ -7,7 +7,7 @@
 //! for a grace, so that a message its client acks at once is never written.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -37,6 +37,11 @@ pub trait LocalNode: Send + Sync {
     fn notify(&self, uaid: &Uuid) -> bool;
     /// Whether the client `uaid` is connected here.
     fn is_connected(&self, uaid: &Uuid) -> bool;
+    /// Whether the client `uaid`, connected here, acked its last direct
+    /// notification too late for a grace to save its durable copy's write:
+    /// the copy of the next is written at once, so its sender does not wait
+    /// the grace out first.
+    fn acks_late(&self, uaid: &Uuid) -> bool;
     /// The durable direct copies this node holds back for their grace.
     fn held_copies(&self) -> &HeldCopies;
 }
@@ -50,13 +55,28 @@ pub const DIRECT_GRACE: Duration = Duration::from_millis(10);
 /// crash tests of the binary kill a node inside a grace they can see
 /// (hidden: not a setting). Read once.
 fn direct_grace() -> Duration {
-    static GRACE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *GRACE.get_or_init(|| {
-        std::env::var("AUTOPUSH_TEST_DIRECT_GRACE_MS")
-            .ok()
-            .and_then(|ms| ms.parse().ok())
-            .map_or(DIRECT_GRACE, Duration::from_millis)
-    })
+    static GRACE: OnceLock<Duration> = OnceLock::new();
+    *GRACE.get_or_init(|| test_millis("AUTOPUSH_TEST_DIRECT_GRACE_MS").unwrap_or(DIRECT_GRACE))
+}
+
+/// Whether a client that acked a direct notification `delay` after it was
+/// sent acks too late for a grace to save its next copy's write (see
+/// [`LocalNode::acks_late`]): later than the grace, or than
+/// `AUTOPUSH_TEST_LATE_ACK_MS` milliseconds, for tests that hold copies
+/// back for long and need a client deemed late all the same (hidden: not a
+/// setting). Loopback clients of a busy node ack within 1 to 5 ms; real
+/// ones are 20 to 300 ms away.
+pub fn acked_late(delay: Duration) -> bool {
+    static LATE: OnceLock<Duration> = OnceLock::new();
+    delay
+        > *LATE
+            .get_or_init(|| test_millis("AUTOPUSH_TEST_LATE_ACK_MS").unwrap_or_else(direct_grace))
+}
+
+/// The milliseconds a hidden test variable `name` sets, if it does.
+fn test_millis(name: &str) -> Option<Duration> {
+    let ms = std::env::var(name).ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms))
 }
 
 /// The durable direct copies a connection node holds back: each is written

@@ -1,8 +1,9 @@
 //! Which clients are connected to this node, and how to reach their sessions.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use autopush_common::Notification;
 use autopush_common::node::{HeldCopies, LocalNode, PushOutcome};
@@ -24,6 +25,9 @@ pub struct Inbox {
     wake: Notify,
     /// Direct notifications queued or sent but not yet acknowledged.
     pending_direct: AtomicUsize,
+    /// The client's last ack of a direct notification came too late for a
+    /// grace (see [`LocalNode::acks_late`]).
+    acks_late: AtomicBool,
 }
 
 #[derive(Default)]
@@ -120,6 +124,12 @@ impl Inbox {
     /// longer counts against the session's window.
     pub fn settled_direct(&self) {
         self.pending_direct.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The client acked a direct notification `delay` after it was sent.
+    pub fn acked_after(&self, delay: Duration) {
+        let late = autopush_common::node::acked_late(delay);
+        self.acks_late.store(late, Ordering::Relaxed);
     }
 }
 
@@ -281,6 +291,12 @@ impl LocalNode for ClientRegistry {
 
     fn is_connected(&self, uaid: &Uuid) -> bool {
         self.read().contains_key(uaid)
+    }
+
+    fn acks_late(&self, uaid: &Uuid) -> bool {
+        self.read()
+            .get(uaid)
+            .is_some_and(|client| client.inbox.acks_late.load(Ordering::Relaxed))
     }
 
     fn held_copies(&self) -> &HeldCopies {

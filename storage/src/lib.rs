@@ -101,12 +101,18 @@ impl DirectCopy {
         }
     }
 
-    /// The client did not take the message: wait until the copy is
-    /// durable, asking for it to be written now.
-    pub async fn saved_now(self) -> Result<CopyEnd> {
+    /// Ask for the copy to be written now, without waiting further for an
+    /// ack: its client takes longer than the grace to ack.
+    pub fn hurry(&self) {
         if let Some((_, hurry)) = &self.pending {
             hurry();
         }
+    }
+
+    /// The client did not take the message: wait until the copy is
+    /// durable, asking for it to be written now.
+    pub async fn saved_now(self) -> Result<CopyEnd> {
+        self.hurry();
         self.saved_or_settled().await
     }
 }

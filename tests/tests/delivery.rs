@@ -339,3 +339,71 @@ async fn notifications_carry_only_protocol_fields_live_and_stored() {
         "the topic reaches the client: {stored:?}"
     );
 }
+
+/// A client whose last ack came later than the grace has its next durable
+/// copy written at once: its sender does not wait out a grace the ack
+/// would not come within. Here the graces are two minutes and a client is
+/// late past one second; without that rule, the second push would wait
+/// the two minutes out. On the embedded store (its journal), and on
+/// DynamoDB with the node's journal and without it (the copy held back).
+async fn a_client_that_acks_late_does_not_keep_its_sender_waiting(db: backend::Db, args: &[&str]) {
+    let mut node = backend::node(db, args).await;
+    node.env.extend(
+        [
+            ("AUTOPUSH_TEST_JOURNAL_GRACE_MS", "120000"),
+            ("AUTOPUSH_TEST_DIRECT_GRACE_MS", "120000"),
+            ("AUTOPUSH_TEST_LATE_ACK_MS", "1000"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned())),
+    );
+    let server = Server::start_node(node).await;
+    let mut ws = server.client().await;
+    let uaid = ws.uaid().to_owned();
+    let sub = Subscription::new(&mut ws).await;
+
+    // Acked 1.5 s after it arrived: its sender waits for that ack.
+    let (first, n) = tokio::join!(sub.push_text("first"), async {
+        let n = ws.recv_notification().await;
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        ws.ack_notification(&n).await;
+        n
+    });
+    assert_eq!(sub.decrypt(&n).await.text, "first");
+    let first = receipt::location(&first);
+    assert_eq!(receipt::state_of(&first).await, "delivered");
+
+    // Not acked yet: the 201 comes once the copy is durable.
+    let second = tokio::time::timeout(std::time::Duration::from_secs(25), sub.push_text("second"))
+        .await
+        .expect("the sender waited out the grace of a client that acks late");
+    let n = ws.recv_notification().await;
+    ws.ack_notification(&n).await;
+    assert_eq!(sub.decrypt(&n).await.text, "second");
+    let second = receipt::location(&second);
+    receipt::wait_until("the ack settles the written copy", async || {
+        receipt::state_of(&second).await == "delivered"
+    })
+    .await;
+
+    ws.close().await;
+    let mut ws = server.reconnect(&uaid).await;
+    ws.assert_nothing_arrives().await;
+}
+
+#[tokio::test]
+async fn a_client_that_acks_late_does_not_keep_its_sender_waiting_embedded() {
+    a_client_that_acks_late_does_not_keep_its_sender_waiting(backend::Db::Embedded, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_acks_late_does_not_keep_its_sender_waiting_dynamodb() {
+    // A window longer than the grace, or the window would end the wait.
+    let args = ["--journal-window=300"];
+    a_client_that_acks_late_does_not_keep_its_sender_waiting(backend::Db::Dynamo, &args).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_acks_late_does_not_keep_its_sender_waiting_dynamodb_without_journal() {
+    let args = ["--journal-dir=off"];
+    a_client_that_acks_late_does_not_keep_its_sender_waiting(backend::Db::Dynamo, &args).await;
+}

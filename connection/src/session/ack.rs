@@ -53,7 +53,7 @@ impl Session {
             info!(uaid = %uaid_tag(&self.uaid), code, "client could not process a notification; kept for its next connection");
             let in_flight = self.in_flight_mut();
             in_flight.stored_too.remove(&version);
-            if let Some(direct) = in_flight.unacked_direct.remove(&version) {
+            if let Some((direct, _)) = in_flight.unacked_direct.remove(&version) {
                 self.keep_nacked_direct(direct).await?;
                 continue;
             }
@@ -81,9 +81,7 @@ impl Session {
                 .await;
             if let Err(e) = saved {
                 // Stored as unacknowledged when the session ends instead.
-                self.in_flight_mut()
-                    .unacked_direct
-                    .insert(direct.version.clone(), direct);
+                self.in_flight_mut().unacked(direct, Instant::now());
                 return Err(Close::storage(e));
             }
         }
@@ -96,9 +94,10 @@ impl Session {
     /// there).
     fn forget(&mut self, version: &str) -> Option<Notification> {
         let in_flight = self.in_flight_mut();
-        if let Some(direct) = in_flight.unacked_direct.remove(version) {
+        if let Some((direct, sent)) = in_flight.unacked_direct.remove(version) {
             let stored_too = in_flight.stored_too.remove(version);
             self.inbox.settled_direct();
+            self.inbox.acked_after(sent.elapsed());
             metrics::ack("direct");
             // A copy held back for its grace is its holder's to settle,
             // unless an endpoint wrote one to storage too.

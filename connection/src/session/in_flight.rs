@@ -18,8 +18,9 @@ use crate::registry::MAX_PENDING_DIRECT;
 
 #[derive(Default)]
 pub(super) struct InFlight {
-    /// Direct notifications sent and not yet acknowledged, by version.
-    pub unacked_direct: HashMap<String, Notification>,
+    /// Direct notifications sent and not yet acknowledged, by version,
+    /// each with when it was sent (see `LocalNode::acks_late`).
+    pub unacked_direct: HashMap<String, (Notification, Instant)>,
     /// Stored notifications sent and not yet acknowledged, by version.
     pub unacked_stored: HashMap<String, Notification>,
     /// Messages the client nacked (stored ones, and direct ones, stored
@@ -44,6 +45,13 @@ impl InFlight {
     pub fn none() -> &'static InFlight {
         static NONE: LazyLock<InFlight> = LazyLock::new(InFlight::default);
         &NONE
+    }
+
+    /// `notification`, sent (or queued, for a session ending) at `at`, is
+    /// not acked yet.
+    pub fn unacked(&mut self, notification: Notification, at: Instant) {
+        let version = notification.version.clone();
+        self.unacked_direct.insert(version, (notification, at));
     }
 
     /// Whether `version` was sent from storage in this session, settled, or
@@ -169,7 +177,8 @@ mod tests {
         let later = now + Duration::from_secs(600);
         for unsettled in [
             |f: &mut InFlight| {
-                f.unacked_direct.insert("d".into(), message("d"));
+                f.unacked_direct
+                    .insert("d".into(), (message("d"), Instant::now()));
             },
             |f: &mut InFlight| {
                 f.unacked_stored.insert("s".into(), message("s"));

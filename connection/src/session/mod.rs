@@ -519,9 +519,7 @@ impl Session {
             // it. The payload would only wait here for the ack.
             notification.data = None;
         }
-        self.in_flight_mut()
-            .unacked_direct
-            .insert(notification.version.clone(), notification);
+        self.in_flight_mut().unacked(notification, Instant::now());
         self.send_text(message).await
     }
 
@@ -549,9 +547,7 @@ impl Session {
         let connected_at = self.ctx.registry.disconnect(&self.uaid, self.session);
         // Nothing can be queued after this; what is queued is drained below.
         for notification in self.inbox.close() {
-            self.in_flight_mut()
-                .unacked_direct
-                .insert(notification.version.clone(), notification);
+            self.in_flight_mut().unacked(notification, Instant::now());
         }
         let in_flight = self.in_flight();
         let unacked = !in_flight.unacked_direct.is_empty() || !in_flight.unacked_stored.is_empty();

@@ -117,7 +117,7 @@ impl Session {
         let unacked = self
             .in_flight
             .as_mut()
-            .map(|f| f.unacked_direct.drain().map(|(_, n)| n).collect())
+            .map(|f| f.unacked_direct.drain().map(|(_, (n, _))| n).collect())
             .unwrap_or_default();
         store_undelivered(&self.ctx, &self.uaid, unacked).await
     }

@@ -19,7 +19,7 @@ use autopush_common::ids::uaid_tag;
 use autopush_common::node::LocalNode;
 use autopush_common::time::now_secs;
 use serde_json::Value;
-use tokio::time::timeout;
+use tokio::time::{Instant, timeout};
 use tracing::{debug, info, warn};
 
 use super::{Close, Flow, Session};
@@ -98,9 +98,7 @@ impl Session {
             .await
         {
             // Stored as unacknowledged when the session ends instead.
-            self.in_flight_mut()
-                .unacked_direct
-                .insert(message.version.clone(), message);
+            self.in_flight_mut().unacked(message, Instant::now());
             return Err(Close::storage(e));
         }
         Ok(())

@@ -142,7 +142,12 @@ async fn hold_copy(
         held.release(uaid, &version);
         return (outcome, None, None);
     }
-    if held.wait(&wake, uaid, &version).await == GraceEnd::Acked {
+    let end = match node.acks_late(uaid) {
+        // Its ack would not come within the grace either.
+        true => held.wait_up_to(&wake, uaid, &version, Duration::ZERO).await,
+        false => held.wait(&wake, uaid, &version).await,
+    };
+    if end == GraceEnd::Acked {
         holding.disarm();
         if seals {
             metrics::final_state(RouterType::WebPush, MessageState::Delivered);
@@ -318,6 +323,10 @@ impl Keeper {
                 return;
             }
         };
+        if self.node.acks_late(&uaid) {
+            // Its ack would not come within the journal's grace either.
+            copy.hurry();
+        }
         // The sender waits for the first of the ack and the journal's sync
         // (or the window, if the disk stalls that long).
         let window = self.journal.window();

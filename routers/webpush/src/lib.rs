@@ -545,6 +545,13 @@ impl Router for WebPushRouter {
             .await?;
         notification.durable = true;
         if let Some(taken) = self.pushed(node_id, user, notification).await? {
+            if self
+                .local_for(node_id)
+                .is_some_and(|local| local.acks_late(&uaid))
+            {
+                // Its ack would not come within the store's grace either.
+                copy.hurry();
+            }
             if copy.saved_or_settled().await? == CopyEnd::Acked {
                 // Nothing of it was written, not even its receipt.
                 return Ok(Delivery::Acked);

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use super::format::{RecordRef, SettledAs, frame_into};
-use super::{FLUSH_AT, GRACE, Journal, Settled, TOMBSTONES_WAIT, lock};
+use super::{FLUSH_AT, Journal, Settled, TOMBSTONES_WAIT, lock};
 use crate::{CopyEnd, Receipt, Result, StorageError, StoredMessage};
 
 /// What the journal knows: unsettled messages and receipts not in redb yet.
@@ -201,7 +201,7 @@ impl State {
 impl Journal {
     /// Put `message` in the index now (every read and settle sees it from
     /// here on), and have the journal thread write it: at once, or with
-    /// `grace` once [`GRACE`] has passed. The receiver answers once the
+    /// `grace` once its grace (see [`super::GRACE`]) has passed. The receiver answers once the
     /// record is on disk, or before that if the message no longer needs
     /// it: settled (a client acked it within the grace, so it is never
     /// written at all) or moved into redb by a checkpoint. With `grace`,
@@ -258,7 +258,7 @@ impl Journal {
         let now = Instant::now();
         state.due.push_back((now, uaid, due_key));
         let wake = match grace {
-            true => self.wake_by(&mut state, now + GRACE),
+            true => self.wake_by(&mut state, now + super::grace()),
             false => self.hurry_locked(&mut state),
         };
         drop(state);

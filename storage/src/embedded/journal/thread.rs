@@ -14,7 +14,7 @@ use super::super::writer::Writer;
 use super::file::JournalFile;
 use super::format::{HEADER, RecordRef, frame_into, stamp, stamp_all};
 use super::index::State;
-use super::{FLUSH_AFTER, FLUSH_AT, GRACE, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, io, lock};
+use super::{FLUSH_AFTER, FLUSH_AT, MAX_BATCH, RETRY_AFTER, TOMBSTONES_WAIT, grace, io, lock};
 use crate::{CopyEnd, Result, StorageError};
 
 pub(super) struct JournalThread {
@@ -173,7 +173,7 @@ impl JournalThread {
                 return None;
             }
             let now = Instant::now();
-            let grace_ends = state.first_staged().map(|at| at + GRACE);
+            let grace_ends = state.first_staged().map(|at| at + grace());
             let write_at = if state.hurry {
                 Some(now)
             } else {
@@ -188,7 +188,7 @@ impl JournalThread {
                 let staged_by = if state.hurry {
                     Some(now)
                 } else if grace_ends.is_some_and(|at| at <= now) {
-                    now.checked_sub(GRACE / 2)
+                    now.checked_sub(grace() / 2)
                 } else {
                     None
                 };
