@@ -338,6 +338,9 @@ impl Keeper {
             First::Woken(GraceEnd::Acked) => self.acked_first(&notification, seals, answer).await,
             First::Synced(Ok(_)) => {
                 if answer.send((outcome, Some(CopyFate::Kept))).is_ok() {
+                    // The journal holds the payload now, for as long as the
+                    // copy is kept; a move reads it back from there.
+                    notification.data = None;
                     self.keep_until_settled(&notification, &wake).await;
                     return;
                 }
@@ -405,7 +408,7 @@ impl Keeper {
                 metrics::final_state(RouterType::WebPush, MessageState::Delivered);
                 return;
             }
-            match self.journal.move_to_shared(uaid, notification).await {
+            match self.journal.move_kept(uaid, notification).await {
                 Ok(()) => break,
                 Err(e) => {
                     warn!(error = %e, "could not move a direct copy to the shared store; trying again");

@@ -172,6 +172,23 @@ impl NodeJournal {
         Ok(())
     }
 
+    /// [`NodeJournal::move_to_shared`] the copy kept here of `message`,
+    /// known by its key and version (its keeper drops the payload once the
+    /// copy is synced here): read back whole from this journal.
+    pub async fn move_kept(&self, uaid: &Uuid, message: &Notification) -> Result<(), StorageError> {
+        match self.local.read_message(uaid, &message.sort_key()).await? {
+            Some(StoredMessage::Pending(kept)) if kept.version == message.version => {
+                self.move_to_shared(uaid, &kept).await
+            }
+            // Only its keeper settles or forgets it, so this is not seen:
+            // nothing is left here to move.
+            _ => {
+                warn!(uaid = %uaid_tag(uaid), "a kept copy to move is no longer in the node's journal");
+                Ok(())
+            }
+        }
+    }
+
     /// Drop the copy of `message` here, without a receipt: the shared
     /// store has it now, or it was acked before its sender was answered
     /// (whoever answers seals its receipt into its id, or writes it to the
