@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::Notification;
+use crate::time::test_millis;
 
 /// What happened to a notification offered to a connection node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,12 +72,6 @@ pub fn acked_late(delay: Duration) -> bool {
     delay
         > *LATE
             .get_or_init(|| test_millis("AUTOPUSH_TEST_LATE_ACK_MS").unwrap_or_else(direct_grace))
-}
-
-/// The milliseconds a hidden test variable `name` sets, if it does.
-fn test_millis(name: &str) -> Option<Duration> {
-    let ms = std::env::var(name).ok()?.parse().ok()?;
-    Some(Duration::from_millis(ms))
 }
 
 /// The durable direct copies a connection node holds back: each is written

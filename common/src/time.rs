@@ -36,6 +36,14 @@ pub fn unique_micros() -> u64 {
     }
 }
 
+/// The milliseconds a hidden test variable `name` sets, if it does: the
+/// end-to-end tests shorten or lengthen a node's waits with these (not
+/// settings).
+pub fn test_millis(name: &str) -> Option<std::time::Duration> {
+    let ms = std::env::var(name).ok()?.parse().ok()?;
+    Some(std::time::Duration::from_millis(ms))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -177,8 +177,7 @@ mod tests {
         let later = now + Duration::from_secs(600);
         for unsettled in [
             |f: &mut InFlight| {
-                f.unacked_direct
-                    .insert("d".into(), (message("d"), Instant::now()));
+                f.unacked(message("d"), Instant::now());
             },
             |f: &mut InFlight| {
                 f.unacked_stored.insert("s".into(), message("s"));

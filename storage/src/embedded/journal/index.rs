@@ -201,10 +201,11 @@ impl State {
 impl Journal {
     /// Put `message` in the index now (every read and settle sees it from
     /// here on), and have the journal thread write it: at once, or with
-    /// `grace` once its grace (see [`super::GRACE`]) has passed. The receiver answers once the
-    /// record is on disk, or before that if the message no longer needs
-    /// it: settled (a client acked it within the grace, so it is never
-    /// written at all) or moved into redb by a checkpoint. With `grace`,
+    /// `grace` once its grace (see [`super::GRACE`]) has passed. The
+    /// receiver answers once the record is on disk, or before that if the
+    /// message no longer needs it: settled (a client acked it within the
+    /// grace, so it is never written at all) or moved into redb by a
+    /// checkpoint. With `grace`,
     /// the caller answers its sender only after the receiver, and seals an
     /// ack that came first ([`CopyEnd::Acked`]): no receipt is kept for it.
     ///

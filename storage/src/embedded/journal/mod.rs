@@ -134,10 +134,7 @@ fn grace() -> Duration {
         if cfg!(test) {
             return Duration::from_secs(30);
         }
-        std::env::var("AUTOPUSH_TEST_JOURNAL_GRACE_MS")
-            .ok()
-            .and_then(|ms| ms.parse().ok())
-            .map_or(GRACE, Duration::from_millis)
+        autopush_common::time::test_millis("AUTOPUSH_TEST_JOURNAL_GRACE_MS").unwrap_or(GRACE)
     })
 }
 
