@@ -515,6 +515,58 @@ async fn concurrent_lookups_coalesce_into_fewer_statements() {
     );
 }
 
+/// Lookups that reach the store over a few turns of the node's scheduler,
+/// as a busy node's requests reach theirs one after another, share one
+/// statement: a batch gathers for those turns before it goes.
+#[tokio::test]
+async fn lookups_arriving_over_a_few_scheduler_turns_share_one_statement() {
+    use autopush_common::User;
+    use autopush_storage::Storage;
+    use uuid::Uuid;
+
+    // Fewer turns than a batch gathers for.
+    const TURNS: usize = 4;
+    const PER_TURN: usize = 3;
+    postgres::psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await;
+    let store = postgres::fresh_store().await;
+    let schema = store.settings().schema.clone().unwrap_or_default();
+    let mut users = Vec::new();
+    for i in 0..TURNS * PER_TURN {
+        let user = User::new_webpush(Uuid::new_v4(), "http://node", 1000 + i as u64);
+        store.add_user(&user).await.unwrap();
+        let chid = Uuid::new_v4();
+        assert!(store.add_channel(&user.uaid, &chid, 100).await.unwrap());
+        users.push((user.uaid, chid));
+    }
+    // The connection opened and the statement prepared before counting.
+    store.get_user(&users[0].0).await.unwrap();
+    let mut counter = Counter::new(&schema).await;
+
+    let asks = users.iter().enumerate().map(|(n, (uaid, chid))| {
+        let store = &store;
+        async move {
+            for _ in 0..n / PER_TURN {
+                tokio::task::yield_now().await;
+            }
+            store.get_user_and_channel(uaid, chid).await.unwrap()
+        }
+    });
+    let answers = futures_util::future::join_all(asks).await;
+    for (answer, (uaid, _)) in answers.iter().zip(&users) {
+        let got = answer
+            .as_ref()
+            .map(|(user, subscribed)| (user.uaid, *subscribed));
+        assert_eq!(got, Some((*uaid, true)), "the answer to {uaid}'s lookup");
+    }
+    let spent = counter.spent(0).await;
+    assert_eq!(
+        spent.reads,
+        1,
+        "statements for {} lookups over {TURNS} turns",
+        users.len()
+    );
+}
+
 /// A lookup's statement keeps its plan: PostgreSQL plans it for the first
 /// few calls on a connection, then keeps the generic plan, as it does for a
 /// statement of one user. Planning it at every call costs the server more
