@@ -57,7 +57,7 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 /// Lookups of users in flight at most, each a batch of those that queued
 /// (see [`lookup`]); at most the pool's size. One: a second batch in
 /// flight splits what the first would have gathered, and with PostgreSQL
-/// on the node's core cost 10–20% of the ceiling. A batch of up to 256
+/// on the node's core cost 12–36% of the ceiling. A batch of up to 256
 /// lookups a round trip leaves one slot far from the bound.
 const LOOKUP_SLOTS: usize = 1;
 
