@@ -205,9 +205,9 @@ impl Journal {
     /// receiver answers once the record is on disk, or before that if the
     /// message no longer needs it: settled (a client acked it within the
     /// grace, so it is never written at all) or moved into redb by a
-    /// checkpoint. With `grace`,
-    /// the caller answers its sender only after the receiver, and seals an
-    /// ack that came first ([`CopyEnd::Acked`]): no receipt is kept for it.
+    /// checkpoint. With `grace`, the caller answers its sender only after
+    /// the receiver, and seals an ack that came first ([`CopyEnd::Acked`]):
+    /// no receipt is kept for it.
     ///
     /// Fails with [`StorageError::KeyTaken`] if the index holds another
     /// message under its key, or this one not yet on disk; with the
